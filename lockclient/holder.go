@@ -1,0 +1,125 @@
+package lockclient
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+)
+
+// Holder describes who holds (or held) the lock. It is written into the
+// variable's Items on acquire, so waiters, `lock status` and the next holder
+// can read it without seeing the lock ID.
+type Holder struct {
+	AllocID  string
+	JobID    string
+	Group    string
+	Task     string
+	Node     string // Nomad node name, else the host name
+	Hostname string
+	PID      int
+	// Upstream is the host:port the holder registers with the load balancer.
+	Upstream   string
+	AcquiredAt time.Time
+	TTL        time.Duration
+	LockDelay  time.Duration
+}
+
+// Items keys. They are part of our on-Nomad format: keep them stable.
+const (
+	itemAlloc      = "holder_alloc_id"
+	itemJob        = "holder_job_id"
+	itemGroup      = "holder_group"
+	itemTask       = "holder_task"
+	itemNode       = "holder_node"
+	itemHostname   = "holder_hostname"
+	itemPID        = "holder_pid"
+	itemUpstream   = "holder_upstream"
+	itemAcquiredAt = "acquired_at"
+	itemTTL        = "ttl"
+	itemLockDelay  = "lock_delay"
+)
+
+// HolderFromEnv fills a Holder from the task environment Nomad sets.
+func HolderFromEnv(getenv func(string) string) Holder {
+	host, _ := os.Hostname()
+	node := getenv("NOMAD_NODE_NAME")
+	if node == "" {
+		node = host
+	}
+	job := getenv("NOMAD_JOB_PARENT_ID")
+	if job == "" {
+		job = getenv("NOMAD_JOB_ID")
+	}
+	return Holder{
+		AllocID:  getenv("NOMAD_ALLOC_ID"),
+		JobID:    job,
+		Group:    getenv("NOMAD_GROUP_NAME"),
+		Task:     getenv("NOMAD_TASK_NAME"),
+		Node:     node,
+		Hostname: host,
+		PID:      os.Getpid(),
+	}
+}
+
+func (h Holder) items() map[string]string {
+	m := map[string]string{
+		itemAcquiredAt: h.AcquiredAt.UTC().Format(time.RFC3339Nano),
+		itemTTL:        h.TTL.String(),
+		itemLockDelay:  h.LockDelay.String(),
+		itemPID:        strconv.Itoa(h.PID),
+	}
+	for k, v := range map[string]string{
+		itemAlloc: h.AllocID, itemJob: h.JobID, itemGroup: h.Group, itemTask: h.Task,
+		itemNode: h.Node, itemHostname: h.Hostname, itemUpstream: h.Upstream,
+	} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// holderFromItems reads what items() wrote. Unknown or missing keys leave zero values.
+func holderFromItems(items map[string]string) Holder {
+	h := Holder{
+		AllocID:  items[itemAlloc],
+		JobID:    items[itemJob],
+		Group:    items[itemGroup],
+		Task:     items[itemTask],
+		Node:     items[itemNode],
+		Hostname: items[itemHostname],
+		Upstream: items[itemUpstream],
+	}
+	h.PID, _ = strconv.Atoi(items[itemPID])
+	h.AcquiredAt, _ = time.Parse(time.RFC3339Nano, items[itemAcquiredAt])
+	h.TTL, _ = time.ParseDuration(items[itemTTL])
+	h.LockDelay, _ = time.ParseDuration(items[itemLockDelay])
+	return h
+}
+
+// IsZero reports whether no holder was recorded.
+func (h Holder) IsZero() bool { return h.AllocID == "" && h.Hostname == "" && h.PID == 0 }
+
+// String is the short human form used in logs and task events.
+func (h Holder) String() string {
+	if h.IsZero() {
+		return "an unknown holder"
+	}
+	who := "pid " + strconv.Itoa(h.PID)
+	if h.AllocID != "" {
+		who = "alloc " + shortID(h.AllocID)
+	}
+	where := h.Node
+	if where == "" {
+		where = h.Hostname
+	}
+	return fmt.Sprintf("%s on %s", who, where)
+}
+
+func shortID(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}

@@ -1,0 +1,260 @@
+package lockclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+)
+
+// Lease is one held lock. It renews itself until Release, or until it is lost.
+type Lease struct {
+	// Fence is the variable's ModifyIndex written by our acquire: a Raft index,
+	// so it grows with every grant cluster-wide. Hand it to the workload as a
+	// fencing token; never hand out the lock ID.
+	Fence uint64
+	// Previous is the holder recorded in the variable before we acquired it
+	// (zero if none). The LB hook removes its upstream.
+	Previous Holder
+
+	locker *Locker
+	id     string
+
+	mu        sync.Mutex
+	lastRenew time.Time // send time of the last successful acquire or renew
+	err       error     // why the lease ended; nil while held
+	conflict  bool      // the server said we no longer hold it
+
+	lost      chan struct{}
+	stop      chan struct{}
+	stopOnce  sync.Once
+	cancelReq context.CancelFunc
+	done      chan struct{}
+}
+
+func newLease(l *Locker, id string, fence uint64, sent time.Time, previous Holder) *Lease {
+	ctx, cancel := context.WithCancel(context.Background())
+	ls := &Lease{
+		Fence:     fence,
+		Previous:  previous,
+		locker:    l,
+		id:        id,
+		lastRenew: sent,
+		lost:      make(chan struct{}),
+		stop:      make(chan struct{}),
+		cancelReq: cancel,
+		done:      make(chan struct{}),
+	}
+	go ls.renewLoop(ctx)
+	return ls
+}
+
+// Path is the variable path of the lock.
+func (ls *Lease) Path() string { return ls.locker.cfg.Path }
+
+// Lost is closed the moment the lease is lost: renew got 409 or 404, or the
+// fence deadline passed without a successful renew.
+func (ls *Lease) Lost() <-chan struct{} { return ls.lost }
+
+// Err is nil while held, a *LostError after a loss, ErrReleased after Release.
+func (ls *Lease) Err() error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.err
+}
+
+// FenceDeadline is last good renew + TTL - FenceMargin. Past it we no longer
+// claim the lock, whatever the server thinks.
+func (ls *Lease) FenceDeadline() time.Time {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.fenceDeadlineLocked()
+}
+
+func (ls *Lease) fenceDeadlineLocked() time.Time {
+	t := ls.locker.cfg.Timing
+	return ls.lastRenew.Add(t.TTL - t.FenceMargin)
+}
+
+// StopDeadline is when the workload must be gone after a loss. If the server
+// told us we lost the lock, that is the fence deadline. If we merely could not
+// renew, the server keeps the lock for 2*TTL + LockDelay after the last renew,
+// so the workload may use up to 2*TTL - FenceMargin to stop.
+func (ls *Lease) StopDeadline() time.Time {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.conflict {
+		return ls.fenceDeadlineLocked()
+	}
+	t := ls.locker.cfg.Timing
+	return ls.lastRenew.Add(2*t.TTL - t.FenceMargin)
+}
+
+func (ls *Lease) lose(reason string, conflict bool) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return
+	}
+	ls.err = &LostError{Reason: reason}
+	ls.conflict = conflict
+	close(ls.lost)
+}
+
+// renewLoop renews every RenewInterval; after an error it retries with backoff.
+// Every call is bounded by the fence deadline, so a hung Nomad cannot keep us
+// believing we hold the lock. A change of the variable seen by watchLoop
+// triggers a renew at once, so an external release is noticed in milliseconds
+// rather than at the next renew.
+func (ls *Lease) renewLoop(ctx context.Context) {
+	defer close(ls.done)
+	l := ls.locker
+	t := l.cfg.Timing
+	bo := l.newBackoff()
+
+	changed := make(chan struct{}, 1)
+	go ls.watchLoop(ctx, changed)
+
+	renew := time.NewTimer(t.RenewInterval)
+	defer renew.Stop()
+	fence := time.NewTimer(time.Until(ls.FenceDeadline()))
+	defer fence.Stop()
+
+	for {
+		select {
+		case <-ls.stop:
+			return
+		case <-fence.C:
+			if d := time.Until(ls.FenceDeadline()); d > 0 {
+				fence.Reset(d)
+				continue
+			}
+			ls.lose(fmt.Sprintf("no successful renew before the fence deadline (%s after the last renew, TTL %s)",
+				t.TTL-t.FenceMargin, t.TTL), false)
+			return
+		case <-changed:
+			l.log.Debug("lock variable changed, renewing now to confirm we still hold it")
+		case <-renew.C:
+		}
+
+		sent := time.Now()
+		err := ls.renewOnce(ctx)
+		switch code := statusCode(err); {
+		case err == nil:
+			ls.mu.Lock()
+			ls.lastRenew = sent
+			ls.mu.Unlock()
+			bo.Reset()
+			renew.Reset(t.RenewInterval)
+			fence.Reset(time.Until(ls.FenceDeadline()))
+		case code == http.StatusConflict || notHeld(err):
+			ls.lose("Nomad answered "+strconv.Itoa(code)+" on renew: the lock is no longer ours ("+responseBody(err)+")", true)
+			return
+		case code == http.StatusNotFound:
+			ls.lose("Nomad answered 404 on renew: the lock variable was deleted", true)
+			return
+		case errors.Is(ctx.Err(), context.Canceled):
+			return
+		default:
+			d := bo.NextBackOff()
+			l.log.Warn("renew failed, retrying", "error", l.classify("renew", err), "backoff", d,
+				"fence_deadline_in", time.Until(ls.FenceDeadline()).Round(time.Millisecond))
+			renew.Reset(d)
+		}
+	}
+}
+
+// watchLoop parks a blocking query on the variable and reports every change
+// (a release, an expiry, another acquire) on changed. It is only an
+// accelerator: renews remain the authority, so errors merely pause it.
+func (ls *Lease) watchLoop(ctx context.Context, changed chan<- struct{}) {
+	l := ls.locker
+	index := ls.Fence
+	bo := l.newBackoff()
+	for ctx.Err() == nil {
+		_, next, err := l.read(ctx, index)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case statusCode(err) == http.StatusForbidden:
+			l.log.Debug("cannot watch the lock variable (no read capability); relying on renews", "error", err)
+			return
+		case err != nil:
+			_ = sleep(ctx, bo.NextBackOff())
+			continue
+		}
+		bo.Reset()
+		if next > index {
+			index = next
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+func (ls *Lease) renewOnce(ctx context.Context) error {
+	l := ls.locker
+	deadline := time.Now().Add(l.cfg.RequestTimeout)
+	if fence := ls.FenceDeadline(); fence.Before(deadline) {
+		deadline = fence
+	}
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: ls.id}}
+	_, _, err := l.api.Variables().RenewLock(v, l.writeOptions(rctx))
+	return err
+}
+
+// Release stops renewing and releases the lock at once (no lock delay applies
+// to a release). Call it only once the workload is gone. It retries transport
+// errors until ctx ends. A lock that was already lost is reported, not an error
+// to retry.
+func (ls *Lease) Release(ctx context.Context) error {
+	ls.stopOnce.Do(func() {
+		close(ls.stop)
+		ls.cancelReq()
+	})
+	<-ls.done
+
+	l := ls.locker
+	bo := l.newBackoff()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
+		v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: ls.id}}
+		_, _, err := l.api.Variables().ReleaseLock(v, l.writeOptions(rctx))
+		cancel()
+		switch code := statusCode(err); {
+		case err == nil:
+			ls.mu.Lock()
+			if ls.err == nil {
+				ls.err = ErrReleased
+			}
+			ls.mu.Unlock()
+			l.log.Info("lock released", "fence", ls.Fence)
+			return nil
+		case code == http.StatusConflict || code == http.StatusNotFound || notHeld(err):
+			return fmt.Errorf("release %s: %w: Nomad answered %d, the lock was no longer ours", l.cfg.Path, ErrLost, code)
+		case permanent(err):
+			return l.classify("release", err)
+		}
+		d := bo.NextBackOff()
+		l.log.Warn("release failed, retrying", "error", l.classify("release", err), "backoff", d)
+		if serr := sleep(ctx, d); serr != nil {
+			return fmt.Errorf("release %s: gave up, the lock expires on its own: %w", l.cfg.Path, l.classify("release", err))
+		}
+	}
+}
+
+// notHeld recognises Nomad's answer for a variable whose lock is gone. Release
+// reports it as a 500, renew as a 409.
+func notHeld(err error) bool {
+	return err != nil && strings.Contains(responseBody(err), "doesn't hold a lock")
+}

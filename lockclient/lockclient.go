@@ -1,0 +1,337 @@
+// Package lockclient holds a lease on a Nomad Variable lock: it finds the Task
+// API socket and token, acquires (waiting on a blocking query while another
+// holder has it), renews, fences itself by a local deadline, releases, and
+// reads holder information.
+//
+// Timeline of one lease (t0 = when the last successful renew was sent):
+//
+//	t0 + RenewInterval        next renew is sent
+//	t0 + TTL - FenceMargin    fence deadline: Lost() fires if no renew succeeded
+//	t0 + 2*TTL                earliest moment the server expires the lock
+//	... + LockDelay           earliest moment another holder can acquire
+//
+// A 409 or 404 on renew fires Lost() at once. Because the server waits 2*TTL +
+// LockDelay and we give up at TTL - FenceMargin, a holder whose process stops
+// short of that still has a full TTL to stop its workload before anyone else
+// can hold the lock.
+package lockclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/api"
+)
+
+// Limits Nomad enforces on lock TTLs (nomad/structs/variables.go).
+const (
+	MinTTL = 10 * time.Second
+	MaxTTL = 24 * time.Hour
+)
+
+// Timing holds every duration the lease uses. Zero values take the defaults
+// described on each field.
+type Timing struct {
+	// TTL is the lease the server grants; it expires the lock 2*TTL after the
+	// last renew. 10s to 24h.
+	TTL time.Duration
+	// LockDelay is how long the server keeps an expired lock from a new holder.
+	// It must be > 0: Nomad silently turns 0 into 15s.
+	LockDelay time.Duration
+	// RenewInterval is the time between renews. Default TTL/2.
+	RenewInterval time.Duration
+	// FenceMargin is taken off the TTL to get the fence deadline, for clock-rate
+	// error and scheduling delay. Default TTL/10, at least 500ms.
+	FenceMargin time.Duration
+	// RequestTimeout bounds every non-blocking HTTP call. Default TTL/4, at most 10s.
+	RequestTimeout time.Duration
+	// BlockingWait is the wait of one blocking query on a held lock. Default 30s.
+	BlockingWait time.Duration
+	// MaxBackoff caps the jittered exponential backoff after API errors. Default 5s.
+	MaxBackoff time.Duration
+}
+
+func (t Timing) withDefaults() Timing {
+	if t.RenewInterval == 0 {
+		t.RenewInterval = t.TTL / 2
+	}
+	if t.FenceMargin == 0 {
+		t.FenceMargin = max(t.TTL/10, 500*time.Millisecond)
+	}
+	if t.RequestTimeout == 0 {
+		t.RequestTimeout = min(t.TTL/4, 10*time.Second)
+	}
+	if t.BlockingWait == 0 {
+		t.BlockingWait = 30 * time.Second
+	}
+	if t.MaxBackoff == 0 {
+		t.MaxBackoff = 5 * time.Second
+	}
+	return t
+}
+
+// Validate checks the timings against Nomad's limits and each other.
+func (t Timing) Validate() error {
+	switch {
+	case t.TTL < MinTTL || t.TTL > MaxTTL:
+		return configErrorf("lock TTL %s is out of range: Nomad accepts 10s to 24h", t.TTL)
+	case t.LockDelay <= 0:
+		return configErrorf("lock delay %s must be greater than 0: Nomad replaces 0 with 15s; use e.g. 1s", t.LockDelay)
+	}
+	t = t.withDefaults()
+	fence := t.TTL - t.FenceMargin
+	switch {
+	case t.FenceMargin < 0 || t.FenceMargin >= t.TTL/2:
+		return configErrorf("fence margin %s must be between 0 and TTL/2 (%s)", t.FenceMargin, t.TTL/2)
+	case t.RenewInterval <= 0 || t.RenewInterval >= fence:
+		return configErrorf("renew interval %s must be greater than 0 and below TTL - fence margin (%s); the default is TTL/2",
+			t.RenewInterval, fence)
+	case t.RequestTimeout <= 0 || t.RequestTimeout > fence-t.RenewInterval:
+		return configErrorf("request timeout %s must leave room for a renew before the fence deadline (at most %s)",
+			t.RequestTimeout, fence-t.RenewInterval)
+	case t.MaxBackoff <= 0 || t.BlockingWait <= 0:
+		return configErrorf("backoff and blocking wait must be positive")
+	}
+	return nil
+}
+
+// Config is everything a Locker needs.
+type Config struct {
+	Endpoint  Endpoint
+	Namespace string // "" means the token's default namespace
+	Path      string
+	Timing
+	// Holder is written into the variable on acquire. AcquiredAt, TTL and
+	// LockDelay are filled in by Acquire.
+	Holder Holder
+	// MaxRetry ends Acquire after this many consecutive API errors (not
+	// conflicts). 0 retries until the wait ends.
+	MaxRetry int
+	Logger   hclog.Logger
+}
+
+// Locker acquires leases on one variable path.
+type Locker struct {
+	cfg Config
+	api *api.Client
+	log hclog.Logger
+}
+
+// New validates cfg and builds the API client. No request is sent.
+func New(cfg Config) (*Locker, error) {
+	if err := ValidatePath(cfg.Path); err != nil {
+		return nil, err
+	}
+	if err := cfg.Timing.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Timing = cfg.Timing.withDefaults()
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	ac := api.DefaultConfig()
+	ac.Address = cfg.Endpoint.Address
+	ac.SecretID = cfg.Endpoint.Token
+	if cfg.Namespace != "" {
+		ac.Namespace = cfg.Namespace
+	}
+	client, err := api.NewClient(ac)
+	if err != nil {
+		return nil, fmt.Errorf("nomad client for %s: %w", cfg.Endpoint, err)
+	}
+	return &Locker{cfg: cfg, api: client, log: cfg.Logger.With("path", cfg.Path)}, nil
+}
+
+// Config returns the effective configuration, defaults filled in.
+func (l *Locker) Config() Config { return l.cfg }
+
+// AcquireOptions shape one Acquire call.
+type AcquireOptions struct {
+	// Wait bounds the whole acquire; 0 waits until ctx ends.
+	Wait time.Duration
+	// TryOnce returns ErrNotAcquired at the first conflict.
+	TryOnce bool
+	// OnBlocked is called when the lock is found held by a different holder
+	// than last reported, e.g. to emit "waiting for lock held by ...".
+	OnBlocked func(Holder)
+}
+
+// Acquire takes the lock, waiting while another holder has it. While held
+// elsewhere it parks on a blocking query of the variable and retries the moment
+// the variable changes (release, or expiry after the lock delay). API errors
+// are retried with jittered exponential backoff.
+func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, error) {
+	if opts.Wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, opts.Wait)
+		defer cancel()
+	}
+	bo := l.newBackoff()
+	failures := 0
+	var reported Holder
+	retryAfter := func(err error) error {
+		failures++
+		if l.cfg.MaxRetry > 0 && failures >= l.cfg.MaxRetry {
+			return fmt.Errorf("%w (%d): %w", ErrTooManyErrors, failures, err)
+		}
+		d := bo.NextBackOff()
+		l.log.Warn("lock API error, retrying", "error", err, "backoff", d)
+		return sleep(ctx, d)
+	}
+
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, l.waitError(ctx, opts)
+		}
+		current, index, err := l.read(ctx, 0)
+		if err != nil {
+			if permanent(err) {
+				return nil, err
+			}
+			if err := retryAfter(err); err != nil {
+				return nil, l.waitError(ctx, opts, err)
+			}
+			continue
+		}
+
+		lease, err := l.tryAcquire(ctx, current)
+		switch {
+		case err == nil:
+			return lease, nil
+		case errors.Is(err, ErrNotAcquired):
+			failures = 0
+			bo.Reset()
+			holder := holderFromItems(current.items())
+			if holder != reported {
+				reported = holder
+				l.log.Info("lock is held, waiting", "holder", holder.String())
+				if opts.OnBlocked != nil {
+					opts.OnBlocked(holder)
+				}
+			}
+			if opts.TryOnce {
+				return nil, fmt.Errorf("acquire %s: %w (%s)", l.cfg.Path, ErrNotAcquired, holder)
+			}
+			if _, _, err := l.read(ctx, index); err != nil && !permanent(err) && ctx.Err() == nil {
+				if err := retryAfter(err); err != nil {
+					return nil, l.waitError(ctx, opts, err)
+				}
+			}
+		case permanent(err):
+			return nil, err
+		default:
+			if err := retryAfter(err); err != nil {
+				return nil, l.waitError(ctx, opts, err)
+			}
+		}
+	}
+}
+
+// waitError turns the end of the acquire loop into the error callers expect.
+func (l *Locker) waitError(ctx context.Context, opts AcquireOptions, cause ...error) error {
+	if len(cause) > 0 && !errors.Is(cause[0], context.DeadlineExceeded) && !errors.Is(cause[0], context.Canceled) {
+		return cause[0]
+	}
+	if opts.Wait > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("acquire %s: %w (%s)", l.cfg.Path, ErrWaitTimeout, opts.Wait)
+	}
+	return fmt.Errorf("acquire %s: %w", l.cfg.Path, context.Cause(ctx))
+}
+
+// snapshot is what a plain read of the variable told us.
+type snapshot struct{ v *api.Variable }
+
+func (s snapshot) items() map[string]string {
+	if s.v == nil {
+		return nil
+	}
+	return s.v.Items
+}
+
+// read GETs the variable. With index > 0 it is a blocking query that returns
+// when the variable's ModifyIndex passes index, or after BlockingWait. It
+// returns the index to block on next.
+func (l *Locker) read(ctx context.Context, index uint64) (snapshot, uint64, error) {
+	timeout := l.cfg.RequestTimeout
+	q := &api.QueryOptions{}
+	if index > 0 {
+		q.WaitIndex = index
+		q.WaitTime = l.cfg.BlockingWait
+		// Nomad adds up to wait/16 of jitter to a blocking query.
+		timeout += l.cfg.BlockingWait + l.cfg.BlockingWait/16
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	v, meta, err := l.api.Variables().Peek(l.cfg.Path, q.WithContext(rctx))
+	if err != nil {
+		return snapshot{}, 0, l.classify("read", err)
+	}
+	if meta == nil {
+		return snapshot{v}, 0, nil
+	}
+	return snapshot{v}, meta.LastIndex, nil
+}
+
+// tryAcquire sends one lock-acquire. current is the variable as read just
+// before, which names the previous holder.
+func (l *Locker) tryAcquire(ctx context.Context, current snapshot) (*Lease, error) {
+	holder := l.cfg.Holder
+	holder.AcquiredAt = time.Now()
+	holder.TTL = l.cfg.TTL
+	holder.LockDelay = l.cfg.LockDelay
+	v := &api.Variable{
+		Namespace: l.cfg.Namespace,
+		Path:      l.cfg.Path,
+		Items:     holder.items(),
+		Lock: &api.VariableLock{
+			TTL:       l.cfg.TTL.String(),
+			LockDelay: l.cfg.LockDelay.String(),
+		},
+	}
+	sent := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
+	defer cancel()
+	out, _, err := l.api.Variables().AcquireLock(v, l.writeOptions(rctx))
+	if err != nil {
+		if statusCode(err) == http.StatusConflict {
+			return nil, ErrNotAcquired
+		}
+		return nil, l.classify("acquire", err)
+	}
+	if out == nil || out.Lock == nil || out.Lock.ID == "" {
+		return nil, fmt.Errorf("acquire %s: Nomad answered without a lock ID", l.cfg.Path)
+	}
+	lease := newLease(l, out.Lock.ID, out.ModifyIndex, sent, holderFromItems(current.items()))
+	l.log.Info("lock acquired", "fence", lease.Fence)
+	return lease, nil
+}
+
+func (l *Locker) writeOptions(ctx context.Context) *api.WriteOptions {
+	return (&api.WriteOptions{Namespace: l.cfg.Namespace}).WithContext(ctx)
+}
+
+func (l *Locker) newBackoff() backoff.BackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 100 * time.Millisecond
+	b.MaxInterval = l.cfg.MaxBackoff
+	b.RandomizationFactor = 0.5
+	b.MaxElapsedTime = 0
+	b.Reset()
+	return b
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

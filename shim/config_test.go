@@ -1,0 +1,183 @@
+package shim
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestParseRunArgs(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		want func(*Config)
+	}{
+		{
+			name: "defaults and exact argv after the path",
+			args: []string{"nomad/jobs/web/lock", "/bin/echo", "a b", "-x", `"q"`},
+			want: func(c *Config) {
+				c.Path = "nomad/jobs/web/lock"
+				c.Command = []string{"/bin/echo", "a b", "-x", `"q"`}
+			},
+		},
+		{
+			name: "every nomad var lock flag",
+			args: []string{"-ttl", "10s", "-delay=1s", "-shell", "-verbose", "-early-return", "-max-retry", "3", "-backoff", "2s", "p", "cmd"},
+			want: func(c *Config) {
+				c.Path, c.Command = "p", []string{"cmd"}
+				c.TTL, c.LockDelay, c.Shell, c.Verbose, c.EarlyReturn, c.MaxRetry, c.Backoff =
+					10*time.Second, time.Second, true, true, true, 3, 2*time.Second
+			},
+		},
+		{
+			name: "our flags",
+			args: []string{"-wait", "1m", "-renew", "3s", "-kill-signal", "INT", "-kill-timeout", "9s", "-namespace", "prod", "p", "cmd"},
+			want: func(c *Config) {
+				c.Path, c.Command = "p", []string{"cmd"}
+				c.Wait, c.Renew, c.KillSignal, c.KillSignalSet, c.KillTimeout, c.Namespace =
+					time.Minute, 3*time.Second, syscall.SIGINT, true, 9*time.Second, "prod"
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseRunArgs(tc.args, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := DefaultConfig()
+			tc.want(&want)
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("\n got %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestParseRunArgsErrors(t *testing.T) {
+	cases := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"no args", nil, "missing lock path"},
+		{"no command", []string{"nomad/jobs/x/lock"}, "missing command"},
+		{"ttl too short", []string{"-ttl", "5s", "p", "c"}, "Nomad accepts 10s to 24h"},
+		{"ttl without unit", []string{"-ttl", "10", "p", "c"}, `invalid value "10" for flag -ttl`},
+		{"zero delay", []string{"-delay", "0s", "p", "c"}, "Nomad replaces 0 with 15s"},
+		{"renew beyond fence", []string{"-ttl", "10s", "-renew", "10s", "p", "c"}, "renew interval"},
+		{"path under nomad/ outside jobs", []string{"nomad/web", "c"}, "below nomad/jobs/"},
+		{"bad path characters", []string{"web.lock", "c"}, "1-128 characters"},
+		{"unknown flag", []string{"-frobnicate", "p", "c"}, "flag provided but not defined: -frobnicate"},
+		{"token in argv", []string{"-token", "s3cret", "p", "c"}, "-token is refused"},
+		{"unknown signal", []string{"-kill-signal", "SIGFOO", "p", "c"}, `unknown signal "SIGFOO"`},
+		{"uncatchable kill signal", []string{"-kill-signal", "KILL", "p", "c"}, "cannot be handled"},
+		{"negative wait", []string{"-wait", "-1s", "p", "c"}, "must not be negative"},
+		{"missing config file", []string{"-config", "/nonexistent.hcl", "p", "c"}, "read -config file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseRunArgs(tc.args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Fatalf("error echoes the token: %v", err)
+			}
+		})
+	}
+}
+
+func TestConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "lock.hcl")
+	src := `
+command = "/bin/sleep"
+args    = ["60"]
+kill_signal  = "SIGINT"
+kill_timeout = "7s"
+lock {
+  path  = "nomad/jobs/web/lock"
+  ttl   = "20s"
+  delay = "2s"
+  wait  = "30s"
+}
+`
+	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseRunArgs([]string{"-config", file, "-ttl", "12s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultConfig()
+	want.Command = []string{"/bin/sleep", "60"}
+	want.KillSignal, want.KillSignalSet, want.KillTimeout = syscall.SIGINT, true, 7*time.Second
+	want.Path, want.LockDelay, want.Wait = "nomad/jobs/web/lock", 2*time.Second, 30*time.Second
+	want.TTL = 12 * time.Second // the flag overrides the file
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestConfigFileErrors(t *testing.T) {
+	cases := []struct {
+		name, src, wantErr string
+	}{
+		{"unknown key", `commnd = "x"`, `lock.hcl:1,1-7: Unsupported argument`},
+		{"unknown key in lock", "lock {\n  tll = \"10s\"\n}", `lock.hcl:2,3-6: Unsupported argument`},
+		{"bad duration", `lock { ttl = "ten seconds" }`, `lock.ttl = "ten seconds" is not a duration`},
+		{"wrong type", `args = "not-a-list"`, `list of string required`},
+		{"syntax error", `command = `, `parse`},
+		{"args without command", `args = ["a"]`, `args given without command`},
+		{"bad signal", `kill_signal = "SIGNOPE"`, `kill_signal: unknown signal`},
+		{"unknown block", `health { }`, `Unsupported block type`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			err := applyHCL(&c, []byte(tc.src), "lock.hcl")
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestParseSignal(t *testing.T) {
+	for in, want := range map[string]syscall.Signal{
+		"SIGTERM": syscall.SIGTERM, "term": syscall.SIGTERM, "SIGUSR1": syscall.SIGUSR1, "2": syscall.SIGINT,
+	} {
+		got, err := ParseSignal(in)
+		if err != nil || got != want {
+			t.Errorf("ParseSignal(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	if _, err := ParseSignal("nope"); err == nil {
+		t.Error("ParseSignal(nope) succeeded")
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	cases := []struct {
+		stat  string
+		state byte
+		pgrp  int
+		ok    bool
+	}{
+		{"123 (sleep) S 1 123 123 0 -1", 'S', 123, true},
+		{"77 (weird ) (name) Z 5 900 77 0", 'Z', 900, true},
+		{"garbage", 0, 0, false},
+	}
+	for _, tc := range cases {
+		state, pgrp, ok := parseStat([]byte(tc.stat))
+		if state != tc.state || pgrp != tc.pgrp || ok != tc.ok {
+			t.Errorf("parseStat(%q) = %c %d %v", tc.stat, state, pgrp, ok)
+		}
+	}
+}

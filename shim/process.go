@@ -1,0 +1,205 @@
+package shim
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// GuardCommand is the hidden argv[1] that turns our own binary into the
+// process-group guard. Mains must call MaybeRunGuard before anything else.
+const GuardCommand = "__singleton-group-guard"
+
+// guardSignal is the parent-death signal of the guard. A real-time signal no
+// one sends by accident, so forwarded signals never trip it.
+const guardSignal = syscall.Signal(50)
+
+// spawner forks every child from one OS thread that lives as long as the
+// supervisor. PDEATHSIG fires when the forking *thread* exits, so forking from
+// an arbitrary goroutine could kill the workload when Go retires that thread.
+type spawner struct{ reqs chan spawnReq }
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func newSpawner() *spawner {
+	s := &spawner{reqs: make(chan spawnReq)}
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread must not be reused or retired
+		for r := range s.reqs {
+			r.done <- r.cmd.Start()
+		}
+	}()
+	return s
+}
+
+func (s *spawner) start(cmd *exec.Cmd) error {
+	done := make(chan error, 1)
+	s.reqs <- spawnReq{cmd: cmd, done: done}
+	return <-done
+}
+
+// group is the workload's process group. Its leader is the guard when one
+// could be started, so the group ID is never recycled while we use it.
+type group struct {
+	pgid  int
+	guard *exec.Cmd // nil if the guard could not start
+}
+
+// startGuard starts our own binary as the guard: the leader of a fresh
+// process group that ignores every signal but its parent-death signal, on
+// which it SIGKILLs the whole group. So if the supervisor is SIGKILLed, the
+// workload and all its descendants still in the group die with it.
+func startGuard(sp *spawner) (*group, error) {
+	self, err := os.Executable()
+	if err != nil {
+		self = "/proc/self/exe"
+	}
+	cmd := exec.Command(self, GuardCommand, strconv.Itoa(os.Getpid()))
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: guardSignal}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := sp.start(cmd); err != nil {
+		return nil, fmt.Errorf("start process-group guard %s: %w", self, err)
+	}
+	ready := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err == nil && line != "ready\n" {
+			err = fmt.Errorf("unexpected %q", line)
+		}
+		ready <- err
+	}()
+	select {
+	case err = <-ready:
+	case <-time.After(5 * time.Second):
+		err = errors.New("no ready signal within 5s")
+	}
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("process-group guard: %w", err)
+	}
+	go func() { _ = cmd.Wait() }() // reap it whenever it dies
+	return &group{pgid: cmd.Process.Pid, guard: cmd}, nil
+}
+
+// MaybeRunGuard runs the guard and exits if args ask for it.
+func MaybeRunGuard(args []string) {
+	if len(args) < 3 || args[1] != GuardCommand {
+		return
+	}
+	parent, _ := strconv.Atoi(args[2])
+	os.Exit(runGuard(parent))
+}
+
+func runGuard(parent int) int {
+	for sig := syscall.Signal(1); sig < 65; sig++ {
+		if sig != guardSignal && sig != syscall.SIGKILL && sig != syscall.SIGSTOP && sig != syscall.SIGCHLD && sig != syscall.SIGURG {
+			signal.Ignore(sig)
+		}
+	}
+	died := make(chan os.Signal, 1)
+	signal.Notify(died, guardSignal)
+	if os.Getppid() != parent {
+		_ = syscall.Kill(0, syscall.SIGKILL)
+		return 1
+	}
+	fmt.Fprintln(os.Stdout, "ready")
+	_ = os.Stdout.Close()
+	<-died
+	_ = syscall.Kill(0, syscall.SIGKILL) // pid 0: our own process group, ourselves included
+	return 1
+}
+
+// signal sends sig to every workload process in the group. The guard
+// ignores it.
+func (g *group) signal(sig syscall.Signal) error {
+	err := syscall.Kill(-g.pgid, sig)
+	if errors.Is(err, syscall.ESRCH) {
+		return nil
+	}
+	return err
+}
+
+// members lists live processes in the group other than the guard.
+func (g *group) members() ([]int, error) {
+	return groupMembers(g.pgid, g.pgid)
+}
+
+// groupMembers scans /proc for live (non-zombie) processes whose process
+// group is pgid, leaving out except.
+func groupMembers(pgid, except int) ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list /proc: %w", err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == except {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		state, pg, ok := parseStat(stat)
+		if ok && pg == pgid && state != 'Z' && state != 'X' {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// parseStat reads state and pgrp from /proc/<pid>/stat. The comm field may
+// hold spaces and parentheses, so fields are counted after the last ')'.
+func parseStat(stat []byte) (state byte, pgrp int, ok bool) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 || i+2 >= len(stat) {
+		return 0, 0, false
+	}
+	fields := bytes.Fields(stat[i+2:])
+	if len(fields) < 3 || len(fields[0]) != 1 {
+		return 0, 0, false
+	}
+	pgrp, err := strconv.Atoi(string(fields[2]))
+	return fields[0][0], pgrp, err == nil
+}
+
+// killAll SIGKILLs the whole group, guard included, and waits until no
+// member is left, up to timeout. It reports whether the group is confirmed empty.
+func (g *group) killAll(timeout time.Duration) (bool, error) {
+	if err := g.signal(syscall.SIGKILL); err != nil {
+		return false, fmt.Errorf("kill process group %d: %w", g.pgid, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		left, err := groupMembers(g.pgid, -1)
+		if err != nil {
+			return false, err
+		}
+		if len(left) == 0 {
+			return true, nil
+		}
+		if time.Now().After(deadline) {
+			return false, fmt.Errorf("process group %d: %d process(es) still alive %s after SIGKILL: %v", g.pgid, len(left), timeout, left)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

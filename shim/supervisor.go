@@ -1,0 +1,391 @@
+// Package shim is the supervisor: it takes the lease, runs the workload in its
+// own process group, forwards signals, stops the workload the moment the lease
+// is lost, releases on the way out, and maps every ending to an exit code. The
+// `lock` binary and the singleton driver both run it.
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// State is where the supervisor is in its life:
+// waiting → holding → stopping → released, with lost as the fault exit.
+type State string
+
+const (
+	StateWaiting  State = "waiting"
+	StateHolding  State = "holding"
+	StateStopping State = "stopping"
+	StateReleased State = "released"
+	StateLost     State = "lost"
+)
+
+// Event is one state change, for logs, a status file or task events.
+type Event struct {
+	State   State
+	Time    time.Time
+	Path    string
+	Fence   uint64            // holding and after
+	Holder  lockclient.Holder // waiting: who holds the lock now
+	Message string
+}
+
+// Exit codes of the supervisor. A workload's own exit code passes through
+// unchanged; death by signal N becomes 128+N, as in a shell.
+const (
+	ExitConfig      = 64  // bad flag, config file, TTL, path or command
+	ExitInfra       = 69  // Nomad unreachable, no socket or token, too many API errors
+	ExitWaitTimeout = 75  // the lock was not acquired within -wait
+	ExitLost        = 76  // the lock was lost while held; the workload was stopped
+	ExitPermission  = 77  // HTTP 403: the token lacks write on the lock path
+	ExitCannotExec  = 126 // the command exists but cannot be executed
+	ExitNotFound    = 127 // the command was not found
+)
+
+// confirmTimeout bounds the wait for SIGKILLed processes to disappear.
+const confirmTimeout = 5 * time.Second
+
+// Supervisor runs one workload under one lock.
+type Supervisor struct {
+	Config  Config
+	Locker  *lockclient.Locker
+	Logger  hclog.Logger
+	Observe func(Event) // optional
+
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	// Env is the workload's base environment; nil means os.Environ().
+	Env []string
+
+	spawner *spawner
+}
+
+func (s *Supervisor) emit(ev Event) {
+	ev.Time = time.Now()
+	ev.Path = s.Config.Path
+	if s.Observe != nil {
+		s.Observe(ev)
+	}
+}
+
+// Run supervises until the workload is gone and the lock released, and
+// returns the exit code. sigs delivers the signals the supervisor received.
+func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
+	if s.Logger == nil {
+		s.Logger = hclog.NewNullLogger()
+	}
+	s.spawner = newSpawner()
+
+	lease, code, done := s.acquire(ctx, sigs)
+	if done {
+		return code
+	}
+	log := s.Logger.With("fence", lease.Fence)
+
+	g, err := startGuard(s.spawner)
+	if err != nil {
+		log.Warn("running without a process-group guard: descendants that outlive a killed supervisor are not cleaned up", "error", err)
+	}
+	cmd, g, err := s.startWorkload(lease, g)
+	if err != nil {
+		log.Error("cannot start the workload", "error", err)
+		s.finish(lease, g, nil)
+		return startErrorCode(err)
+	}
+	log.Info("workload started", "pid", cmd.Process.Pid, "pgid", g.pgid)
+	s.emit(Event{State: StateHolding, Fence: lease.Fence,
+		Message: fmt.Sprintf("Acquired lock (fence %d)", lease.Fence)})
+
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+
+	for {
+		select {
+		case <-exited:
+			code := exitCode(cmd.ProcessState)
+			log.Info("workload exited", "code", code)
+			s.stop(lease, g, exited, s.Config.KillSignal)
+			s.finish(lease, g, exited)
+			return code
+
+		case <-lease.Lost():
+			why := lease.Err()
+			log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", time.Until(lease.StopDeadline()).Round(time.Millisecond))
+			s.emit(Event{State: StateLost, Fence: lease.Fence, Message: "Lock lost: " + strings.TrimPrefix(why.Error(), "lock lost: ")})
+			s.stop(lease, g, exited, s.Config.KillSignal)
+			s.finish(lease, g, exited)
+			return ExitLost
+
+		case sig := <-sigs:
+			sys, _ := sig.(syscall.Signal)
+			if sys == syscall.SIGTERM || sys == syscall.SIGINT {
+				stopSig := sys
+				if s.Config.KillSignalSet {
+					stopSig = s.Config.KillSignal
+				}
+				log.Info("stopping on signal", "signal", sig, "kill_signal", stopSig)
+				s.stop(lease, g, exited, stopSig)
+				s.finish(lease, g, exited)
+				return exitCode(cmd.ProcessState)
+			}
+			log.Debug("forwarding signal", "signal", sig, "pid", cmd.Process.Pid)
+			if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+				log.Warn("forward signal", "signal", sig, "error", err)
+			}
+		}
+	}
+}
+
+// acquire waits for the lock. Terminating signals abort the wait. done is
+// true when Run must return code without running the workload.
+func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease *lockclient.Lease, code int, done bool) {
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		lease *lockclient.Lease
+		err   error
+	}
+	results := make(chan result, 1)
+	s.emit(Event{State: StateWaiting, Message: "Waiting for lock " + s.Config.Path})
+	go func() {
+		l, err := s.Locker.Acquire(actx, lockclient.AcquireOptions{
+			Wait:    s.Config.Wait,
+			TryOnce: s.Config.EarlyReturn,
+			OnBlocked: func(h lockclient.Holder) {
+				s.emit(Event{State: StateWaiting, Holder: h,
+					Message: fmt.Sprintf("Waiting for lock %s held by %s", s.Config.Path, h)})
+			},
+		})
+		results <- result{l, err}
+	}()
+
+	var interrupted os.Signal
+	for {
+		select {
+		case r := <-results:
+			switch {
+			case r.err == nil && interrupted != nil:
+				s.release(r.lease)
+				return nil, signalCode(interrupted), true
+			case r.err == nil:
+				return r.lease, 0, false
+			case interrupted != nil:
+				return nil, signalCode(interrupted), true
+			}
+			return nil, s.acquireErrorCode(r.err), true
+		case sig := <-sigs:
+			switch sig {
+			case syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT:
+				s.Logger.Info("signal while waiting for the lock, giving up", "signal", sig)
+				interrupted = sig
+				cancel()
+			default:
+				s.Logger.Debug("signal while waiting for the lock, no workload to forward it to", "signal", sig)
+			}
+		}
+	}
+}
+
+func (s *Supervisor) acquireErrorCode(err error) int {
+	var ce *lockclient.ConfigError
+	var pe *lockclient.PermissionError
+	switch {
+	case errors.Is(err, lockclient.ErrNotAcquired):
+		s.Logger.Info("lock not acquired and -early-return is set: exiting without running the command", "reason", err)
+		return 0
+	case errors.Is(err, lockclient.ErrWaitTimeout):
+		s.Logger.Error("lock not acquired in time", "error", err)
+		return ExitWaitTimeout
+	case errors.As(err, &pe):
+		s.Logger.Error(pe.Error())
+		return ExitPermission
+	case errors.As(err, &ce):
+		s.Logger.Error("invalid lock configuration", "error", err)
+		return ExitConfig
+	}
+	s.Logger.Error("cannot acquire the lock", "error", err)
+	return ExitInfra
+}
+
+// startWorkload execs the command with no shell (unless Shell), in the
+// guard's process group, with PDEATHSIG, NOMAD_LOCK_PATH and NOMAD_LOCK_FENCE.
+func (s *Supervisor) startWorkload(lease *lockclient.Lease, g *group) (*exec.Cmd, *group, error) {
+	argv := s.Config.Command
+	if s.Config.Shell {
+		sh := os.Getenv("SHELL")
+		if sh == "" {
+			sh = "/bin/sh"
+		}
+		argv = []string{sh, "-c", strings.Join(argv, " ")}
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return nil, g, fmt.Errorf("command %q: %w", argv[0], err)
+	}
+	cmd := &exec.Cmd{Path: path, Args: argv, Env: s.workloadEnv(lease),
+		Stdin: s.Stdin, Stdout: s.Stdout, Stderr: s.Stderr,
+		WaitDelay: time.Second} // don't hang on pipes held by processes that left the group
+	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if g != nil {
+		attr.Pgid = g.pgid
+	}
+	cmd.SysProcAttr = attr
+	if err := s.spawner.start(cmd); err != nil {
+		return nil, g, fmt.Errorf("start %q: %w", path, err)
+	}
+	if g == nil {
+		g = &group{pgid: cmd.Process.Pid}
+	}
+	return cmd, g, nil
+}
+
+func (s *Supervisor) workloadEnv(lease *lockclient.Lease) []string {
+	base := s.Env
+	if base == nil {
+		base = os.Environ()
+	}
+	env := make([]string, 0, len(base)+2)
+	for _, kv := range base {
+		if !strings.HasPrefix(kv, "NOMAD_LOCK_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env,
+		"NOMAD_LOCK_PATH="+s.Config.Path,
+		"NOMAD_LOCK_FENCE="+strconv.FormatUint(lease.Fence, 10))
+}
+
+// stop ends the workload: sig to the group, grace until every member is gone
+// or kill_timeout passes (cut short by the lease's stop deadline if the lock is
+// lost meanwhile), then SIGKILL to the group. A workload that already exited
+// with no stragglers left is not signalled at all.
+func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struct{}, sig syscall.Signal) {
+	if isClosed(exited) {
+		if left, err := g.members(); err == nil && len(left) == 0 {
+			return
+		}
+		s.Logger.Info("workload exited but left processes in its group, stopping them", "signal", sig)
+	}
+	s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: "Stopping workload with " + signalName(sig)})
+	if err := g.signal(sig); err != nil {
+		s.Logger.Warn("signal workload group", "signal", sig, "error", err)
+	}
+	deadline := time.Now().Add(s.Config.KillTimeout)
+	if isClosed(lease.Lost()) {
+		deadline = earliest(deadline, lease.StopDeadline())
+	}
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	grace := time.NewTimer(time.Until(deadline))
+	defer grace.Stop()
+	lost := lease.Lost()
+	for {
+		select {
+		case <-grace.C:
+			s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", s.Config.KillTimeout)
+			return
+		case <-lost:
+			lost = nil
+			deadline = earliest(deadline, lease.StopDeadline())
+			grace.Reset(time.Until(deadline))
+		case <-poll.C:
+			if !isClosed(exited) {
+				continue
+			}
+			if left, err := g.members(); err == nil && len(left) == 0 {
+				return
+			}
+		}
+	}
+}
+
+// finish makes sure no process of the group survives, then releases. If the
+// group cannot be confirmed dead the lock is NOT released: it then expires on
+// the server after 2*TTL + lock delay, so no second holder can overlap.
+func (s *Supervisor) finish(lease *lockclient.Lease, g *group, exited <-chan struct{}) {
+	if g != nil {
+		if ok, err := g.killAll(confirmTimeout); !ok {
+			s.Logger.Error("not releasing the lock: the workload's processes could not be confirmed dead; it expires on its own", "error", err)
+			return
+		}
+	}
+	if exited != nil {
+		<-exited
+	}
+	s.release(lease)
+}
+
+func (s *Supervisor) release(lease *lockclient.Lease) {
+	timeout := s.Locker.Config().RequestTimeout + time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := lease.Release(ctx); err != nil {
+		s.Logger.Warn("release", "error", err)
+		return
+	}
+	s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: "Released lock"})
+}
+
+func exitCode(ps *os.ProcessState) int {
+	if ps == nil {
+		return ExitInfra
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+func startErrorCode(err error) int {
+	switch {
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, os.ErrNotExist):
+		return ExitNotFound
+	case errors.Is(err, os.ErrPermission), errors.Is(err, syscall.ENOEXEC):
+		return ExitCannotExec
+	}
+	return ExitCannotExec
+}
+
+func signalCode(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return 1
+}
+
+func signalName(sig syscall.Signal) string {
+	for name, s := range signalsByName {
+		if s == sig {
+			return name
+		}
+	}
+	return "signal " + strconv.Itoa(int(sig))
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
