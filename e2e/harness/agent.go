@@ -1,0 +1,373 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/api"
+)
+
+// Defaults for AgentOptions and the Agent's clients.
+const (
+	DefaultStartTimeout = 60 * time.Second
+	DefaultStopTimeout  = 30 * time.Second
+	// APITimeout bounds every request made through Agent.API. Blocking
+	// queries must therefore use a WaitTime well below it.
+	APITimeout = 60 * time.Second
+	// CLITimeout bounds every Agent.Nomad call.
+	CLITimeout = 60 * time.Second
+	// cleanupJobTimeout bounds how long cleanup waits for allocations to stop.
+	cleanupJobTimeout = 45 * time.Second
+)
+
+// DefaultFingerprintDenylist skips fingerprinters that probe cloud metadata.
+// env_aws must be skipped here: AWS_CA_BUNDLE is set in CI and makes it fail,
+// which aborts the client start.
+const DefaultFingerprintDenylist = "env_aws,env_gce,env_azure,env_digitalocean"
+
+// AgentOptions configures StartAgent. The zero value is a non-dev cluster
+// (one server process and one client process) without ACLs.
+type AgentOptions struct {
+	// Dev runs a single `nomad agent -dev`: in-memory state, ACLs off, and the
+	// agent stops its allocations when it stops. Restart is not supported.
+	Dev bool
+	// ACLs enables the ACL system (non-dev only). StartAgent bootstraps it and
+	// Agent.Token, API and Env carry the management token.
+	ACLs bool
+	// PluginDir is passed to the client as -plugin-dir (made absolute).
+	// Remember that Nomad 1.11 loads a plugin only if Config has
+	// `plugin "<file name>" {}`.
+	PluginDir string
+	// Config holds extra HCL snippets appended to the client's configuration
+	// (the only process in dev mode), e.g. `plugin "singleton" { ... }`.
+	Config []string
+	// ServerConfig holds extra HCL snippets for the server (non-dev only).
+	ServerConfig []string
+	// HostVolumes maps client host_volume names to host paths. Missing
+	// directories are created. Volumes are writable.
+	HostVolumes map[string]string
+	// ChrootEnv, if set, replaces the client's chroot_env (source → path in
+	// the chroot) for the exec driver. The default copies /bin, /lib, /usr,
+	// ... into every task dir, which takes seconds; the static testworkload
+	// needs none of it.
+	ChrootEnv map[string]string
+	// ClientOptions are merged over the harness's client.options (which
+	// deny-list the cloud fingerprinters, see DefaultFingerprintDenylist).
+	ClientOptions map[string]string
+	// RequireDrivers must be detected and healthy on the node before the
+	// client counts as ready. Default: raw_exec. The exec driver is always
+	// waited for until it has fingerprinted, healthy or not; ask
+	// DriverHealthy("exec") whether it can be used.
+	RequireDrivers []string
+	// Env adds KEY=VALUE entries to the agents' environment. NOMAD_* variables
+	// of the test process are never passed on.
+	Env []string
+	// LogLevel of the agents (default DEBUG).
+	LogLevel string
+	// StartTimeout bounds each start until ready (default 60s).
+	StartTimeout time.Duration
+	// StopTimeout bounds the graceful part of each stop, after which the
+	// process is killed (default 30s).
+	StopTimeout time.Duration
+}
+
+// Agent is a Nomad cluster of one node, owned by one test.
+//
+// In dev mode it is a single `nomad agent -dev` process. Otherwise it is two
+// processes, a server and a client, each with its own data dir. Two processes
+// because (1) a combined agent races its own keyring at every start: the
+// client's first Node.Register fails ("keyring has not been initialized yet",
+// or "Permission denied" after a restart) and is retried only 15-30s later;
+// and (2) fault tests need the client (which serves the Task API and runs
+// the tasks) to stop or freeze while the server, and its lock TTL timers,
+// keep going, as in production.
+//
+// Start, Stop, Restart, Pause and Resume act on the client; Server() and
+// Client() give access to each process. API and Env talk to the server, so
+// they keep working while the client is down.
+//
+// Create it with StartAgent; t.Cleanup stops its jobs and processes and
+// removes its files.
+type Agent struct {
+	t    testing.TB
+	opts AgentOptions
+	log  hclog.Logger
+	bin  string
+	dir  string // private short dir holding all data dirs
+	api  *api.Client
+
+	server *Member
+	client *Member // == server in dev mode
+
+	mu     sync.Mutex
+	token  string
+	nodeID string
+}
+
+// StartAgent starts a Nomad cluster configured by opts and waits until it is
+// ready: a leader is elected, the keyring is initialized, the client node is
+// registered and ready, and the required drivers are healthy. The test fails
+// if that does not happen within opts.StartTimeout per process.
+func StartAgent(t testing.TB, opts AgentOptions) *Agent {
+	t.Helper()
+	if opts.Dev && (opts.ACLs || len(opts.ServerConfig) > 0) {
+		t.Fatalf("harness: ACLs and ServerConfig need a non-dev agent (AgentOptions.Dev=false)")
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = DefaultStartTimeout
+	}
+	if opts.StopTimeout <= 0 {
+		opts.StopTimeout = DefaultStopTimeout
+	}
+	if opts.LogLevel == "" {
+		opts.LogLevel = "DEBUG"
+	}
+	if len(opts.RequireDrivers) == 0 {
+		opts.RequireDrivers = []string{"raw_exec"}
+	}
+	if opts.PluginDir != "" {
+		abs, err := filepath.Abs(opts.PluginDir)
+		if err != nil {
+			t.Fatalf("harness: plugin dir: %v", err)
+		}
+		opts.PluginDir = abs
+	}
+	for name, path := range opts.HostVolumes {
+		if err := os.MkdirAll(path, 0o755); err != nil {
+			t.Fatalf("harness: host volume %q: %v", name, err)
+		}
+	}
+
+	a := &Agent{t: t, opts: opts, log: NewLogger(t, "harness.agent"), bin: NomadBin(t)}
+
+	// Config files and logs live in t.TempDir(), created before registering
+	// cleanup so that it is removed only after cleanup has printed the logs.
+	meta := t.TempDir()
+	logDir := meta
+	if keep := os.Getenv(EnvLogDir); keep != "" {
+		logDir = filepath.Join(keep, fmt.Sprintf("%s-%d", strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()), time.Now().UnixNano()))
+		if err := os.MkdirAll(logDir, 0o755); err != nil {
+			t.Fatalf("harness: %s: %v", EnvLogDir, err)
+		}
+	}
+	// Unix socket paths are limited to 108 bytes, and the Task API socket is
+	// <alloc_dir>/<alloc id>/<task>/secrets/api.sock. t.TempDir() paths are
+	// far too long, so data dirs live in a short private directory
+	// (/tmp/nmdNNNN/d/alloc/...: task names up to ~25 bytes fit) that cleanup
+	// unmounts and removes.
+	base := os.TempDir()
+	if len(base) > 24 {
+		base = "/tmp"
+	}
+	dir, err := os.MkdirTemp(base, "nmd")
+	if err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	a.dir = dir
+	t.Cleanup(a.cleanup)
+
+	newMember := func(role string) *Member {
+		ports, err := freePorts(3)
+		if err != nil {
+			t.Fatalf("harness: %v", err)
+		}
+		return &Member{
+			a: a, role: role,
+			dataDir:  filepath.Join(dir, map[string]string{roleServer: "s", roleClient: "d", roleDev: "d"}[role]),
+			cfgPath:  filepath.Join(meta, role+".hcl"),
+			logPath:  filepath.Join(logDir, role+".log"),
+			httpPort: ports[0], rpcPort: ports[1], serfPort: ports[2],
+		}
+	}
+	if opts.Dev {
+		a.server = newMember(roleDev)
+		a.client = a.server
+	} else {
+		a.server = newMember(roleServer)
+		a.client = newMember(roleClient)
+	}
+	for _, m := range a.members() {
+		if err := os.WriteFile(m.cfgPath, []byte(m.renderConfig()), 0o644); err != nil {
+			t.Fatalf("harness: write agent config: %v", err)
+		}
+	}
+
+	if a.api, err = newAPIClient(a.server.Addr()); err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	for _, m := range a.members() {
+		if m.api, err = newAPIClient(m.Addr()); err != nil {
+			t.Fatalf("harness: %v", err)
+		}
+	}
+
+	began := time.Now()
+	for _, m := range a.members() {
+		if err := m.Start(); err != nil {
+			t.Fatalf("harness: start %s agent: %v", m.role, err)
+		}
+	}
+	a.log.Info("agent ready", "addr", a.Addr(), "dev", opts.Dev, "acls", opts.ACLs,
+		"node_id", a.NodeID(), "took", time.Since(began).Round(time.Millisecond),
+		"exec_healthy", a.DriverHealthy("exec"), "logs", logDir)
+	return a
+}
+
+func newAPIClient(addr string) (*api.Client, error) {
+	cl, err := api.NewClient(&api.Config{
+		Address:    addr,
+		HttpClient: &http.Client{Timeout: APITimeout, Transport: http.DefaultTransport.(*http.Transport).Clone()},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("api client for %s: %w", addr, err)
+	}
+	return cl, nil
+}
+
+// setToken records the management token and hands it to every api client.
+func (a *Agent) setToken(token string) {
+	a.mu.Lock()
+	a.token = token
+	a.mu.Unlock()
+	a.api.SetSecretID(token)
+	for _, m := range a.members() {
+		m.api.SetSecretID(token)
+	}
+}
+
+// members returns the distinct processes, server first.
+func (a *Agent) members() []*Member {
+	switch {
+	case a.server == nil || a.client == nil:
+		return nil // StartAgent failed before creating them
+	case a.client == a.server:
+		return []*Member{a.server}
+	}
+	return []*Member{a.server, a.client}
+}
+
+// Server is the server process (in dev mode, the only process).
+func (a *Agent) Server() *Member { return a.server }
+
+// Client is the client process (in dev mode, the only process). It serves
+// the Task API sockets and supervises the tasks.
+func (a *Agent) Client() *Member { return a.client }
+
+// Addr is the server's HTTP address, e.g. http://127.0.0.1:41234.
+func (a *Agent) Addr() string { return a.server.Addr() }
+
+// API returns an api client for the server, carrying the management token
+// when ACLs are on. Each request is bounded by APITimeout.
+func (a *Agent) API() *api.Client { return a.api }
+
+// Token is the management token ("" without ACLs).
+func (a *Agent) Token() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.token
+}
+
+// NodeID is the ID of the client node. It survives Restart.
+func (a *Agent) NodeID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.nodeID
+}
+
+// AllocDir is the client's alloc dir; <AllocDir>/<alloc id>/<task> is a task dir.
+func (a *Agent) AllocDir() string { return filepath.Join(a.client.dataDir, "alloc") }
+
+// Env returns NOMAD_ADDR (and NOMAD_TOKEN with ACLs) as KEY=VALUE entries for
+// running the nomad CLI or other tools against this cluster.
+func (a *Agent) Env() []string {
+	env := []string{"NOMAD_ADDR=" + a.Addr()}
+	if tok := a.Token(); tok != "" {
+		env = append(env, "NOMAD_TOKEN="+tok)
+	}
+	return env
+}
+
+// Start starts the client again after Stop, and waits until it is ready.
+func (a *Agent) Start() error { return a.client.Start() }
+
+// Stop stops the client (see Member.Stop). Its tasks keep running, unless
+// this is a dev agent.
+func (a *Agent) Stop() error { return a.client.Stop() }
+
+// Restart restarts the client with the same data dir, ports and node ID, and
+// waits until it has re-registered and is ready. Not supported in dev mode.
+func (a *Agent) Restart() error { return a.client.Restart() }
+
+// Pause freezes the client with SIGSTOP: the Task API stops answering and
+// the node stops heartbeating, while tasks and the server keep running.
+func (a *Agent) Pause() error { return a.client.Pause() }
+
+// Resume continues a paused client with SIGCONT.
+func (a *Agent) Resume() error { return a.client.Resume() }
+
+// Nomad runs the nomad CLI against this cluster (NOMAD_ADDR and NOMAD_TOKEN
+// set), bounded by CLITimeout, and returns its combined output. A non-zero
+// exit fails the test; use TryNomad when failure is expected.
+func (a *Agent) Nomad(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := a.TryNomad(t, args...)
+	if err != nil {
+		t.Fatalf("harness: nomad %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// TryNomad is Nomad without failing the test: it returns the combined output
+// and the error (an *exec.ExitError for a non-zero exit).
+func (a *Agent) TryNomad(t testing.TB, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), CLITimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, a.bin, args...)
+	cmd.Env = append(filterEnv(os.Environ(), "NOMAD_"), a.Env()...)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("timed out after %s: %w", CLITimeout, err)
+	}
+	return string(out), err
+}
+
+// DriverHealthy reports whether the node has fingerprinted the driver as
+// detected and healthy (e.g. to skip exec-driver tests where it cannot run).
+func (a *Agent) DriverHealthy(name string) bool {
+	node, _, err := a.api.Nodes().Info(a.NodeID(), nil)
+	if err != nil || node == nil {
+		return false
+	}
+	d := node.Drivers[name]
+	return d != nil && d.Detected && d.Healthy
+}
+
+func filterEnv(env []string, prefix string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, prefix) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// errorf is for failures that must not stop cleanup.
+func (a *Agent) errorf(format string, args ...any) {
+	a.t.Helper()
+	a.t.Errorf("harness: "+format, args...)
+}
+
+var errNotRunning = errors.New("agent process is not running")

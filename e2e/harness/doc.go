@@ -1,0 +1,31 @@
+// Package harness runs a real Nomad agent (built from the pinned module into
+// bin/nomad) for the end-to-end tests of nomad-driver-singleton, and gives
+// those tests the instruments they need to check singleton behaviour.
+//
+// The pieces:
+//
+//   - Binaries: RepoRoot, NomadBin, LockBin and BuildTestWorkload locate or
+//     build the executables under test. A missing binary fails the test with
+//     instructions; nothing is skipped silently.
+//   - Agent: StartAgent starts a one-node Nomad cluster on free loopback
+//     ports: a single `nomad agent -dev`, or a server process plus a client
+//     process with persistent data dirs, so the client can be stopped,
+//     restarted or frozen while the server keeps running. It waits until
+//     there is a leader and a ready node with healthy drivers. Job helpers
+//     (RunJobHCL, WaitAllocs, AllocLogs, ...) are thin wrappers over the
+//     official api client.
+//   - Processes: FindProcs scans /proc for processes carrying a marker, and a
+//     Sampler records how many of them (and of which allocations) ran at once.
+//   - Records: the e2e/testworkload program appends start/stop/signal/exit
+//     events with CLOCK_MONOTONIC timestamps to a record file; ReadRecords,
+//     Intervals, Overlaps and Handovers turn them into assertions such as
+//     "two allocations never ran at the same time" and "handover took 1.2s".
+//
+// Every wait is bounded, every process the harness starts is stopped by PID
+// in t.Cleanup (which also stops all jobs first, and kills and reports any
+// task process that outlives its agent), and the agent logs are printed when
+// a test fails. Set E2E_LOG_DIR to keep the agent logs.
+//
+// The package is Linux-only: it reads /proc and cgroupfs and uses
+// Pdeathsig, SIGSTOP and mount(2).
+package harness

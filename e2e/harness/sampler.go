@@ -1,0 +1,227 @@
+package harness
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// MonoNow returns CLOCK_MONOTONIC in nanoseconds: the clock the testworkload
+// records use, shared by every process on the host.
+func MonoNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(fmt.Sprintf("clock_gettime(CLOCK_MONOTONIC): %v", err))
+	}
+	return ts.Nano()
+}
+
+// SamplerOptions configures StartSampler.
+type SamplerOptions struct {
+	// Marker selects processes, as in FindProcs. Required.
+	Marker string
+	// Filter narrows the matches further; nil keeps every match. Usually
+	// Proc.IsMainWorkload, so wrappers and grandchildren are not counted.
+	Filter func(Proc) bool
+	// Interval between samples (default 20ms).
+	Interval time.Duration
+}
+
+// Sample is one scan of /proc.
+type Sample struct {
+	Mono   int64     // CLOCK_MONOTONIC ns when the scan started
+	Wall   time.Time // wall time of the same moment
+	PIDs   []int     // matching processes, sorted
+	Allocs []string  // distinct owners: NOMAD_ALLOC_ID, or "pid:<n>" without one; sorted
+	Err    error     // the scan failed; PIDs and Allocs are empty
+}
+
+// SampleSummary is what a Sampler saw.
+type SampleSummary struct {
+	Samples   []Sample
+	MaxProcs  int // most matching processes in one sample
+	MaxAllocs int // most distinct allocations in one sample
+	Errors    int // samples whose scan failed
+}
+
+// Sampler scans /proc periodically in the background. Create it with
+// StartSampler and end it with Stop.
+type Sampler struct {
+	opts    SamplerOptions
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
+	summary SampleSummary
+}
+
+// StartSampler starts sampling at once. t.Cleanup stops it if the test did not.
+func StartSampler(t testing.TB, opts SamplerOptions) *Sampler {
+	t.Helper()
+	if opts.Marker == "" {
+		t.Fatalf("harness: StartSampler needs a Marker")
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = 20 * time.Millisecond
+	}
+	s := &Sampler{opts: opts, stop: make(chan struct{}), done: make(chan struct{})}
+	go s.run()
+	t.Cleanup(func() { s.Stop() })
+	return s
+}
+
+// SampleFor samples for duration d and returns the summary.
+func SampleFor(t testing.TB, opts SamplerOptions, d time.Duration) SampleSummary {
+	t.Helper()
+	s := StartSampler(t, opts)
+	time.Sleep(d)
+	return s.Stop()
+}
+
+// Stop ends sampling (after one final sample) and returns the summary. It may
+// be called more than once.
+func (s *Sampler) Stop() SampleSummary {
+	s.once.Do(func() { close(s.stop) })
+	<-s.done
+	return s.summary
+}
+
+func (s *Sampler) run() {
+	defer close(s.done)
+	var sum SampleSummary
+	tick := time.NewTicker(s.opts.Interval)
+	defer tick.Stop()
+	stopping := false
+	for {
+		smp := s.take()
+		if smp.Err != nil {
+			sum.Errors++
+		}
+		sum.MaxProcs = max(sum.MaxProcs, len(smp.PIDs))
+		sum.MaxAllocs = max(sum.MaxAllocs, len(smp.Allocs))
+		sum.Samples = append(sum.Samples, smp)
+		if stopping {
+			s.summary = sum
+			return
+		}
+		select {
+		case <-s.stop:
+			stopping = true // take one last sample: the state at Stop
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *Sampler) take() Sample {
+	smp := Sample{Mono: MonoNow(), Wall: time.Now()}
+	procs, err := FindProcs(s.opts.Marker)
+	if err != nil {
+		smp.Err = err
+		return smp
+	}
+	owners := map[string]bool{}
+	for _, p := range procs {
+		if s.opts.Filter != nil && !s.opts.Filter(p) {
+			continue
+		}
+		smp.PIDs = append(smp.PIDs, p.PID)
+		owner := p.AllocID
+		if owner == "" {
+			owner = fmt.Sprintf("pid:%d", p.PID)
+		}
+		owners[owner] = true
+	}
+	smp.Allocs = sortedKeys(owners)
+	sort.Ints(smp.PIDs)
+	return smp
+}
+
+// Over returns the samples in which more than limit distinct allocations ran,
+// e.g. Over(1) are the moments a singleton was violated.
+func (s SampleSummary) Over(limit int) []Sample {
+	var out []Sample
+	for _, smp := range s.Samples {
+		if len(smp.Allocs) > limit {
+			out = append(out, smp)
+		}
+	}
+	return out
+}
+
+// Empty returns the samples in which nothing matched (e.g. handover gaps).
+func (s SampleSummary) Empty() []Sample {
+	var out []Sample
+	for _, smp := range s.Samples {
+		if smp.Err == nil && len(smp.PIDs) == 0 {
+			out = append(out, smp)
+		}
+	}
+	return out
+}
+
+// GoneByPID is a GoneFunc for processes whose recorded PID is the host PID
+// (raw_exec, the lock binary, the singleton driver): the first sample
+// without the PID after one with it, from the interval's start on.
+func (s SampleSummary) GoneByPID() GoneFunc {
+	return func(iv Interval) (int64, bool) {
+		return s.goneAfter(iv.Start, func(smp Sample) bool { return slices.Contains(smp.PIDs, iv.PID) })
+	}
+}
+
+// GoneByAlloc is a GoneFunc keyed by allocation ID, for tasks in their own
+// PID namespace (exec driver): the first sample without any process of the
+// allocation after one with it, from the interval's start on.
+func (s SampleSummary) GoneByAlloc() GoneFunc {
+	return func(iv Interval) (int64, bool) {
+		if iv.AllocID == "" {
+			return 0, false
+		}
+		return s.goneAfter(iv.Start, func(smp Sample) bool { return slices.Contains(smp.Allocs, iv.AllocID) })
+	}
+}
+
+func (s SampleSummary) goneAfter(start int64, present func(Sample) bool) (int64, bool) {
+	seen := false
+	for _, smp := range s.Samples {
+		if smp.Mono < start || smp.Err != nil {
+			continue
+		}
+		if present(smp) {
+			seen = true
+		} else if seen {
+			return smp.Mono, true
+		}
+	}
+	return 0, false
+}
+
+// String summarises the sampling for test logs, listing up to five
+// violations of "at most one allocation".
+func (s SampleSummary) String() string {
+	var b strings.Builder
+	var span time.Duration
+	if n := len(s.Samples); n > 1 {
+		span = time.Duration(s.Samples[n-1].Mono - s.Samples[0].Mono)
+	}
+	pids := map[int]bool{}
+	for _, smp := range s.Samples {
+		for _, pid := range smp.PIDs {
+			pids[pid] = true
+		}
+	}
+	fmt.Fprintf(&b, "%d samples over %s: max %d processes, max %d allocations at once, %d empty, %d scan errors, %d distinct PIDs",
+		len(s.Samples), span.Round(time.Millisecond), s.MaxProcs, s.MaxAllocs, len(s.Empty()), s.Errors, len(pids))
+	for i, smp := range s.Over(1) {
+		if i == 5 {
+			b.WriteString("\n  ...")
+			break
+		}
+		fmt.Fprintf(&b, "\n  at %s: pids %v allocs %v", smp.Wall.Format("15:04:05.000"), smp.PIDs, smp.Allocs)
+	}
+	return b.String()
+}
