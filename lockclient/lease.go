@@ -32,6 +32,7 @@ type Lease struct {
 	conflict  bool      // the server said we no longer hold it
 
 	lost      chan struct{}
+	renewed   chan struct{}
 	stop      chan struct{}
 	stopOnce  sync.Once
 	cancelReq context.CancelFunc
@@ -47,6 +48,7 @@ func newLease(l *Locker, id string, fence uint64, sent time.Time, previous Holde
 		id:        id,
 		lastRenew: sent,
 		lost:      make(chan struct{}),
+		renewed:   make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 		cancelReq: cancel,
 		done:      make(chan struct{}),
@@ -61,6 +63,10 @@ func (ls *Lease) Path() string { return ls.locker.cfg.Path }
 // Lost is closed the moment the lease is lost: renew got 409 or 404, or the
 // fence deadline passed without a successful renew.
 func (ls *Lease) Lost() <-chan struct{} { return ls.lost }
+
+// Renewed receives after successful renews (coalesced: a slow reader sees
+// one value for several renews). Use it to republish FenceDeadline.
+func (ls *Lease) Renewed() <-chan struct{} { return ls.renewed }
 
 // Err is nil while held, a *LostError after a loss, ErrReleased after Release.
 func (ls *Lease) Err() error {
@@ -153,6 +159,10 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 			bo.Reset()
 			renew.Reset(t.RenewInterval)
 			fence.Reset(time.Until(ls.FenceDeadline()))
+			select {
+			case ls.renewed <- struct{}{}:
+			default:
+			}
 		case code == http.StatusConflict || notHeld(err):
 			ls.lose("Nomad answered "+strconv.Itoa(code)+" on renew: the lock is no longer ours ("+responseBody(err)+")", true)
 			return

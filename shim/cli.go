@@ -78,7 +78,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	log := newLogger(stderr, cfg.Verbose)
 
-	locker, err := newLocker(cfg, log)
+	locker, err := NewLocker(cfg, log, lockclient.HolderFromEnv(os.Getenv))
 	if err != nil {
 		fmt.Fprintf(stderr, "lock: %v\n", err)
 		return ExitConfig
@@ -113,8 +113,9 @@ func newLogger(w io.Writer, verbose bool) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: "lock", Output: w, Level: level})
 }
 
-// newLocker resolves the endpoint and builds the lease client for cfg.
-func newLocker(cfg Config, log hclog.Logger) (*lockclient.Locker, error) {
+// NewLocker resolves the endpoint and builds the lease client for cfg; holder
+// is written into the lock on acquire.
+func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockclient.Locker, error) {
 	ep, err := endpointFor(cfg.Address)
 	if err != nil {
 		return nil, err
@@ -125,7 +126,7 @@ func newLocker(cfg Config, log hclog.Logger) (*lockclient.Locker, error) {
 		Namespace: cfg.Namespace,
 		Path:      cfg.Path,
 		Timing:    cfg.Timing(),
-		Holder:    lockclient.HolderFromEnv(os.Getenv),
+		Holder:    holder,
 		MaxRetry:  cfg.MaxRetry,
 		Logger:    log,
 	})
@@ -177,7 +178,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "lock status: %v\n", err)
 		return ExitConfig
 	}
-	locker, err := newLocker(cfg, newLogger(stderr, false))
+	locker, err := NewLocker(cfg, newLogger(stderr, false), lockclient.Holder{})
 	if err != nil {
 		fmt.Fprintf(stderr, "lock status: %v\n", err)
 		return ExitConfig

@@ -32,7 +32,8 @@ const (
 	StateLost     State = "lost"
 )
 
-// Event is one state change, for logs, a status file or task events.
+// Event is one state change, or a renewal heartbeat (same State and Message,
+// later deadlines), for logs, a status file or task events.
 type Event struct {
 	State   State
 	Time    time.Time
@@ -40,6 +41,21 @@ type Event struct {
 	Fence   uint64            // holding and after
 	Holder  lockclient.Holder // waiting: who holds the lock now
 	Message string
+
+	// Set while the lease is held: the watchdog kills the workload's group
+	// if the supervisor has not acted on them.
+	FenceDeadline time.Time
+	StopDeadline  time.Time
+	WorkloadPID   int
+	WorkloadPGID  int
+}
+
+// StopRequest asks the supervisor to stop the workload with Signal and give
+// it Timeout before SIGKILL. The driver sends one for Nomad's StopTask, with
+// the task's kill_signal and kill_timeout.
+type StopRequest struct {
+	Signal  syscall.Signal
+	Timeout time.Duration
 }
 
 // Exit codes of the supervisor. A workload's own exit code passes through
@@ -68,6 +84,12 @@ type Supervisor struct {
 	Stdout, Stderr io.Writer
 	// Env is the workload's base environment; nil means os.Environ().
 	Env []string
+	// Dir is the workload's working directory; "" keeps ours.
+	Dir string
+	// Credential runs the workload as another user; nil keeps ours.
+	Credential *syscall.Credential
+	// Stop delivers stop requests; nil means only SIGTERM/SIGINT stop.
+	Stop <-chan StopRequest
 
 	spawner *spawner
 }
@@ -105,28 +127,43 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 		return startErrorCode(err)
 	}
 	log.Info("workload started", "pid", cmd.Process.Pid, "pgid", g.pgid)
-	s.emit(Event{State: StateHolding, Fence: lease.Fence,
-		Message: fmt.Sprintf("Acquired lock (fence %d)", lease.Fence)})
+	held := func(state State, msg string) Event {
+		return Event{State: state, Fence: lease.Fence, Message: msg,
+			FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline(),
+			WorkloadPID: cmd.Process.Pid, WorkloadPGID: g.pgid}
+	}
+	holding := held(StateHolding, fmt.Sprintf("Acquired lock (fence %d)", lease.Fence))
+	s.emit(holding)
 
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 
 	for {
 		select {
+		case <-lease.Renewed():
+			holding.FenceDeadline, holding.StopDeadline = lease.FenceDeadline(), lease.StopDeadline()
+			s.emit(holding)
+
 		case <-exited:
 			code := exitCode(cmd.ProcessState)
 			log.Info("workload exited", "code", code)
-			s.stop(lease, g, exited, s.Config.KillSignal)
+			s.stop(lease, g, exited, s.Config.KillSignal, s.Config.KillTimeout, held)
 			s.finish(lease, g, exited)
 			return code
 
 		case <-lease.Lost():
 			why := lease.Err()
 			log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", time.Until(lease.StopDeadline()).Round(time.Millisecond))
-			s.emit(Event{State: StateLost, Fence: lease.Fence, Message: "Lock lost: " + strings.TrimPrefix(why.Error(), "lock lost: ")})
-			s.stop(lease, g, exited, s.Config.KillSignal)
+			s.emit(held(StateLost, "Lock lost: "+strings.TrimPrefix(why.Error(), "lock lost: ")))
+			s.stop(lease, g, exited, s.Config.KillSignal, s.Config.KillTimeout, held)
 			s.finish(lease, g, exited)
 			return ExitLost
+
+		case req := <-s.Stop:
+			log.Info("stop requested", "kill_signal", signalName(req.Signal), "kill_timeout", req.Timeout)
+			s.stop(lease, g, exited, req.Signal, req.Timeout, held)
+			s.finish(lease, g, exited)
+			return exitCode(cmd.ProcessState)
 
 		case sig := <-sigs:
 			sys, _ := sig.(syscall.Signal)
@@ -136,7 +173,7 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 					stopSig = s.Config.KillSignal
 				}
 				log.Info("stopping on signal", "signal", sig, "kill_signal", stopSig)
-				s.stop(lease, g, exited, stopSig)
+				s.stop(lease, g, exited, stopSig, s.Config.KillTimeout, held)
 				s.finish(lease, g, exited)
 				return exitCode(cmd.ProcessState)
 			}
@@ -158,7 +195,7 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 		err   error
 	}
 	results := make(chan result, 1)
-	s.emit(Event{State: StateWaiting, Message: "Waiting for lock " + s.Config.Path})
+	s.emit(Event{State: StateWaiting}) // no message: "held by ..." follows if it is held
 	go func() {
 		l, err := s.Locker.Acquire(actx, lockclient.AcquireOptions{
 			Wait:    s.Config.Wait,
@@ -185,6 +222,10 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 				return nil, signalCode(interrupted), true
 			}
 			return nil, s.acquireErrorCode(r.err), true
+		case req := <-s.Stop:
+			s.Logger.Info("stop requested while waiting for the lock, giving up")
+			interrupted = req.Signal
+			cancel()
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT:
@@ -234,10 +275,10 @@ func (s *Supervisor) startWorkload(lease *lockclient.Lease, g *group) (*exec.Cmd
 	if err != nil {
 		return nil, g, fmt.Errorf("command %q: %w", argv[0], err)
 	}
-	cmd := &exec.Cmd{Path: path, Args: argv, Env: s.workloadEnv(lease),
+	cmd := &exec.Cmd{Path: path, Args: argv, Env: s.workloadEnv(lease), Dir: s.Dir,
 		Stdin: s.Stdin, Stdout: s.Stdout, Stderr: s.Stderr,
 		WaitDelay: time.Second} // don't hang on pipes held by processes that left the group
-	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: s.Credential}
 	if g != nil {
 		attr.Pgid = g.pgid
 	}
@@ -268,21 +309,22 @@ func (s *Supervisor) workloadEnv(lease *lockclient.Lease) []string {
 }
 
 // stop ends the workload: sig to the group, grace until every member is gone
-// or kill_timeout passes (cut short by the lease's stop deadline if the lock is
+// or timeout passes (cut short by the lease's stop deadline if the lock is
 // lost meanwhile), then SIGKILL to the group. A workload that already exited
 // with no stragglers left is not signalled at all.
-func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struct{}, sig syscall.Signal) {
+func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struct{}, sig syscall.Signal,
+	timeout time.Duration, held func(State, string) Event) {
 	if isClosed(exited) {
 		if left, err := g.members(); err == nil && len(left) == 0 {
 			return
 		}
 		s.Logger.Info("workload exited but left processes in its group, stopping them", "signal", sig)
 	}
-	s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: "Stopping workload with " + signalName(sig)})
+	s.emit(held(StateStopping, "Stopping workload with "+signalName(sig)))
 	if err := g.signal(sig); err != nil {
 		s.Logger.Warn("signal workload group", "signal", sig, "error", err)
 	}
-	deadline := time.Now().Add(s.Config.KillTimeout)
+	deadline := time.Now().Add(timeout)
 	if isClosed(lease.Lost()) {
 		deadline = earliest(deadline, lease.StopDeadline())
 	}
@@ -294,7 +336,7 @@ func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struc
 	for {
 		select {
 		case <-grace.C:
-			s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", s.Config.KillTimeout)
+			s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", timeout)
 			return
 		case <-lost:
 			lost = nil

@@ -1,0 +1,259 @@
+package driver
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/nomad/client/lib/cgroupslib"
+	cstructs "github.com/hashicorp/nomad/client/structs"
+	"github.com/hashicorp/nomad/plugins/drivers"
+)
+
+// taskCgroup is where Nomad's wrangler put the task: the cgroups the
+// supervisor joins, so the workload's resources {} limits apply and Nomad's
+// own cleanup kills anything that escaped the process group.
+type taskCgroup struct {
+	mode cgroupslib.Mode
+	// v2: the task's unified cgroup. v1: the freezer cgroup, which
+	// identifies the task's per-controller cgroups.
+	path   string
+	cpuset string // v1 cpuset cgroup (shared or reserved)
+}
+
+func newTaskCgroup(cfg *drivers.TaskConfig) (*taskCgroup, error) {
+	mode := cgroupslib.GetMode()
+	if mode == cgroupslib.OFF || cfg.Resources == nil || cfg.Resources.LinuxResources == nil {
+		return nil, nil
+	}
+	lr := cfg.Resources.LinuxResources
+	switch mode {
+	case cgroupslib.CG1:
+		return &taskCgroup{mode: mode, path: cgroupslib.PathCG1(cfg.AllocID, cfg.Name, "freezer"), cpuset: lr.CpusetCgroupPath}, nil
+	default:
+		return &taskCgroup{mode: mode, path: lr.CpusetCgroupPath}, nil
+	}
+}
+
+// v1dir is the task's cgroup for one v1 controller.
+func (c *taskCgroup) v1dir(controller string) string {
+	return filepath.Join(filepath.Dir(filepath.Dir(filepath.Dir(c.path))), controller, "nomad", filepath.Base(c.path))
+}
+
+// procsFiles are the cgroup.procs files the supervisor writes itself into.
+func (c *taskCgroup) procsFiles() []string {
+	if c == nil {
+		return nil
+	}
+	if c.mode != cgroupslib.CG1 {
+		return []string{filepath.Join(c.path, "cgroup.procs")}
+	}
+	var files []string
+	for _, ctl := range []string{"freezer", "cpu", "memory", "pids"} {
+		dir := c.v1dir(ctl)
+		if _, err := os.Stat(dir); err == nil {
+			files = append(files, filepath.Join(dir, "cgroup.procs"))
+		}
+	}
+	if c.cpuset != "" {
+		files = append(files, filepath.Join(c.cpuset, "cgroup.procs"))
+	}
+	return files
+}
+
+// applyLimits writes the task's memory and CPU limits, as Nomad's executor does.
+func (c *taskCgroup) applyLimits(res *drivers.Resources) error {
+	if c == nil || res == nil || res.LinuxResources == nil || res.NomadResources == nil {
+		return nil
+	}
+	mem := res.NomadResources.Memory
+	hard := mem.MemoryMB * 1024 * 1024
+	var soft int64
+	if mem.MemoryMaxMB > mem.MemoryMB {
+		soft, hard = hard, mem.MemoryMaxMB*1024*1024
+	}
+	shares := res.LinuxResources.CPUShares
+	write := func(dir, file, value string) error {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0o644); err != nil {
+			return fmt.Errorf("set %s: %w", file, err)
+		}
+		return nil
+	}
+	if c.mode == cgroupslib.CG1 {
+		if hard > 0 {
+			if err := write(c.v1dir("memory"), "memory.limit_in_bytes", strconv.FormatInt(hard, 10)); err != nil {
+				return err
+			}
+		}
+		if soft > 0 {
+			_ = write(c.v1dir("memory"), "memory.soft_limit_in_bytes", strconv.FormatInt(soft, 10))
+		}
+		if shares > 0 {
+			return write(c.v1dir("cpu"), "cpu.shares", strconv.FormatInt(shares, 10))
+		}
+		return nil
+	}
+	if hard > 0 {
+		if err := write(c.path, "memory.max", strconv.FormatInt(hard, 10)); err != nil {
+			return err
+		}
+	}
+	if soft > 0 {
+		_ = write(c.path, "memory.low", strconv.FormatInt(soft, 10))
+	}
+	if shares > 0 {
+		// The kernel's shares → weight mapping (runc's ConvertCPUSharesToCgroupV2Value).
+		weight := 1 + ((shares-2)*9999)/262142
+		return write(c.path, "cpu.weight", strconv.FormatInt(weight, 10))
+	}
+	return nil
+}
+
+// cpuSample is cumulative CPU time of the cgroup at a moment.
+type cpuSample struct {
+	at           time.Time
+	user, system time.Duration
+	total        time.Duration
+}
+
+// usage reads memory and CPU of everything in the task cgroup: the whole
+// workload tree, supervisor included.
+func (c *taskCgroup) usage(prev *cpuSample) (*drivers.TaskResourceUsage, cpuSample, error) {
+	var (
+		mem cstructs.MemoryStats
+		cur = cpuSample{at: time.Now()}
+		err error
+	)
+	if c.mode == cgroupslib.CG1 {
+		err = c.readV1(&mem, &cur)
+	} else {
+		err = c.readV2(&mem, &cur)
+	}
+	if err != nil {
+		return nil, cur, err
+	}
+	cpu := &cstructs.CpuStats{Measured: []string{"System Mode", "User Mode", "Percent"}}
+	if prev != nil && !prev.at.IsZero() {
+		elapsed := cur.at.Sub(prev.at).Seconds()
+		if elapsed > 0 {
+			pct := func(a, b time.Duration) float64 { return (b - a).Seconds() / elapsed * 100 }
+			cpu.UserMode = pct(prev.user, cur.user)
+			cpu.SystemMode = pct(prev.system, cur.system)
+			cpu.Percent = pct(prev.total, cur.total)
+		}
+	}
+	return &drivers.TaskResourceUsage{
+		ResourceUsage: &cstructs.ResourceUsage{MemoryStats: &mem, CpuStats: cpu},
+		Timestamp:     cur.at.UnixNano(),
+	}, cur, nil
+}
+
+func (c *taskCgroup) readV1(mem *cstructs.MemoryStats, cur *cpuSample) error {
+	memDir := c.v1dir("memory")
+	usage, err := readUint(filepath.Join(memDir, "memory.usage_in_bytes"))
+	if err != nil {
+		return err
+	}
+	stat, _ := readKV(filepath.Join(memDir, "memory.stat"))
+	mem.Usage = usage
+	mem.RSS = stat["total_rss"]
+	mem.Cache = stat["total_cache"]
+	mem.Swap = stat["total_swap"]
+	mem.MaxUsage, _ = readUint(filepath.Join(memDir, "memory.max_usage_in_bytes"))
+	mem.Measured = []string{"RSS", "Cache", "Swap", "Usage", "Max Usage"}
+
+	// Nomad creates no cpuacct cgroup for tasks, so CPU time is summed over
+	// the processes in the task's freezer cgroup (the whole workload tree).
+	user, system, err := procsCPU(filepath.Join(c.path, "cgroup.procs"))
+	if err != nil {
+		return err
+	}
+	cur.user, cur.system, cur.total = user, system, user+system
+	return nil
+}
+
+// procsCPU sums user and system CPU time of the processes listed in a
+// cgroup.procs file.
+func procsCPU(procsFile string) (user, system time.Duration, err error) {
+	b, err := os.ReadFile(procsFile)
+	if err != nil {
+		return 0, 0, err
+	}
+	const tick = 10 * time.Millisecond // USER_HZ is 100 on Linux
+	for _, f := range strings.Fields(string(b)) {
+		stat, err := os.ReadFile("/proc/" + f + "/stat")
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(stat, ')')
+		fields := bytes.Fields(stat[i+1:])
+		if i < 0 || len(fields) < 13 {
+			continue
+		}
+		// utime and stime are fields 14 and 15; fields[0] is field 3.
+		u, _ := strconv.ParseUint(string(fields[11]), 10, 64)
+		s, _ := strconv.ParseUint(string(fields[12]), 10, 64)
+		user += time.Duration(u) * tick
+		system += time.Duration(s) * tick
+	}
+	return user, system, nil
+}
+
+func (c *taskCgroup) readV2(mem *cstructs.MemoryStats, cur *cpuSample) error {
+	usage, err := readUint(filepath.Join(c.path, "memory.current"))
+	if err != nil {
+		return err
+	}
+	stat, _ := readKV(filepath.Join(c.path, "memory.stat"))
+	mem.Usage = usage
+	mem.RSS = stat["anon"]
+	mem.Cache = stat["file"]
+	mem.Swap, _ = readUint(filepath.Join(c.path, "memory.swap.current"))
+	mem.Measured = []string{"RSS", "Cache", "Swap", "Usage"}
+
+	cs, err := readKV(filepath.Join(c.path, "cpu.stat"))
+	if err != nil {
+		return err
+	}
+	cur.total = time.Duration(cs["usage_usec"]) * time.Microsecond
+	cur.user = time.Duration(cs["user_usec"]) * time.Microsecond
+	cur.system = time.Duration(cs["system_usec"]) * time.Microsecond
+	return nil
+}
+
+func readUint(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "max" {
+		return 0, nil
+	}
+	return strconv.ParseUint(s, 10, 64)
+}
+
+// readKV parses "key value" lines (memory.stat, cpu.stat, cpuacct.stat).
+func readKV(path string) (map[string]uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	return out, nil
+}

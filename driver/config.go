@@ -1,0 +1,152 @@
+package driver
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+)
+
+// PluginConfig is the agent's `plugin "nomad-driver-singleton" { config {} }`:
+// what an operator sets once per client.
+type PluginConfig struct {
+	// DeniedHostUIDs and DeniedHostGIDs are ranges like "0-999,65534" that
+	// a task's user must not map to.
+	DeniedHostUIDs string `codec:"denied_host_uids"`
+	DeniedHostGIDs string `codec:"denied_host_gids"`
+	// DefaultTTL and DefaultDelay apply when a task's lock block sets none.
+	DefaultTTL   string `codec:"default_ttl"`
+	DefaultDelay string `codec:"default_delay"`
+}
+
+var pluginConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
+	"denied_host_uids": hclspec.NewAttr("denied_host_uids", "string", false),
+	"denied_host_gids": hclspec.NewAttr("denied_host_gids", "string", false),
+	"default_ttl": hclspec.NewDefault(hclspec.NewAttr("default_ttl", "string", false),
+		hclspec.NewLiteral(`"15s"`)),
+	"default_delay": hclspec.NewDefault(hclspec.NewAttr("default_delay", "string", false),
+		hclspec.NewLiteral(`"5s"`)),
+})
+
+// defaults parses the plugin-level lock defaults.
+func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
+	ttl, err = parseDuration("plugin config default_ttl", pc.DefaultTTL, shim.DefaultTTL)
+	if err != nil {
+		return 0, 0, err
+	}
+	delay, err = parseDuration("plugin config default_delay", pc.DefaultDelay, shim.DefaultLockDelay)
+	if err != nil {
+		return 0, 0, err
+	}
+	t := lockclient.Timing{TTL: ttl, LockDelay: delay}
+	if err := t.Validate(); err != nil {
+		return 0, 0, fmt.Errorf("plugin config: %w", err)
+	}
+	return ttl, delay, nil
+}
+
+// TaskConfig is a task's `config {}` block.
+type TaskConfig struct {
+	Command string     `codec:"command"`
+	Args    []string   `codec:"args"`
+	Lock    LockConfig `codec:"lock"`
+}
+
+// LockConfig is the task's `lock {}` block.
+type LockConfig struct {
+	// Path defaults to nomad/jobs/<job>/<group>/<task>/lock.
+	Path  string `codec:"path"`
+	TTL   string `codec:"ttl"`
+	Delay string `codec:"delay"`
+	Renew string `codec:"renew"`
+	Wait  string `codec:"wait"`
+	// KillSignal and KillTimeout apply when the lock is lost. A normal stop
+	// uses the task's kill_signal and kill_timeout.
+	KillSignal  string `codec:"kill_signal"`
+	KillTimeout string `codec:"kill_timeout"`
+}
+
+var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
+	"command": hclspec.NewAttr("command", "string", true),
+	"args":    hclspec.NewAttr("args", "list(string)", false),
+	"lock": hclspec.NewBlock("lock", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"path":         hclspec.NewAttr("path", "string", false),
+		"ttl":          hclspec.NewAttr("ttl", "string", false),
+		"delay":        hclspec.NewAttr("delay", "string", false),
+		"renew":        hclspec.NewAttr("renew", "string", false),
+		"wait":         hclspec.NewAttr("wait", "string", false),
+		"kill_signal":  hclspec.NewAttr("kill_signal", "string", false),
+		"kill_timeout": hclspec.NewAttr("kill_timeout", "string", false),
+	})),
+})
+
+// DefaultLockPath is the lock of a task when its lock block names none. The
+// job is the parent job for periodic and dispatched children, so every
+// instance of a periodic job competes for one lock.
+func DefaultLockPath(cfg *drivers.TaskConfig) string {
+	job := cfg.JobID
+	if cfg.ParentJobID != "" {
+		job = cfg.ParentJobID
+	}
+	return fmt.Sprintf("nomad/jobs/%s/%s/%s/lock", job, cfg.TaskGroupName, cfg.Name)
+}
+
+// shimConfig turns a task's config into the supervisor's, validated. Every
+// error names the jobspec field to fix.
+func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duration) (shim.Config, error) {
+	c := shim.DefaultConfig()
+	c.TTL, c.LockDelay = ttl, delay
+	c.Command = append([]string{tc.Command}, tc.Args...)
+	c.Path = tc.Lock.Path
+	if c.Path == "" {
+		c.Path = DefaultLockPath(cfg)
+	}
+	c.Namespace = cfg.Namespace
+
+	var errs []error
+	dur := func(field, v string, dst *time.Duration) {
+		if v == "" {
+			return
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("config.lock.%s = %q is not a duration: use a number with a unit, e.g. \"10s\"", field, v))
+			return
+		}
+		*dst = d
+	}
+	dur("ttl", tc.Lock.TTL, &c.TTL)
+	dur("delay", tc.Lock.Delay, &c.LockDelay)
+	dur("renew", tc.Lock.Renew, &c.Renew)
+	dur("wait", tc.Lock.Wait, &c.Wait)
+	dur("kill_timeout", tc.Lock.KillTimeout, &c.KillTimeout)
+	if tc.Lock.KillSignal != "" {
+		sig, err := shim.ParseSignal(tc.Lock.KillSignal)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("config.lock.kill_signal: %w", err))
+		}
+		c.KillSignal, c.KillSignalSet = sig, true
+	}
+	if len(errs) > 0 {
+		return c, errors.Join(errs...)
+	}
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("invalid config.lock: %w", err)
+	}
+	return c, nil
+}
+
+func parseDuration(field, v string, def time.Duration) (time.Duration, error) {
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s = %q is not a duration: use e.g. \"10s\"", field, v)
+	}
+	return d, nil
+}

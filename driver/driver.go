@@ -1,0 +1,195 @@
+// Package driver is the `singleton` Nomad task driver: plugin glue around the
+// shim supervisor. Each task's supervisor is this binary re-executed in its
+// own session, so it survives plugin and agent restarts; the plugin recovers
+// it by PID (pidfd) and reads its exit from a status file, turns its state
+// changes into task events, and acts as a watchdog that kills the workload if
+// the supervisor is stuck past its fence deadline.
+package driver
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/drivers/shared/eventer"
+	"github.com/hashicorp/nomad/drivers/shared/validators"
+	"github.com/hashicorp/nomad/plugins/base"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/hashicorp/nomad/plugins/drivers/fsisolation"
+	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+)
+
+const (
+	// PluginName is what jobspecs use: driver = "singleton".
+	PluginName = "singleton"
+	// fingerprintPeriod is how often the driver re-reports its health.
+	fingerprintPeriod = 30 * time.Second
+	// taskHandleVersion is the version of driverState below.
+	taskHandleVersion = 1
+)
+
+var pluginInfo = &base.PluginInfoResponse{
+	Type:              base.PluginTypeDriver,
+	PluginApiVersions: []string{drivers.ApiVersion010},
+	PluginVersion:     shim.Version,
+	Name:              PluginName,
+}
+
+var capabilities = &drivers.Capabilities{
+	SendSignals:  true,
+	Exec:         true,
+	FSIsolation:  fsisolation.None,
+	MountConfigs: drivers.MountConfigSupportNone,
+	NetIsolationModes: []drivers.NetIsolationMode{
+		drivers.NetIsolationModeHost,
+	},
+}
+
+// Driver is the singleton task driver plugin.
+type Driver struct {
+	ctx     context.Context
+	logger  hclog.Logger
+	eventer *eventer.Eventer
+
+	mu          sync.RWMutex
+	config      PluginConfig
+	ttl, delay  time.Duration
+	idValidator *validators.Validator
+
+	tasks *taskStore
+}
+
+// New returns the plugin. It must do nothing else: Nomad starts the binary
+// once only to read PluginInfo and ConfigSchema.
+func New(ctx context.Context, logger hclog.Logger) *Driver {
+	logger = logger.Named(PluginName)
+	return &Driver{
+		ctx:     ctx,
+		logger:  logger,
+		eventer: eventer.NewEventer(ctx, logger),
+		ttl:     shim.DefaultTTL,
+		delay:   shim.DefaultLockDelay,
+		tasks:   newTaskStore(),
+	}
+}
+
+func (d *Driver) PluginInfo() (*base.PluginInfoResponse, error) { return pluginInfo, nil }
+
+func (d *Driver) ConfigSchema() (*hclspec.Spec, error) { return pluginConfigSpec, nil }
+
+func (d *Driver) TaskConfigSchema() (*hclspec.Spec, error) { return taskConfigSpec, nil }
+
+func (d *Driver) Capabilities() (*drivers.Capabilities, error) { return capabilities, nil }
+
+// SetConfig receives the agent's plugin block. Errors here stop the agent
+// from loading the plugin, with the message in the agent log.
+func (d *Driver) SetConfig(cfg *base.Config) error {
+	var pc PluginConfig
+	if len(cfg.PluginConfig) != 0 {
+		if err := base.MsgPackDecode(cfg.PluginConfig, &pc); err != nil {
+			return fmt.Errorf("decode plugin config: %w", err)
+		}
+	}
+	ttl, delay, err := pc.defaults()
+	if err != nil {
+		return err
+	}
+	v, err := validators.NewValidator(d.logger, pc.DeniedHostUIDs, pc.DeniedHostGIDs)
+	if err != nil {
+		return fmt.Errorf("plugin config denied_host_uids/denied_host_gids: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.config, d.ttl, d.delay, d.idValidator = pc, ttl, delay, v
+	return nil
+}
+
+func (d *Driver) Fingerprint(ctx context.Context) (<-chan *drivers.Fingerprint, error) {
+	ch := make(chan *drivers.Fingerprint)
+	go func() {
+		defer close(ch)
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-d.ctx.Done():
+				return
+			case <-timer.C:
+				timer.Reset(fingerprintPeriod)
+				select {
+				case ch <- d.fingerprint():
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return ch, nil
+}
+
+func (d *Driver) fingerprint() *drivers.Fingerprint {
+	d.mu.RLock()
+	ttl, delay := d.ttl, d.delay
+	d.mu.RUnlock()
+	return &drivers.Fingerprint{
+		Health:            drivers.HealthStateHealthy,
+		HealthDescription: drivers.DriverHealthy,
+		Attributes: map[string]*pstructs.Attribute{
+			"driver.singleton":               pstructs.NewBoolAttribute(true),
+			"driver.singleton.version":       pstructs.NewStringAttribute(shim.Version),
+			"driver.singleton.default_ttl":   pstructs.NewStringAttribute(ttl.String()),
+			"driver.singleton.default_delay": pstructs.NewStringAttribute(delay.String()),
+		},
+	}
+}
+
+func (d *Driver) TaskEvents(ctx context.Context) (<-chan *drivers.TaskEvent, error) {
+	return d.eventer.TaskEvents(ctx)
+}
+
+func (d *Driver) emitEvent(cfg *drivers.TaskConfig, msg string, annotations map[string]string) {
+	err := d.eventer.EmitEvent(&drivers.TaskEvent{
+		TaskID:      cfg.ID,
+		TaskName:    cfg.Name,
+		AllocID:     cfg.AllocID,
+		Timestamp:   time.Now(),
+		Message:     msg,
+		Annotations: annotations,
+	})
+	if err != nil {
+		d.logger.Warn("emit task event", "task_id", cfg.ID, "error", err)
+	}
+}
+
+// taskStore maps task IDs to handles.
+type taskStore struct {
+	mu    sync.RWMutex
+	store map[string]*taskHandle
+}
+
+func newTaskStore() *taskStore { return &taskStore{store: map[string]*taskHandle{}} }
+
+func (s *taskStore) set(id string, h *taskHandle) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.store[id] = h
+}
+
+func (s *taskStore) get(id string) (*taskHandle, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	h, ok := s.store[id]
+	return h, ok
+}
+
+func (s *taskStore) delete(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.store, id)
+}

@@ -1,0 +1,198 @@
+package driver
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The plugin and the detached supervisor talk through files in the task's
+// state directory, so either can restart without the other noticing:
+//
+//	spec.json     plugin → supervisor: what to run (no secrets: the token travels in the environment)
+//	stop.json     plugin → supervisor: kill signal and timeout of a StopTask, announced by stopSignal
+//	status.json   supervisor → plugin: current state and deadlines, for the watchdog
+//	events.jsonl  supervisor → plugin: one line per state change, turned into task events
+//	exit.json     supervisor → plugin: the exit code, for a plugin that is no longer the parent
+const (
+	stateDirName = ".singleton"
+	specFile     = "spec.json"
+	stopFile     = "stop.json"
+	statusFile   = "status.json"
+	eventsFile   = "events.jsonl"
+	exitFile     = "exit.json"
+)
+
+// stateDir is the task's private directory for those files. It sits in the
+// task dir root, which Nomad does not mount into containers.
+func stateDir(taskDir string) string { return filepath.Join(taskDir, stateDirName) }
+
+// supervisorSpec is everything the supervisor needs that is not a secret.
+type supervisorSpec struct {
+	TaskID      string
+	Path        string
+	Namespace   string
+	Command     []string
+	TTL         time.Duration
+	LockDelay   time.Duration
+	Renew       time.Duration
+	Wait        time.Duration
+	KillSignal  int
+	KillSigSet  bool
+	KillTimeout time.Duration
+
+	// CgroupProcs are cgroup.procs files the supervisor writes its PID into
+	// before anything else, so it and the workload live in the task cgroup.
+	CgroupProcs []string
+	WorkDir     string
+	// UID/GID/Groups run the workload as the task's user; nil runs it as root.
+	UID    *uint32
+	GID    uint32
+	Groups []uint32
+}
+
+// supervisorStatus is the supervisor's latest state. Deadlines are
+// CLOCK_MONOTONIC nanoseconds: the plugin on the same host compares them with
+// its own reading, immune to wall-clock steps.
+type supervisorStatus struct {
+	State             string
+	Message           string
+	Path              string
+	Fence             uint64
+	FenceDeadlineMono int64
+	StopDeadlineMono  int64
+	WorkloadPID       int
+	WorkloadPGID      int
+	SupervisorPID     int
+	UpdatedMono       int64
+}
+
+// taskEventLine is one line of events.jsonl.
+type taskEventLine struct {
+	Time    time.Time
+	State   string
+	Message string
+	Holder  string `json:",omitempty"`
+	Fence   uint64 `json:",omitempty"`
+}
+
+// exitStatus is the supervisor's exit, written just before it exits.
+type exitStatus struct {
+	ExitCode int
+	Signal   int
+	Message  string `json:",omitempty"`
+}
+
+// stopRequest is a StopTask's kill signal and timeout.
+type stopRequest struct {
+	Signal  int
+	Timeout time.Duration
+}
+
+// monoNow is CLOCK_MONOTONIC in nanoseconds, shared by every process on the host.
+func monoNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(fmt.Sprintf("clock_gettime(CLOCK_MONOTONIC): %v", err))
+	}
+	return ts.Nano()
+}
+
+// monoAt converts a Go time (with its monotonic reading) to CLOCK_MONOTONIC ns.
+func monoAt(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return monoNow() + int64(time.Until(t))
+}
+
+// writeJSON replaces path atomically, so a reader never sees half a file.
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode %s: %w", path, err)
+	}
+	return nil
+}
+
+func appendJSONLine(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.Write(append(b, '\n'))
+	return err
+}
+
+// eventTail reads the lines appended to events.jsonl since the last call.
+type eventTail struct {
+	path   string
+	offset int64
+}
+
+// The plugin records how far it has emitted events, so a restarted plugin
+// emits what happened while it was down, and nothing twice.
+func (t *eventTail) offsetPath() string { return t.path + ".offset" }
+
+func (t *eventTail) save() {
+	_ = writeJSON(t.offsetPath(), t.offset)
+}
+
+func (t *eventTail) restore() {
+	_ = readJSON(t.offsetPath(), &t.offset)
+}
+
+func (t *eventTail) read() ([]taskEventLine, error) {
+	f, err := os.Open(t.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := f.Seek(t.offset, io.SeekStart); err != nil {
+		return nil, err
+	}
+	var out []taskEventLine
+	r := bufio.NewReader(f)
+	for {
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			break // a partial last line is read again next time
+		}
+		t.offset += int64(len(line))
+		var ev taskEventLine
+		if json.Unmarshal(line, &ev) == nil {
+			out = append(out, ev)
+		}
+	}
+	return out, nil
+}

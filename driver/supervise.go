@@ -1,0 +1,154 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+)
+
+// SuperviseCommand is the hidden argv[1] with which the plugin re-execs its
+// own binary as a task's supervisor, so plugin and supervisor never skew.
+const SuperviseCommand = "__singleton-supervise"
+
+// stopSignal tells the supervisor that stop.json holds a StopTask request. A
+// real-time signal that no user sends by accident and that is never forwarded.
+const stopSignal = syscall.Signal(51)
+
+// MaybeRunSupervisor runs the supervisor and exits if args ask for it.
+func MaybeRunSupervisor(args []string) {
+	if len(args) < 3 || args[1] != SuperviseCommand {
+		return
+	}
+	os.Exit(runSupervisor(args[2]))
+}
+
+// runSupervisor is the detached per-task process: it joins the task cgroup,
+// runs the shim supervisor, publishes its state for the plugin and records
+// its exit status. Its stdout and stderr are the task's log FIFOs.
+func runSupervisor(dir string) int {
+	log := hclog.New(&hclog.LoggerOptions{Name: "singleton", Output: os.Stderr, Level: hclog.Info})
+	code, msg := superviseTask(dir, log)
+	if err := writeJSON(filepath.Join(dir, exitFile), exitStatus{ExitCode: code, Message: msg}); err != nil {
+		log.Error("write exit status", "error", err)
+	}
+	return code
+}
+
+func superviseTask(dir string, log hclog.Logger) (int, string) {
+	var spec supervisorSpec
+	if err := readJSON(filepath.Join(dir, specFile), &spec); err != nil {
+		log.Error("read supervisor spec", "error", err)
+		return shim.ExitConfig, err.Error()
+	}
+	if err := joinCgroups(spec.CgroupProcs); err != nil {
+		log.Error("join the task cgroup", "error", err)
+		return shim.ExitInfra, err.Error()
+	}
+
+	cfg := shim.DefaultConfig()
+	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
+	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
+	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
+
+	holder := lockclient.HolderFromEnv(os.Getenv)
+	locker, err := shim.NewLocker(cfg, log, holder)
+	if err != nil {
+		log.Error("cannot set up the lock", "error", err)
+		return shim.ExitConfig, err.Error()
+	}
+
+	pub := &publisher{dir: dir, path: cfg.Path, log: log}
+	sup := &shim.Supervisor{
+		Config: cfg, Locker: locker, Logger: log, Observe: pub.observe,
+		Stdin: nil, Stdout: os.Stdout, Stderr: os.Stderr,
+		Dir: spec.WorkDir,
+	}
+	if spec.UID != nil {
+		sup.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
+	}
+
+	forward := make(chan os.Signal, 16)
+	stops := make(chan shim.StopRequest, 1)
+	sup.Stop = stops
+	go routeSignals(dir, log, forward, stops)
+
+	return sup.Run(context.Background(), forward), ""
+}
+
+// routeSignals turns stopSignal into a StopRequest from stop.json and passes
+// every other catchable signal on.
+func routeSignals(dir string, log hclog.Logger, forward chan<- os.Signal, stops chan<- shim.StopRequest) {
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs)
+	for sig := range sigs {
+		switch sig {
+		case syscall.SIGCHLD, syscall.SIGURG, syscall.SIGPIPE:
+			continue
+		case stopSignal:
+			var req stopRequest
+			if err := readJSON(filepath.Join(dir, stopFile), &req); err != nil {
+				log.Error("stop requested but the request is unreadable; using SIGTERM and 5s", "error", err)
+				req = stopRequest{Signal: int(syscall.SIGTERM), Timeout: shim.DefaultKillTimeout}
+			}
+			select {
+			case stops <- shim.StopRequest{Signal: syscall.Signal(req.Signal), Timeout: req.Timeout}:
+			default: // a stop is already under way
+			}
+		default:
+			forward <- sig
+		}
+	}
+}
+
+// joinCgroups moves this process into each cgroup; children inherit them.
+func joinCgroups(procsFiles []string) error {
+	pid := strconv.Itoa(os.Getpid())
+	var errs []error
+	for _, f := range procsFiles {
+		if err := os.WriteFile(f, []byte(pid), 0o644); err != nil {
+			errs = append(errs, fmt.Errorf("write %s: %w", f, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// publisher writes the supervisor's events for the plugin: every event
+// refreshes status.json; a change of state or message is also appended to
+// events.jsonl, which the plugin turns into task events.
+type publisher struct {
+	dir, path string
+	log       hclog.Logger
+	last      shim.Event
+}
+
+func (p *publisher) observe(ev shim.Event) {
+	st := supervisorStatus{
+		State: string(ev.State), Message: ev.Message, Path: p.path, Fence: ev.Fence,
+		FenceDeadlineMono: monoAt(ev.FenceDeadline), StopDeadlineMono: monoAt(ev.StopDeadline),
+		WorkloadPID: ev.WorkloadPID, WorkloadPGID: ev.WorkloadPGID,
+		SupervisorPID: os.Getpid(), UpdatedMono: monoNow(),
+	}
+	if err := writeJSON(filepath.Join(p.dir, statusFile), st); err != nil {
+		p.log.Warn("write status", "error", err)
+	}
+	if ev.Message == "" || (ev.State == p.last.State && ev.Message == p.last.Message) {
+		return
+	}
+	p.last = ev
+	line := taskEventLine{Time: ev.Time, State: string(ev.State), Message: ev.Message, Fence: ev.Fence}
+	if !ev.Holder.IsZero() {
+		line.Holder = ev.Holder.AllocID
+	}
+	if err := appendJSONLine(filepath.Join(p.dir, eventsFile), line); err != nil {
+		p.log.Warn("write event", "error", err)
+	}
+}

@@ -1,0 +1,606 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+	"golang.org/x/sys/unix"
+)
+
+// Timings of the plugin side.
+const (
+	// watchInterval is how often the plugin reads the supervisor's status
+	// and events.
+	watchInterval = 100 * time.Millisecond
+	// watchdogGrace is how long past a deadline the watchdog waits for the
+	// supervisor to act before it kills the workload itself. A healthy
+	// supervisor acts at the deadline; the server expires the lock a full
+	// TTL later, so this grace costs no safety.
+	watchdogGrace = time.Second
+	// stopReserve is added to kill_timeout for the supervisor to SIGKILL
+	// stragglers and release the lock before StopTask kills it.
+	stopReserve = 10 * time.Second
+	// killWait bounds the wait for a SIGKILLed supervisor to disappear.
+	killWait = 5 * time.Second
+)
+
+// driverState is persisted by Nomad in the task handle, to recover the task
+// after a plugin restart.
+type driverState struct {
+	PID        int
+	StartTicks uint64
+	StartedAt  time.Time
+	StateDir   string
+}
+
+// taskHandle is the plugin's view of one task's supervisor.
+type taskHandle struct {
+	cfg       *drivers.TaskConfig
+	dir       string
+	proc      *supervisorProc
+	cgroup    *taskCgroup
+	startedAt time.Time
+	logger    hclog.Logger
+
+	done chan struct{}
+
+	mu          sync.Mutex
+	exit        *drivers.ExitResult
+	completedAt time.Time
+	status      supervisorStatus
+	watchdogHit bool
+}
+
+func (h *taskHandle) exited() bool {
+	select {
+	case <-h.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (h *taskHandle) lastStatus() supervisorStatus {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.status
+}
+
+// StartTask starts the task's supervisor, detached in its own session.
+func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
+	if _, ok := d.tasks.get(cfg.ID); ok {
+		return nil, nil, fmt.Errorf("task %q already started", cfg.ID)
+	}
+	var tc TaskConfig
+	if err := cfg.DecodeDriverConfig(&tc); err != nil {
+		return nil, nil, fmt.Errorf("decode task config: %w", err)
+	}
+	d.mu.RLock()
+	ttl, delay, validator := d.ttl, d.delay, d.idValidator
+	d.mu.RUnlock()
+
+	sc, err := tc.shimConfig(cfg, ttl, delay)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkIdentity(cfg); err != nil {
+		return nil, nil, err
+	}
+	spec, err := buildSpec(cfg, sc, validator)
+	if err != nil {
+		return nil, nil, err
+	}
+	cg, err := newTaskCgroup(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := cg.applyLimits(cfg.Resources); err != nil {
+		return nil, nil, fmt.Errorf("task cgroup: %w", err)
+	}
+	spec.CgroupProcs = cg.procsFiles()
+
+	dir := stateDir(cfg.TaskDir().Dir)
+	if err := prepareStateDir(dir, spec); err != nil {
+		return nil, nil, err
+	}
+	proc, err := d.launch(cfg, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	ticks, _ := startTicks(proc.pid)
+
+	h := &taskHandle{
+		cfg: cfg, dir: dir, proc: proc, cgroup: cg, startedAt: time.Now(),
+		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
+		done:   make(chan struct{}),
+	}
+	handle := drivers.NewTaskHandle(taskHandleVersion)
+	handle.Config = cfg
+	if err := handle.SetDriverState(&driverState{PID: proc.pid, StartTicks: ticks, StartedAt: h.startedAt, StateDir: dir}); err != nil {
+		_ = proc.signal(syscall.SIGKILL)
+		return nil, nil, fmt.Errorf("set driver state: %w", err)
+	}
+	d.tasks.set(cfg.ID, h)
+	go d.run(h, &eventTail{path: filepath.Join(dir, eventsFile)})
+	h.logger.Info("started supervisor", "pid", proc.pid, "lock", sc.Path)
+	return handle, nil, nil
+}
+
+// checkIdentity fails fast when the task cannot reach the Task API.
+func checkIdentity(cfg *drivers.TaskConfig) error {
+	if cfg.Env["NOMAD_TOKEN"] != "" {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(cfg.TaskDir().SecretsDir, "nomad_token")); err == nil {
+		return nil
+	}
+	return fmt.Errorf("task %q has no workload identity token, so it cannot take the lock: "+
+		"add `identity { env = true }` (or `identity { file = true }`) to the task", cfg.Name)
+}
+
+// buildSpec turns the validated config into the supervisor's spec, resolving
+// the task user and refusing denied host IDs.
+func buildSpec(cfg *drivers.TaskConfig, sc shim.Config, validator interface{ HasValidIDs(string) error }) (supervisorSpec, error) {
+	spec := supervisorSpec{
+		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
+		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait,
+		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
+		WorkDir: cfg.TaskDir().Dir,
+	}
+	name := cfg.User
+	if name == "" {
+		if u, err := user.Current(); err == nil {
+			name = u.Username
+		}
+	}
+	if validator != nil && name != "" {
+		if err := validator.HasValidIDs(name); err != nil {
+			return spec, fmt.Errorf("task user %q is not allowed on this client (plugin config denied_host_uids/denied_host_gids): %w", name, err)
+		}
+	}
+	if cfg.User == "" {
+		return spec, nil
+	}
+	u, err := user.Lookup(cfg.User)
+	if err != nil {
+		return spec, fmt.Errorf("task user %q: %w", cfg.User, err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	uid32 := uint32(uid)
+	spec.UID, spec.GID = &uid32, uint32(gid)
+	if gids, err := u.GroupIds(); err == nil {
+		for _, g := range gids {
+			if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+				spec.Groups = append(spec.Groups, uint32(n))
+			}
+		}
+	}
+	return spec, nil
+}
+
+// prepareStateDir creates the task's state dir afresh (a restarted task
+// reuses its task dir) and writes the spec.
+func prepareStateDir(dir string, spec supervisorSpec) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	for _, f := range []string{statusFile, eventsFile, eventsFile + ".offset", exitFile, stopFile} {
+		_ = os.Remove(filepath.Join(dir, f))
+	}
+	return writeJSON(filepath.Join(dir, specFile), spec)
+}
+
+// launch re-execs this binary as the supervisor in a new session, with the
+// task's log FIFOs as stdout and stderr and the task environment (token
+// included: environment, never argv).
+func (d *Driver) launch(cfg *drivers.TaskConfig, dir string) (*supervisorProc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find own binary: %w", err)
+	}
+	stdout, err := openLogFIFO(cfg.StdoutPath)
+	if err != nil {
+		return nil, err
+	}
+	defer stdout.Close()
+	stderr, err := openLogFIFO(cfg.StderrPath)
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close()
+
+	env := make([]string, 0, len(cfg.Env)+1)
+	for k, v := range cfg.Env {
+		env = append(env, k+"="+v)
+	}
+	if _, ok := cfg.Env["NOMAD_NODE_NAME"]; !ok && cfg.NodeName != "" {
+		env = append(env, "NOMAD_NODE_NAME="+cfg.NodeName)
+	}
+	sort.Strings(env)
+
+	cmd := exec.Command(self, SuperviseCommand, dir)
+	cmd.Dir = cfg.TaskDir().Dir
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start supervisor: %w", err)
+	}
+	return &supervisorProc{pid: cmd.Process.Pid, cmd: cmd, pidfd: -1}, nil
+}
+
+// openLogFIFO opens the write end of a logmon FIFO (or /dev/null). Opening
+// blocks until logmon has the read end open, so it is bounded.
+func openLogFIFO(path string) (*os.File, error) {
+	type result struct {
+		f   *os.File
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		f, err := os.OpenFile(path, unix.O_WRONLY, os.ModeNamedPipe)
+		ch <- result{f, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("open task log %s: %w", path, r.err)
+		}
+		return r.f, nil
+	case <-time.After(30 * time.Second):
+		go func() {
+			if r := <-ch; r.f != nil {
+				r.f.Close()
+			}
+		}()
+		return nil, fmt.Errorf("open task log %s: no reader after 30s (is logmon running?)", path)
+	}
+}
+
+// RecoverTask reattaches to a supervisor after a plugin restart. The task
+// keeps running and keeps its lock: the supervisor never noticed.
+func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
+	if handle == nil {
+		return errors.New("recover task: nil handle")
+	}
+	if _, ok := d.tasks.get(handle.Config.ID); ok {
+		return nil
+	}
+	var st driverState
+	if err := handle.GetDriverState(&st); err != nil {
+		return fmt.Errorf("recover task: decode driver state: %w", err)
+	}
+	cfg := handle.Config
+	cg, _ := newTaskCgroup(cfg)
+	h := &taskHandle{
+		cfg: cfg, dir: st.StateDir, cgroup: cg, startedAt: st.StartedAt,
+		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
+		done:   make(chan struct{}),
+	}
+	tail := &eventTail{path: filepath.Join(st.StateDir, eventsFile)}
+	tail.restore()
+
+	proc, err := findSupervisor(st.PID, st.StartTicks)
+	switch {
+	case errors.Is(err, errSupervisorGone):
+		h.logger.Warn("supervisor exited while the plugin was down", "pid", st.PID)
+		d.tasks.set(cfg.ID, h)
+		go func() {
+			d.drainEvents(h, tail)
+			h.finish(d.exitResult(h, nil, nil))
+		}()
+		return nil
+	case err != nil:
+		return fmt.Errorf("recover task: %w", err)
+	}
+	h.proc = proc
+	d.tasks.set(cfg.ID, h)
+	go d.run(h, tail)
+	h.logger.Info("recovered supervisor", "pid", st.PID)
+	return nil
+}
+
+// run watches one supervisor until it exits: it relays its events, runs the
+// watchdog, and records the exit.
+func (d *Driver) run(h *taskHandle, tail *eventTail) {
+	type waited struct {
+		state *os.ProcessState
+		err   error
+	}
+	exited := make(chan waited, 1)
+	go func() {
+		ps, err := h.proc.wait()
+		exited <- waited{ps, err}
+	}()
+	tick := time.NewTicker(watchInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case w := <-exited:
+			d.drainEvents(h, tail)
+			h.finish(d.exitResult(h, w.state, w.err))
+			return
+		case <-tick.C:
+			d.drainEvents(h, tail)
+			d.watchdog(h)
+		}
+	}
+}
+
+// drainEvents turns new supervisor events into task events and refreshes
+// the cached status.
+func (d *Driver) drainEvents(h *taskHandle, tail *eventTail) {
+	var st supervisorStatus
+	if err := readJSON(filepath.Join(h.dir, statusFile), &st); err == nil {
+		h.mu.Lock()
+		h.status = st
+		h.mu.Unlock()
+	}
+	evs, err := tail.read()
+	if err != nil {
+		h.logger.Debug("read supervisor events", "error", err)
+	}
+	for _, ev := range evs {
+		ann := map[string]string{"lock_state": ev.State}
+		if ev.Fence != 0 {
+			ann["fence"] = strconv.FormatUint(ev.Fence, 10)
+		}
+		if ev.Holder != "" {
+			ann["holder_alloc_id"] = ev.Holder
+		}
+		d.emitEvent(h.cfg, ev.Message, ann)
+	}
+	if len(evs) > 0 {
+		tail.save()
+	}
+}
+
+// watchdog kills the workload's process group, and the supervisor, when the
+// supervisor has let a deadline pass while the workload still runs (e.g. it
+// is SIGSTOPped or starved). No second holder can then overlap a stuck one.
+func (d *Driver) watchdog(h *taskHandle) {
+	st := h.lastStatus()
+	if st.WorkloadPGID == 0 {
+		return
+	}
+	now, grace := monoNow(), int64(watchdogGrace)
+	var why string
+	switch shim.State(st.State) {
+	case shim.StateHolding:
+		if st.FenceDeadlineMono > 0 && now > st.FenceDeadlineMono+grace {
+			why = fmt.Sprintf("supervisor unresponsive %s past its fence deadline", time.Duration(now-st.FenceDeadlineMono).Round(time.Millisecond))
+		}
+	case shim.StateLost, shim.StateStopping:
+		if st.StopDeadlineMono > 0 && now > st.StopDeadlineMono+grace {
+			why = fmt.Sprintf("workload still running %s past its stop deadline", time.Duration(now-st.StopDeadlineMono).Round(time.Millisecond))
+		}
+	}
+	if why == "" || !groupAlive(st.WorkloadPGID) {
+		return
+	}
+	h.mu.Lock()
+	first := !h.watchdogHit
+	h.watchdogHit = true
+	h.mu.Unlock()
+	h.logger.Error("watchdog: killing the workload", "why", why, "pgid", st.WorkloadPGID)
+	_ = syscall.Kill(-st.WorkloadPGID, syscall.SIGKILL)
+	if h.proc != nil {
+		_ = h.proc.signal(syscall.SIGKILL)
+	}
+	if first {
+		d.emitEvent(h.cfg, "Lock lost: watchdog killed the workload: "+why, map[string]string{"lock_state": string(shim.StateLost)})
+	}
+}
+
+// exitResult is the task's exit: the supervisor's exit code (the workload's
+// own, or a documented lock code) from exit.json, else from the wait status.
+func (d *Driver) exitResult(h *taskHandle, ps *os.ProcessState, waitErr error) *drivers.ExitResult {
+	var es exitStatus
+	if err := readJSON(filepath.Join(h.dir, exitFile), &es); err == nil {
+		return &drivers.ExitResult{ExitCode: es.ExitCode, Signal: es.Signal}
+	}
+	if ps != nil {
+		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return &drivers.ExitResult{ExitCode: 128 + int(ws.Signal()), Signal: int(ws.Signal()),
+				Err: fmt.Errorf("supervisor killed by %s", ws.Signal())}
+		}
+		return &drivers.ExitResult{ExitCode: ps.ExitCode()}
+	}
+	err := errors.New("supervisor exited without an exit status (killed)")
+	if waitErr != nil {
+		err = fmt.Errorf("wait for supervisor: %w", waitErr)
+	}
+	return &drivers.ExitResult{ExitCode: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL), Err: err}
+}
+
+func (h *taskHandle) finish(res *drivers.ExitResult) {
+	h.mu.Lock()
+	h.exit, h.completedAt = res, time.Now()
+	h.mu.Unlock()
+	close(h.done)
+	h.logger.Info("supervisor exited", "code", res.ExitCode, "signal", res.Signal, "error", res.Err)
+}
+
+func (d *Driver) WaitTask(ctx context.Context, taskID string) (<-chan *drivers.ExitResult, error) {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	ch := make(chan *drivers.ExitResult, 1)
+	go func() {
+		defer close(ch)
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.ctx.Done():
+			return
+		case <-h.done:
+		}
+		h.mu.Lock()
+		res := h.exit.Copy()
+		h.mu.Unlock()
+		ch <- res
+	}()
+	return ch, nil
+}
+
+// StopTask asks the supervisor to stop the workload with the task's
+// kill_signal and kill_timeout and release the lock. If it has not exited by
+// kill_timeout + stopReserve it is SIGKILLed; its group guard then kills the
+// workload, and the lock expires on the server.
+func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) error {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	if h.exited() {
+		return nil
+	}
+	sig := syscall.SIGINT // Nomad's default kill_signal
+	if signal != "" {
+		s, err := shim.ParseSignal(signal)
+		if err != nil {
+			return fmt.Errorf("stop task: kill_signal: %w", err)
+		}
+		sig = s
+	}
+	if err := writeJSON(filepath.Join(h.dir, stopFile), stopRequest{Signal: int(sig), Timeout: timeout}); err != nil {
+		h.logger.Error("write stop request; killing the supervisor instead", "error", err)
+		return h.kill("stop request could not be written")
+	}
+	if err := h.proc.signal(stopSignal); err != nil {
+		return fmt.Errorf("stop task: signal supervisor: %w", err)
+	}
+	select {
+	case <-h.done:
+		return nil
+	case <-time.After(timeout + stopReserve):
+		return h.kill(fmt.Sprintf("supervisor still running %s after the stop request", timeout+stopReserve))
+	}
+}
+
+// kill SIGKILLs the supervisor and the workload group and waits for the
+// supervisor to be gone.
+func (h *taskHandle) kill(why string) error {
+	h.logger.Warn("killing supervisor", "why", why)
+	if st := h.lastStatus(); st.WorkloadPGID > 0 {
+		_ = syscall.Kill(-st.WorkloadPGID, syscall.SIGKILL)
+	}
+	if h.proc != nil {
+		_ = h.proc.signal(syscall.SIGKILL)
+	}
+	select {
+	case <-h.done:
+		return nil
+	case <-time.After(killWait):
+		return fmt.Errorf("supervisor pid %d did not exit %s after SIGKILL", h.proc.pid, killWait)
+	}
+}
+
+func (d *Driver) DestroyTask(taskID string, force bool) error {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	if !h.exited() {
+		if !force {
+			return errors.New("cannot destroy a running task without force")
+		}
+		if err := h.kill("task destroyed"); err != nil {
+			return err
+		}
+	}
+	d.tasks.delete(taskID)
+	return nil
+}
+
+func (d *Driver) InspectTask(taskID string) (*drivers.TaskStatus, error) {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ts := &drivers.TaskStatus{
+		ID: h.cfg.ID, Name: h.cfg.Name, State: drivers.TaskStateRunning, StartedAt: h.startedAt,
+		DriverAttributes: map[string]string{
+			"lock_state": h.status.State,
+			"lock_path":  h.status.Path,
+			"fence":      strconv.FormatUint(h.status.Fence, 10),
+		},
+	}
+	if h.exit != nil {
+		ts.State, ts.CompletedAt, ts.ExitResult = drivers.TaskStateExited, h.completedAt, h.exit.Copy()
+	}
+	return ts, nil
+}
+
+// SignalTask delivers `nomad alloc signal` to the workload itself.
+func (d *Driver) SignalTask(taskID string, signal string) error {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	sig, err := shim.ParseSignal(signal)
+	if err != nil {
+		return err
+	}
+	st := h.lastStatus()
+	if st.WorkloadPID == 0 || (st.State != string(shim.StateHolding) && st.State != string(shim.StateStopping)) {
+		return fmt.Errorf("task %q is waiting for lock %s: there is no workload to signal yet", h.cfg.Name, st.Path)
+	}
+	return syscall.Kill(st.WorkloadPID, sig)
+}
+
+func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Duration) (<-chan *drivers.TaskResourceUsage, error) {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	if h.cgroup == nil {
+		return nil, errors.New("task stats: no task cgroup (cgroups are disabled on this client)")
+	}
+	ch := make(chan *drivers.TaskResourceUsage)
+	go func() {
+		defer close(ch)
+		var prev cpuSample
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-h.done:
+				return
+			case <-timer.C:
+			}
+			usage, cur, err := h.cgroup.usage(&prev)
+			prev = cur
+			if err != nil {
+				h.logger.Debug("task stats", "error", err)
+			} else {
+				select {
+				case ch <- usage:
+				case <-ctx.Done():
+					return
+				}
+			}
+			timer.Reset(interval)
+		}
+	}()
+	return ch, nil
+}
