@@ -374,7 +374,11 @@ func (s *Supervisor) release(lease *lockclient.Lease) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if err := lease.Release(ctx); err != nil {
-		s.Logger.Warn("release", "error", err)
+		if errors.Is(err, lockclient.ErrLost) {
+			s.Logger.Info("nothing to release: the lock was already gone", "reason", err)
+		} else {
+			s.Logger.Warn("release failed; the lock expires on its own", "error", err)
+		}
 		return
 	}
 	s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: "Released lock"})

@@ -16,6 +16,10 @@
 //     official api client.
 //   - Processes: FindProcs scans /proc for processes carrying a marker, and a
 //     Sampler records how many of them (and of which allocations) ran at once.
+//     StartProcess runs a program outside Nomad (e.g. bin/lock against the
+//     agent's NOMAD_ADDR) with its output captured and its exit code as a
+//     shell reports it; ReadEnviron and ReadCmdline read a live process.
+//     WaitTaskEvent and WaitAllocLog wait for a task's events and logs.
 //   - Records: the e2e/testworkload program appends start/stop/signal/exit
 //     events with CLOCK_MONOTONIC timestamps to a record file; ReadRecords,
 //     Intervals, Overlaps and Handovers turn them into assertions such as

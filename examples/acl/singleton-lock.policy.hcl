@@ -1,6 +1,8 @@
 # Lets a job's workload identity take the lock that `lock` (or the singleton
-# driver) uses. The implicit workload-identity policy only grants read/list on
-# nomad/jobs/<job>..., never write, and lock operations need write.
+# driver) uses. Lock operations need write. The implicit workload-identity
+# policy grants only read/list, and only on the exact paths nomad/jobs/<job>,
+# nomad/jobs/<job>/<group> and nomad/jobs/<job>/<group>/<task>: not on the lock
+# path below them, so without this policy even the first read gets a 403.
 #
 # Apply it to the job (replace web with your job ID; add -group/-task to narrow):
 #
