@@ -16,11 +16,10 @@ job "primary-db" {
       weight    = 100
     }
 
-    # Prefer nodes with the singleton driver's current version.
-    affinity {
-      attribute = "${attr.driver.singleton.version}"
+    # Only nodes that run the singleton driver.
+    constraint {
+      attribute = "${attr.driver.singleton}"
       operator  = "is_set"
-      weight    = 50
     }
 
     disconnect {

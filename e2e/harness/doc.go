@@ -20,6 +20,12 @@
 //     agent's NOMAD_ADDR) with its output captured and its exit code as a
 //     shell reports it; ReadEnviron and ReadCmdline read a live process.
 //     WaitTaskEvent and WaitAllocLog wait for a task's events and logs.
+//   - Driver plugin: PluginDir and PluginBin locate bin/plugins/
+//     nomad-driver-singleton; SingletonAgentOptions (or PluginDir plus
+//     SingletonPluginConfig in AgentOptions.Config) loads it with given lock
+//     defaults and waits for the singleton driver to be healthy. PluginProcs
+//     and SupervisorProcs find the plugin process of an agent and the
+//     per-task supervisors; ProcStatus and ProcStartTicks read /proc.
 //   - Records: the e2e/testworkload program appends start/stop/signal/exit
 //     events with CLOCK_MONOTONIC timestamps to a record file; ReadRecords,
 //     Intervals, Overlaps and Handovers turn them into assertions such as
