@@ -61,6 +61,13 @@ type Driver struct {
 	idValidator *validators.Validator
 
 	tasks *taskStore
+
+	// Events emitted before Nomad has subscribed (the first moments after a
+	// plugin restart, while tasks are recovered) wait here: the eventer drops
+	// events nobody is subscribed to.
+	eventsMu   sync.Mutex
+	subscribed bool
+	pending    []*drivers.TaskEvent
 }
 
 // New returns the plugin. It must do nothing else: Nomad starts the binary
@@ -150,20 +157,44 @@ func (d *Driver) fingerprint() *drivers.Fingerprint {
 }
 
 func (d *Driver) TaskEvents(ctx context.Context) (<-chan *drivers.TaskEvent, error) {
-	return d.eventer.TaskEvents(ctx)
+	ch, err := d.eventer.TaskEvents(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d.eventsMu.Lock()
+	pending := d.pending
+	d.pending, d.subscribed = nil, true
+	d.eventsMu.Unlock()
+	go func() {
+		for _, ev := range pending {
+			d.send(ev)
+		}
+	}()
+	return ch, nil
 }
 
 func (d *Driver) emitEvent(cfg *drivers.TaskConfig, msg string, annotations map[string]string) {
-	err := d.eventer.EmitEvent(&drivers.TaskEvent{
+	ev := &drivers.TaskEvent{
 		TaskID:      cfg.ID,
 		TaskName:    cfg.Name,
 		AllocID:     cfg.AllocID,
 		Timestamp:   time.Now(),
 		Message:     msg,
 		Annotations: annotations,
-	})
-	if err != nil {
-		d.logger.Warn("emit task event", "task_id", cfg.ID, "error", err)
+	}
+	d.eventsMu.Lock()
+	if !d.subscribed {
+		d.pending = append(d.pending, ev)
+		d.eventsMu.Unlock()
+		return
+	}
+	d.eventsMu.Unlock()
+	d.send(ev)
+}
+
+func (d *Driver) send(ev *drivers.TaskEvent) {
+	if err := d.eventer.EmitEvent(ev); err != nil {
+		d.logger.Warn("emit task event", "task_id", ev.TaskID, "error", err)
 	}
 }
 

@@ -21,6 +21,11 @@ import (
 //	status.json   supervisor → plugin: current state and deadlines, for the watchdog
 //	events.jsonl  supervisor → plugin: one line per state change, turned into task events
 //	exit.json     supervisor → plugin: the exit code, for a plugin that is no longer the parent
+//	lease.json    supervisor → plugin: the held lease and its lock ID, removed once released, so
+//	              the plugin can release for a supervisor that died holding the lock
+//
+// The directory is root-only (0700), so a workload running as a task user
+// cannot read the lock ID.
 const (
 	stateDirName = ".singleton"
 	specFile     = "spec.json"
@@ -28,6 +33,7 @@ const (
 	statusFile   = "status.json"
 	eventsFile   = "events.jsonl"
 	exitFile     = "exit.json"
+	leaseFile    = "lease.json"
 )
 
 // stateDir is the task's private directory for those files. It sits in the
@@ -81,6 +87,16 @@ type taskEventLine struct {
 	Message string
 	Holder  string `json:",omitempty"`
 	Fence   uint64 `json:",omitempty"`
+}
+
+// heldLease is what the plugin needs to release a crashed supervisor's lock.
+type heldLease struct {
+	LockID    string
+	Path      string
+	Namespace string
+	Fence     uint64
+	TTL       time.Duration
+	LockDelay time.Duration
 }
 
 // exitStatus is the supervisor's exit, written just before it exits.

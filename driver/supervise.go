@@ -69,6 +69,13 @@ func superviseTask(dir string, log hclog.Logger) (int, string) {
 	pub := &publisher{dir: dir, path: cfg.Path, log: log}
 	sup := &shim.Supervisor{
 		Config: cfg, Locker: locker, Logger: log, Observe: pub.observe,
+		OnAcquire: func(l *lockclient.Lease) {
+			held := heldLease{LockID: l.LockID(), Path: cfg.Path, Namespace: cfg.Namespace, Fence: l.Fence,
+				TTL: cfg.TTL, LockDelay: cfg.LockDelay}
+			if err := writeJSON(filepath.Join(dir, leaseFile), held); err != nil {
+				log.Warn("record the lease for a crash release; a crash will wait for the lock to expire", "error", err)
+			}
+		},
 		Stdin: nil, Stdout: os.Stdout, Stderr: os.Stderr,
 		Dir: spec.WorkDir,
 	}
@@ -139,6 +146,9 @@ func (p *publisher) observe(ev shim.Event) {
 	}
 	if err := writeJSON(filepath.Join(p.dir, statusFile), st); err != nil {
 		p.log.Warn("write status", "error", err)
+	}
+	if ev.State == shim.StateReleased {
+		_ = os.Remove(filepath.Join(p.dir, leaseFile))
 	}
 	if ev.Message == "" || (ev.State == p.last.State && ev.Message == p.last.Message) {
 		return

@@ -198,7 +198,7 @@ func prepareStateDir(dir string, spec supervisorSpec) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	for _, f := range []string{statusFile, eventsFile, eventsFile + ".offset", exitFile, stopFile} {
+	for _, f := range []string{statusFile, eventsFile, eventsFile + ".offset", exitFile, stopFile, leaseFile} {
 		_ = os.Remove(filepath.Join(dir, f))
 	}
 	return writeJSON(filepath.Join(dir, specFile), spec)
@@ -301,6 +301,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		d.tasks.set(cfg.ID, h)
 		go func() {
 			d.drainEvents(h, tail)
+			d.releaseAfterCrash(h)
 			h.finish(d.exitResult(h, nil, nil))
 		}()
 		return nil
@@ -332,6 +333,7 @@ func (d *Driver) run(h *taskHandle, tail *eventTail) {
 		select {
 		case w := <-exited:
 			d.drainEvents(h, tail)
+			d.releaseAfterCrash(h)
 			h.finish(d.exitResult(h, w.state, w.err))
 			return
 		case <-tick.C:

@@ -57,6 +57,11 @@ func newLease(l *Locker, id string, fence uint64, sent time.Time, previous Holde
 	return ls
 }
 
+// LockID is the secret that renews and releases this lease. Hand it only to
+// a party that may end the lease (the driver, for a crashed supervisor);
+// never to the workload.
+func (ls *Lease) LockID() string { return ls.id }
+
 // Path is the variable path of the lock.
 func (ls *Lease) Path() string { return ls.locker.cfg.Path }
 
@@ -233,22 +238,31 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.cancelReq()
 	})
 	<-ls.done
+	if err := ls.locker.ReleaseID(ctx, ls.id); err != nil {
+		return err
+	}
+	ls.mu.Lock()
+	if ls.err == nil {
+		ls.err = ErrReleased
+	}
+	ls.mu.Unlock()
+	ls.locker.log.Info("lock released", "fence", ls.Fence)
+	return nil
+}
 
-	l := ls.locker
+// ReleaseID releases the lock held under lock ID id. The driver uses it for a
+// supervisor that died holding the lock, once it has proven that every
+// process of the task is gone. It retries transport errors until ctx ends; an
+// answer that the lock is not (or no longer) held under id wraps ErrLost.
+func (l *Locker) ReleaseID(ctx context.Context, id string) error {
 	bo := l.newBackoff()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
-		v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: ls.id}}
+		v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: id}}
 		_, _, err := l.api.Variables().ReleaseLock(v, l.writeOptions(rctx))
 		cancel()
 		switch code := statusCode(err); {
 		case err == nil:
-			ls.mu.Lock()
-			if ls.err == nil {
-				ls.err = ErrReleased
-			}
-			ls.mu.Unlock()
-			l.log.Info("lock released", "fence", ls.Fence)
 			return nil
 		case code == http.StatusConflict || code == http.StatusNotFound || notHeld(err):
 			return fmt.Errorf("release %s: %w: Nomad answered %d, the lock was no longer ours", l.cfg.Path, ErrLost, code)

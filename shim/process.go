@@ -142,6 +142,9 @@ func (g *group) members() ([]int, error) {
 	return groupMembers(g.pgid, g.pgid)
 }
 
+// GroupMembers lists the live (non-zombie) processes in process group pgid.
+func GroupMembers(pgid int) ([]int, error) { return groupMembers(pgid, -1) }
+
 // groupMembers scans /proc for live (non-zombie) processes whose process
 // group is pgid, leaving out except.
 func groupMembers(pgid, except int) ([]int, error) {

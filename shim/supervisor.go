@@ -90,6 +90,9 @@ type Supervisor struct {
 	Credential *syscall.Credential
 	// Stop delivers stop requests; nil means only SIGTERM/SIGINT stop.
 	Stop <-chan StopRequest
+	// OnAcquire, if set, runs after the lock is acquired and before the
+	// workload starts: the driver records the lease for a crash release.
+	OnAcquire func(*lockclient.Lease)
 
 	spawner *spawner
 }
@@ -115,6 +118,9 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 		return code
 	}
 	log := s.Logger.With("fence", lease.Fence)
+	if s.OnAcquire != nil {
+		s.OnAcquire(lease)
+	}
 
 	g, err := startGuard(s.spawner)
 	if err != nil {

@@ -1,0 +1,138 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+)
+
+// A supervisor that dies holding the lock (SIGKILL, OOM kill, a crash, or
+// the watchdog) would keep it until the server expires it: 2*TTL + lock
+// delay. When the node and the plugin are alive nothing needs to wait: the
+// plugin proves that every process of the task is gone and then releases the
+// lock with the lock ID the supervisor recorded, so a standby takes over at
+// once. If any step cannot be confirmed the lock is left to expire: safety
+// before speed.
+const (
+	// confirmDeadWithin bounds the wait for SIGKILLed task processes to disappear.
+	confirmDeadWithin = 5 * time.Second
+	// crashReleaseTimeout bounds the release request, retries included.
+	crashReleaseTimeout = 10 * time.Second
+)
+
+// releaseAfterCrash runs when a supervisor has exited. It does nothing if
+// the supervisor released (or never held) the lock.
+func (d *Driver) releaseAfterCrash(h *taskHandle) {
+	var held heldLease
+	if err := readJSON(filepath.Join(h.dir, leaseFile), &held); err != nil {
+		return
+	}
+	log := h.logger.With("lock", held.Path, "fence", held.Fence)
+	ann := map[string]string{"lock_state": string(shim.StateReleased), "fence": strconv.FormatUint(held.Fence, 10)}
+
+	if err := h.killRemains(confirmDeadWithin); err != nil {
+		log.Error("supervisor died holding the lock, but its processes are not confirmed dead: not releasing", "error", err)
+		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released after supervisor crash (%v); it expires on the server after 2×TTL + delay", err), ann)
+		return
+	}
+	locker, err := lockclient.New(lockclient.Config{
+		Endpoint:  h.taskEndpoint(),
+		Namespace: held.Namespace,
+		Path:      held.Path,
+		Timing:    lockclient.Timing{TTL: held.TTL, LockDelay: held.LockDelay},
+		Logger:    log,
+	})
+	if err == nil {
+		ctx, cancel := context.WithTimeout(d.ctx, crashReleaseTimeout)
+		err = locker.ReleaseID(ctx, held.LockID)
+		cancel()
+	}
+	switch {
+	case err == nil:
+		log.Info("released the lock on behalf of the crashed supervisor")
+		d.emitEvent(h.cfg, fmt.Sprintf("Released lock on behalf of crashed supervisor (fence %d)", held.Fence), ann)
+	case errors.Is(err, lockclient.ErrLost):
+		log.Info("crashed supervisor's lock was already gone", "reason", err)
+	default:
+		log.Error("could not release the crashed supervisor's lock; it expires on the server", "error", err)
+		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released after supervisor crash (%v); it expires on the server after 2×TTL + delay", err), ann)
+		return
+	}
+	_ = os.Remove(filepath.Join(h.dir, leaseFile))
+}
+
+// taskEndpoint is the task's own Task API socket and token: the workload
+// identity stays valid while the allocation is not terminal.
+func (h *taskHandle) taskEndpoint() lockclient.Endpoint {
+	ep, err := lockclient.DiscoverEndpoint(func(k string) string { return h.cfg.Env[k] })
+	if err != nil {
+		h.logger.Debug("task endpoint", "error", err)
+	}
+	return ep
+}
+
+// killRemains SIGKILLs whatever is left of the task — its workload process
+// group and everything in its cgroup — and waits until nothing is left.
+func (h *taskHandle) killRemains(within time.Duration) error {
+	var st supervisorStatus
+	_ = readJSON(filepath.Join(h.dir, statusFile), &st)
+	deadline := time.Now().Add(within)
+	for {
+		var alive []int
+		if st.WorkloadPGID > 0 {
+			members, err := shim.GroupMembers(st.WorkloadPGID)
+			if err != nil {
+				return err
+			}
+			if len(members) > 0 {
+				_ = syscall.Kill(-st.WorkloadPGID, syscall.SIGKILL)
+			}
+			alive = append(alive, members...)
+		}
+		pids, err := h.cgroup.pids()
+		if err != nil {
+			return err
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		alive = append(alive, pids...)
+		if len(alive) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d task process(es) still alive %s after SIGKILL: %v", len(alive), within, alive)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pids lists the processes in the task cgroup (zombies leave it on exit).
+func (c *taskCgroup) pids() ([]int, error) {
+	if c == nil {
+		return nil, nil
+	}
+	b, err := os.ReadFile(filepath.Join(c.path, "cgroup.procs"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // the cgroup is already gone, and its processes with it
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list task cgroup: %w", err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
