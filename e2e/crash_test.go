@@ -68,11 +68,11 @@ func testCrashTakeover(t *testing.T, a *harness.Agent, name string, args []strin
 		t.Fatal(err)
 	}
 	gone := drvWaitGone(t, first.PID, 5*time.Second)
-	drvMeasure(t, name+"_workload_gone_after_kill", time.Duration(gone-killAt))
+	harness.Measure(t, name+"_workload_gone_after_kill", time.Duration(gone-killAt))
 
 	next := j.waitStart(t, 2*drvTTL+drvDelay+10*time.Second, func(r harness.Record) bool { return r.Instance != first.Instance })
 	takeover := time.Duration(next.Mono - killAt)
-	drvMeasure(t, name+"_takeover_after_supervisor_kill", takeover)
+	harness.Measure(t, name+"_takeover_after_supervisor_kill", takeover)
 	if takeover > crashTakeoverBound {
 		t.Errorf("standby took over %s after the supervisor was killed, want < %s (not 2×TTL + delay)", takeover, crashTakeoverBound)
 	}
@@ -89,7 +89,7 @@ func testCrashTakeover(t *testing.T, a *harness.Agent, name string, args []strin
 	if over := sumAll.Over(1); len(over) > 0 {
 		t.Errorf("processes of two allocations were alive at once in %d samples (grandchildren included): %s", len(over), sumAll)
 	}
-	drvNoOverlap(t, j.records(t), sumMain)
+	harness.CheckNoOverlap(t, j.records(t), sumMain)
 }
 
 // TestDriverCrashWithPluginDown kills the plugin and then the holder's
@@ -120,7 +120,7 @@ func TestDriverCrashWithPluginDown(t *testing.T) {
 
 	next := j.waitStart(t, 2*drvTTL+drvDelay+10*time.Second, func(r harness.Record) bool { return r.Instance != first.Instance })
 	takeover := time.Duration(next.Mono - killAt)
-	drvMeasure(t, "crash_with_plugin_down_takeover", takeover)
+	harness.Measure(t, "crash_with_plugin_down_takeover", takeover)
 	// The recovered plugin emits its event once Nomad has subscribed again.
 	released := false
 	for deadline := time.Now().Add(10 * time.Second); !released && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
@@ -136,5 +136,5 @@ func TestDriverCrashWithPluginDown(t *testing.T) {
 	if over := sumAll.Over(1); len(over) > 0 {
 		t.Errorf("processes of two allocations were alive at once in %d samples: %s", len(over), sumAll)
 	}
-	drvNoOverlap(t, j.records(t), sumMain)
+	harness.CheckNoOverlap(t, j.records(t), sumMain)
 }

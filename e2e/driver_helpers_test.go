@@ -313,20 +313,6 @@ func drvRunning(t *testing.T, a *harness.Agent, jobID string) []string {
 	return ids
 }
 
-// drvNoOverlap fails the test if two workload intervals of the records
-// overlapped, or if a sample ever saw two allocations at once. Workloads
-// killed without a record end when the sampler saw their PID go.
-func drvNoOverlap(t *testing.T, recs []harness.Record, sum harness.SampleSummary) []harness.Interval {
-	t.Helper()
-	ivs := harness.Intervals(recs, sum.GoneByPID())
-	for _, o := range harness.Overlaps(ivs) {
-		t.Errorf("two workloads overlapped for %s: %+v and %+v", o.For, o.A, o.B)
-	}
-	if over := sum.Over(1); len(over) > 0 {
-		t.Errorf("sampler saw more than one allocation's workload at once in %d samples: %s", len(over), sum)
-	}
-	return ivs
-}
 
 // drvSamplesWithin returns the samples taken in [from, to] (CLOCK_MONOTONIC ns).
 func drvSamplesWithin(sum harness.SampleSummary, from, to int64) []harness.Sample {
@@ -534,18 +520,6 @@ func drvFileSize(path string) int64 {
 		return 0
 	}
 	return fi.Size()
-}
-
-// drvMS formats a duration in milliseconds for MEASURE lines.
-func drvMS(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
-
-// drvMeasure logs a `MEASURE name=value` line.
-func drvMeasure(t *testing.T, name string, value any) {
-	t.Helper()
-	if d, ok := value.(time.Duration); ok {
-		value = drvMS(d)
-	}
-	t.Logf("MEASURE %s=%v", name, value)
 }
 
 func drvShort(id string) string {

@@ -32,7 +32,7 @@ func TestDriverDev(t *testing.T) {
 	harness.BuildTestWorkload(t)
 	began := time.Now()
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
-	drvMeasure(t, "driver_dev_agent_ready", time.Since(began))
+	harness.Measure(t, "driver_dev_agent_ready", time.Since(began))
 
 	drvRunConcurrently(t, []drvSubtest{
 		{"singleton_and_handover", func(t *testing.T) { testDrvSingletonHandover(t, a) }},
@@ -53,7 +53,7 @@ func TestDriverRecovery(t *testing.T) {
 	harness.BuildTestWorkload(t)
 	began := time.Now()
 	a := harness.StartAgent(t, drvAgentOptions(t, false))
-	drvMeasure(t, "driver_cluster_ready", time.Since(began))
+	harness.Measure(t, "driver_cluster_ready", time.Since(began))
 
 	pk := newDrvJob(t, "pluginkill", 2)
 	rs := newDrvJob(t, "restart", 2)
@@ -87,8 +87,8 @@ func testDrvSingletonHandover(t *testing.T, a *harness.Agent) {
 	if span < 30*time.Second {
 		t.Errorf("samples cover only %s, want >= 30s", span)
 	}
-	drvMeasure(t, "singleton_samples", len(sum1.Samples))
-	drvMeasure(t, "singleton_sampled_for", span)
+	harness.Measure(t, "singleton_samples", len(sum1.Samples))
+	harness.Measure(t, "singleton_sampled_for", span)
 	if n := len(drvStarts(j.records(t))); n != 1 {
 		t.Errorf("%d workload starts during phase 1, want 1:\n%+v", n, j.records(t))
 	}
@@ -157,9 +157,9 @@ func testDrvSingletonHandover(t *testing.T, a *harness.Agent) {
 		t.Errorf("old workload ended with %s %s, want a stop on SIGINT (the task's kill_signal default)", end.Event, end.Signal)
 	}
 	gap := time.Duration(next.Mono - end.Mono)
-	drvMeasure(t, "handover_stop_to_old_exit", time.Duration(end.Mono-stopAt))
-	drvMeasure(t, "handover_gap", gap)
-	drvMeasure(t, "handover_stopalloc_to_new_start", time.Duration(next.Mono-stopAt))
+	harness.Measure(t, "handover_stop_to_old_exit", time.Duration(end.Mono-stopAt))
+	harness.Measure(t, "handover_gap", gap)
+	harness.Measure(t, "handover_stopalloc_to_new_start", time.Duration(next.Mono-stopAt))
 	if gap < 0 || gap > 3*time.Second {
 		t.Errorf("handover gap (old stop record → new start record) %s, want within [0, 3s]", gap)
 	}
@@ -170,7 +170,7 @@ func testDrvSingletonHandover(t *testing.T, a *harness.Agent) {
 	drvWaitEvent(t, a, holder, 15*time.Second, "Stopping workload with SIGINT")
 	drvWaitEvent(t, a, holder, 15*time.Second, "Released lock")
 	drvWaitEvent(t, a, next.AllocID, 5*time.Second, fmt.Sprintf("Acquired lock (fence %d)", fence2))
-	drvNoOverlap(t, j.records(t), sum2)
+	harness.CheckNoOverlap(t, j.records(t), sum2)
 	drvCheckLockHeld(t, a, j.lockPath(), next.AllocID, fence2)
 
 	starts := drvStarts(j.records(t))
@@ -213,7 +213,7 @@ func testDrvWatchdog(t *testing.T, a *harness.Agent) {
 
 	killedAt := drvWaitGone(t, first.PID, drvTTL+5*time.Second)
 	kill := time.Duration(killedAt - stopAt)
-	drvMeasure(t, "watchdog_kill_after_sigstop", kill)
+	harness.Measure(t, "watchdog_kill_after_sigstop", kill)
 	if kill > drvTTL+2*time.Second {
 		t.Errorf("watchdog killed the workload %s after SIGSTOP, want within TTL + 2s", kill)
 	}
@@ -222,8 +222,8 @@ func testDrvWatchdog(t *testing.T, a *harness.Agent) {
 	bound := 2*drvTTL + drvDelay + 8*time.Second
 	next := j.waitStart(t, bound, func(r harness.Record) bool { return r.Instance != first.Instance })
 	takeover := time.Duration(next.Mono - stopAt)
-	drvMeasure(t, "watchdog_takeover_after_sigstop", takeover)
-	drvMeasure(t, "watchdog_takeover_after_kill", time.Duration(next.Mono-killedAt))
+	harness.Measure(t, "watchdog_takeover_after_sigstop", takeover)
+	harness.Measure(t, "watchdog_takeover_after_kill", time.Duration(next.Mono-killedAt))
 	if takeover > bound {
 		t.Errorf("standby took over %s after the SIGSTOP, want < 2×TTL + delay + 8s = %s", takeover, bound)
 	}
@@ -233,7 +233,7 @@ func testDrvWatchdog(t *testing.T, a *harness.Agent) {
 	time.Sleep(time.Second)
 	sum := s.Stop()
 	t.Logf("samples: %s", sum)
-	ivs := drvNoOverlap(t, j.records(t), sum)
+	ivs := harness.CheckNoOverlap(t, j.records(t), sum)
 	for _, h := range harness.Handovers(ivs) {
 		t.Logf("handover %s → %s: gap %s (old ended by %s)", drvShort(h.From.AllocID), drvShort(h.To.AllocID), h.Gap, h.From.EndedBy)
 	}
@@ -311,8 +311,8 @@ func testDrvExecSignalLogsStats(t *testing.T, a *harness.Agent) {
 
 	// stats.
 	if mem := drvWaitMemStats(t, a, alloc, time.Time{}); mem != nil {
-		drvMeasure(t, "task_stats_rss_bytes", mem.RSS)
-		drvMeasure(t, "task_stats_usage_bytes", mem.Usage)
+		harness.Measure(t, "task_stats_rss_bytes", mem.RSS)
+		harness.Measure(t, "task_stats_usage_bytes", mem.Usage)
 	}
 	if out := a.Nomad(t, "alloc", "status", "-stats", alloc); !strings.Contains(out, "Memory") {
 		t.Errorf("nomad alloc status -stats shows no memory:\n%s", out)
@@ -321,10 +321,10 @@ func testDrvExecSignalLogsStats(t *testing.T, a *harness.Agent) {
 	// Peak RSS of the plugin and of the task's supervisor.
 	plugin := drvPlugin(t, a.Client().PID(), 0, 10*time.Second)
 	if hwm, err := harness.ProcStatus(plugin.PID, "VmHWM"); err == nil {
-		drvMeasure(t, "plugin_vmhwm", strings.ReplaceAll(hwm, " ", ""))
+		harness.Measure(t, "plugin_vmhwm", strings.ReplaceAll(hwm, " ", ""))
 	}
 	if hwm, err := harness.ProcStatus(drvSupervisor(t, alloc).PID, "VmHWM"); err == nil {
-		drvMeasure(t, "supervisor_vmhwm", strings.ReplaceAll(hwm, " ", ""))
+		harness.Measure(t, "supervisor_vmhwm", strings.ReplaceAll(hwm, " ", ""))
 	}
 
 	drvMeasureStartLatency(t, a)
@@ -367,7 +367,7 @@ func drvMeasureStart(t *testing.T, a *harness.Agent, name, allocID string, start
 			continue
 		}
 		d := start.Wall.Sub(time.Unix(0, evs[i].Time))
-		drvMeasure(t, fmt.Sprintf("start_latency_%s_from_%s", name, strings.ToLower(strings.ReplaceAll(typ, " ", "_"))), d)
+		harness.Measure(t, fmt.Sprintf("start_latency_%s_from_%s", name, strings.ToLower(strings.ReplaceAll(typ, " ", "_"))), d)
 	}
 }
 
@@ -412,7 +412,7 @@ func testDrvBadConfig(t *testing.T, a *harness.Agent) {
 			allocs := a.WaitAllocs(t, j.id, 1, api.AllocClientStatusFailed, 60*time.Second)
 			ev := drvWaitEvent(t, a, allocs[0].ID, 10*time.Second, c.want...)
 			t.Logf("event: %s", drvEventText(ev))
-			drvMeasure(t, "bad_config_"+c.name+"_failed_after", time.Since(began))
+			harness.Measure(t, "bad_config_"+c.name+"_failed_after", time.Since(began))
 			if recs := j.records(t); len(recs) != 0 {
 				t.Errorf("the workload ran despite the bad config: %+v", recs)
 			}
@@ -446,17 +446,17 @@ func testDrvRollingUpdate(t *testing.T, a *harness.Agent) {
 	time.Sleep(time.Second)
 	sum := s.Stop()
 	t.Logf("samples: %s", sum)
-	drvMeasure(t, "rolling_update_to_v2_start", time.Duration(v2.Mono-updateAt))
+	harness.Measure(t, "rolling_update_to_v2_start", time.Duration(v2.Mono-updateAt))
 
 	recs := j.records(t)
 	version := map[string]string{} // instance → v1 or v2
 	for _, r := range drvStarts(recs) {
 		version[r.Instance] = r.Argv[len(r.Argv)-1]
 	}
-	ivs := drvNoOverlap(t, recs, sum)
+	ivs := harness.CheckNoOverlap(t, recs, sum)
 	for _, h := range harness.Handovers(ivs) {
 		from, to := version[h.From.Instance], version[h.To.Instance]
-		drvMeasure(t, fmt.Sprintf("rolling_handover_%s_to_%s_gap", from, to), h.Gap)
+		harness.Measure(t, fmt.Sprintf("rolling_handover_%s_to_%s_gap", from, to), h.Gap)
 		if h.Gap > 3*time.Second {
 			t.Errorf("handover %s → %s took %s, want < 3s (graceful stops)", from, to, h.Gap)
 		}
@@ -534,7 +534,7 @@ func testDrvPluginKill(t *testing.T, a *harness.Agent, j *drvJob) {
 	agentPID := a.Client().PID()
 	plugin := drvPlugin(t, agentPID, 0, 10*time.Second)
 	if hwm, err := harness.ProcStatus(plugin.PID, "VmHWM"); err == nil {
-		drvMeasure(t, "plugin_vmhwm_before_kill", strings.ReplaceAll(hwm, " ", ""))
+		harness.Measure(t, "plugin_vmhwm_before_kill", strings.ReplaceAll(hwm, " ", ""))
 	}
 	sup := drvSupervisor(t, holder)
 	s := j.sampler(t)
@@ -546,9 +546,9 @@ func testDrvPluginKill(t *testing.T, a *harness.Agent, j *drvJob) {
 	}
 	t.Logf("SIGKILLed plugin %d (agent %d); supervisor %d keeps running", plugin.PID, agentPID, sup.PID)
 	plugin2 := drvPlugin(t, agentPID, plugin.PID, 60*time.Second)
-	drvMeasure(t, "plugin_relaunch", time.Duration(harness.MonoNow()-killAt))
+	harness.Measure(t, "plugin_relaunch", time.Duration(harness.MonoNow()-killAt))
 	drvWaitLog(t, a.Client().LogPath(), logFrom, 60*time.Second, "recovered supervisor", holder)
-	drvMeasure(t, "plugin_recovered_task", time.Duration(harness.MonoNow()-killAt))
+	harness.Measure(t, "plugin_recovered_task", time.Duration(harness.MonoNow()-killAt))
 
 	// Sample past a TTL after the kill.
 	for time.Duration(harness.MonoNow()-killAt) < drvTTL+3*time.Second {
@@ -557,7 +557,7 @@ func testDrvPluginKill(t *testing.T, a *harness.Agent, j *drvJob) {
 	sum := s.Stop()
 	t.Logf("samples: %s", sum)
 	span := drvCheckOnlyPID(t, sum.Samples, first.PID, holder)
-	drvMeasure(t, "plugin_kill_sampled_for", span)
+	harness.Measure(t, "plugin_kill_sampled_for", span)
 	if span < drvTTL+2*time.Second {
 		t.Errorf("sampled for %s, want > TTL", span)
 	}
@@ -578,7 +578,7 @@ func testDrvPluginKill(t *testing.T, a *harness.Agent, j *drvJob) {
 		t.Errorf("%d workload starts, want 1 (no restart, no failover)", n)
 	}
 	if hwm, err := harness.ProcStatus(plugin2.PID, "VmHWM"); err == nil {
-		drvMeasure(t, "plugin_vmhwm_after_recovery", strings.ReplaceAll(hwm, " ", ""))
+		harness.Measure(t, "plugin_vmhwm_after_recovery", strings.ReplaceAll(hwm, " ", ""))
 	}
 
 	// The recovered handle still works: stats, exec, signal, then a
@@ -605,8 +605,8 @@ func testDrvPluginKill(t *testing.T, a *harness.Agent, j *drvJob) {
 		t.Errorf("terminated with exit code %d, want the workload's 0: %s", term.ExitCode, drvEventText(term))
 	}
 	next := j.waitStart(t, 15*time.Second, func(r harness.Record) bool { return r.Instance != first.Instance })
-	drvMeasure(t, "plugin_kill_then_stop_handover", time.Duration(next.Mono-end.Mono))
-	drvMeasure(t, "plugin_kill_stopalloc_to_exit", time.Duration(end.Mono-stopAt))
+	harness.Measure(t, "plugin_kill_then_stop_handover", time.Duration(next.Mono-end.Mono))
+	harness.Measure(t, "plugin_kill_stopalloc_to_exit", time.Duration(end.Mono-stopAt))
 }
 
 // drvRestartDown is how long the client stays stopped, from right after a
@@ -652,14 +652,14 @@ func testDrvClientRestart(t *testing.T, a *harness.Agent, j *drvJob) {
 		t.Fatal(err)
 	}
 	ready := harness.MonoNow()
-	drvMeasure(t, "client_stop", time.Duration(stopped-stopAt))
-	drvMeasure(t, "client_down_until_ready", time.Duration(ready-stopAt))
-	drvMeasure(t, "client_ready_before_fence_deadline", time.Duration(fenceDeadline-ready))
+	harness.Measure(t, "client_stop", time.Duration(stopped-stopAt))
+	harness.Measure(t, "client_down_until_ready", time.Duration(ready-stopAt))
+	harness.Measure(t, "client_ready_before_fence_deadline", time.Duration(fenceDeadline-ready))
 	if d := time.Duration(ready - stopAt); d >= drvTTL-time.Second {
 		t.Errorf("the client was down for %s, want less than TTL - margin: fix the test timing", d)
 	}
 	drvWaitLog(t, a.Client().LogPath(), logFrom, 30*time.Second, "recovered supervisor", holder)
-	drvMeasure(t, "client_restart_recovered_task", time.Duration(harness.MonoNow()-stopAt))
+	harness.Measure(t, "client_restart_recovered_task", time.Duration(harness.MonoNow()-stopAt))
 	if p := drvPlugin(t, a.Client().PID(), 0, 10*time.Second); p.PID == oldPlugin.PID {
 		t.Logf("the agent reattached to the old plugin %d", p.PID)
 	}
@@ -671,7 +671,7 @@ func testDrvClientRestart(t *testing.T, a *harness.Agent, j *drvJob) {
 	sum := s.Stop()
 	t.Logf("samples: %s", sum)
 	span := drvCheckOnlyPID(t, sum.Samples, first.PID, holder)
-	drvMeasure(t, "client_restart_sampled_for", span)
+	harness.Measure(t, "client_restart_sampled_for", span)
 	if !drvAlive(sup.PID) {
 		t.Errorf("the supervisor %d did not survive the client restart", sup.PID)
 	}
@@ -701,7 +701,7 @@ func testDrvClientRestart(t *testing.T, a *harness.Agent, j *drvJob) {
 	// The supervisor did see Nomad gone and rode it out.
 	stderr := a.AllocLogs(t, holder, drvTask, "stderr")
 	fails := strings.Count(stderr, "renew failed, retrying")
-	drvMeasure(t, "client_restart_failed_renews", fails)
+	harness.Measure(t, "client_restart_failed_renews", fails)
 	if fails == 0 {
 		t.Errorf("no failed renew in the supervisor's log: the restart did not span a renew interval\n%s", stderr)
 	}
@@ -716,7 +716,7 @@ func testDrvClientRestart(t *testing.T, a *harness.Agent, j *drvJob) {
 	if next.AllocID != standby {
 		t.Logf("the new holder is %s, not the standby %s", drvShort(next.AllocID), drvShort(standby))
 	}
-	drvMeasure(t, "client_restart_then_stop_handover", time.Duration(next.Mono-end.Mono))
+	harness.Measure(t, "client_restart_then_stop_handover", time.Duration(next.Mono-end.Mono))
 }
 
 // drvWaitLog waits until a log file has a line, after its first from

@@ -254,23 +254,6 @@ func argsAfterDashDash(argv []string) []string {
 	return argv[i+1:]
 }
 
-// ms formats a duration in whole milliseconds for MEASURE lines.
-func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
-
-// noOverlaps fails the test if two workload intervals overlapped, or if the
-// sampler ever saw two allocations (or two plain processes) at once.
-func noOverlaps(t *testing.T, recs []harness.Record, sum harness.SampleSummary) []harness.Interval {
-	t.Helper()
-	ivs := harness.Intervals(recs, sum.GoneByPID())
-	for _, o := range harness.Overlaps(ivs) {
-		t.Errorf("two workloads overlapped for %s: %+v and %+v", o.For, o.A, o.B)
-	}
-	if over := sum.Over(1); len(over) > 0 {
-		t.Errorf("sampler saw more than one workload at once in %d samples: %s", len(over), sum)
-	}
-	return ivs
-}
-
 // startPlainLock runs bin/lock outside Nomad against the agent's HTTP API
 // (NOMAD_ADDR), around argv.
 func startPlainLock(t *testing.T, a *harness.Agent, flags []string, argv ...string) *harness.Process {

@@ -50,7 +50,7 @@ func TestLockDev(t *testing.T) {
 		// The static lock and testworkload need nothing from the host.
 		ChrootEnv: map[string]string{"/etc/hosts": "/etc/hosts"},
 	})
-	t.Logf("MEASURE dev_agent_ready=%s", ms(time.Since(began)))
+	t.Logf("MEASURE dev_agent_ready=%s", harness.Millis(time.Since(began)))
 
 	runConcurrently(t, []subtest{
 		{"singleton", func(t *testing.T) { testSingleton(t, a) }},
@@ -98,7 +98,7 @@ func testSingleton(t *testing.T, a *harness.Agent) {
 		t.Errorf("%d of %d samples did not show exactly one workload", bad, len(sum.Samples))
 	}
 	recs := readRecords(t, s.record)
-	ivs := noOverlaps(t, recs, sum)
+	ivs := harness.CheckNoOverlap(t, recs, sum)
 	if len(ivs) != 1 || ivs[0].Ended {
 		t.Errorf("want one workload that never stopped, got intervals %+v", ivs)
 	}
@@ -177,7 +177,7 @@ func testHandover(t *testing.T, a *harness.Agent) {
 	})
 	gap := time.Duration(next.Mono - stop.Mono)
 	t.Logf("MEASURE handover_gap=%s handover_stop_call_to_start=%s old_stop_signal=%s",
-		ms(gap), ms(time.Duration(next.Mono-stopAt)), stop.Signal)
+		harness.Millis(gap), harness.Millis(time.Duration(next.Mono-stopAt)), stop.Signal)
 	if gap < 0 || gap > 3*time.Second {
 		t.Errorf("handover gap %s (old stop → new start), want 0 ≤ gap < 3s", gap)
 	}
@@ -187,7 +187,7 @@ func testHandover(t *testing.T, a *harness.Agent) {
 	if !slices.Contains(standbys, next.AllocID) {
 		t.Errorf("the new holder is alloc %s, want one of the waiting standbys %v", next.AllocID, standbys)
 	}
-	noOverlaps(t, readRecords(t, s.record), sum)
+	harness.CheckNoOverlap(t, readRecords(t, s.record), sum)
 	if f1, f2 := fence(t, first), fence(t, next); f2 <= f1 {
 		t.Errorf("fence did not grow: old %d, new %d", f1, f2)
 	} else {
@@ -262,14 +262,14 @@ func testCrash(t *testing.T, a *harness.Agent) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	goneAfter := time.Duration(harness.MonoNow() - killAt)
-	t.Logf("MEASURE crash_group_gone=%s", ms(goneAfter))
+	t.Logf("MEASURE crash_group_gone=%s", harness.Millis(goneAfter))
 	if len(left) > 0 {
 		t.Errorf("%d process(es) of alloc %s still alive %s after SIGKILL to lock: %v", len(left), holder, goneAfter, left)
 	}
 
 	next := waitMainStart(t, s.record, 45*time.Second, func(r harness.Record) bool { return r.Instance != first.Instance })
 	takeover := time.Duration(next.Mono - killAt)
-	t.Logf("MEASURE crash_takeover=%s", ms(takeover))
+	t.Logf("MEASURE crash_takeover=%s", harness.Millis(takeover))
 	time.Sleep(300 * time.Millisecond)
 	sum := sampler.Stop()
 	if next.AllocID == holder {
@@ -280,7 +280,7 @@ func testCrash(t *testing.T, a *harness.Agent) {
 	if takeover > 30*time.Second {
 		t.Errorf("standby took over %s after the crash, want < 30s (2×TTL + delay + slack)", takeover)
 	}
-	ivs := noOverlaps(t, readRecords(t, s.record), sum)
+	ivs := harness.CheckNoOverlap(t, readRecords(t, s.record), sum)
 	for _, iv := range ivs {
 		if iv.Instance == first.Instance && (!iv.Ended || iv.EndedBy != "observed") {
 			t.Errorf("crashed workload's interval %+v: want it ended, observed by the sampler", iv)
@@ -328,7 +328,7 @@ func testLoss(t *testing.T, a *harness.Agent) {
 	}
 	gone := time.Duration(harness.MonoNow() - releasedAt)
 	t.Logf("MEASURE loss_to_stop=%s loss_to_gone=%s stop_signal=%s",
-		ms(time.Duration(stop.Mono-releasedAt)), ms(gone), stop.Signal)
+		harness.Millis(time.Duration(stop.Mono-releasedAt)), harness.Millis(gone), stop.Signal)
 	if stop.Signal != "SIGTERM" {
 		t.Errorf("workload stopped by %q, want SIGTERM (lock's default -kill-signal)", stop.Signal)
 	}
@@ -520,7 +520,7 @@ func testPlainWait(t *testing.T, a *harness.Agent) {
 
 	w := startPlainLock(t, a, lockArgs(s.path, "-wait", "2s"), argv...)
 	code := w.Wait(30 * time.Second)
-	t.Logf("MEASURE wait_2s_exit=%s", ms(w.Runtime()))
+	t.Logf("MEASURE wait_2s_exit=%s", harness.Millis(w.Runtime()))
 	if code != 75 {
 		t.Errorf("-wait 2s exited %d, want 75; stderr:\n%s", code, w.Stderr())
 	}
@@ -530,7 +530,7 @@ func testPlainWait(t *testing.T, a *harness.Agent) {
 
 	e := startPlainLock(t, a, lockArgs(s.path, "-early-return"), argv...)
 	code = e.Wait(30 * time.Second)
-	t.Logf("MEASURE early_return_exit=%s", ms(e.Runtime()))
+	t.Logf("MEASURE early_return_exit=%s", harness.Millis(e.Runtime()))
 	if code != 0 {
 		t.Errorf("-early-return exited %d, want 0; stderr:\n%s", code, e.Stderr())
 	}
@@ -701,7 +701,7 @@ func testPlainCrash(t *testing.T, a *harness.Agent) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Logf("MEASURE plain_crash_group_gone=%s", ms(time.Since(killAt)))
+	t.Logf("MEASURE plain_crash_group_gone=%s", harness.Millis(time.Since(killAt)))
 }
 
 // TestLockACL (scenario 7): with ACLs on, a job whose workload identity has
@@ -711,7 +711,7 @@ func TestLockACL(t *testing.T) {
 	t.Parallel()
 	began := time.Now()
 	a := harness.StartAgent(t, harness.AgentOptions{ACLs: true})
-	t.Logf("MEASURE acl_agent_ready=%s", ms(time.Since(began)))
+	t.Logf("MEASURE acl_agent_ready=%s", harness.Millis(time.Since(began)))
 
 	ok := newScenario(t, "acl-ok")
 	denied := newScenario(t, "acl-denied")

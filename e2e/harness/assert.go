@@ -1,0 +1,34 @@
+package harness
+
+import (
+	"strconv"
+	"testing"
+	"time"
+)
+
+// CheckNoOverlap fails the test if two workload intervals in recs overlapped
+// (a SIGKILLed workload's end comes from the sampler), or if the sampler ever
+// saw two allocations' workloads at once. It returns the intervals.
+func CheckNoOverlap(t testing.TB, recs []Record, sum SampleSummary) []Interval {
+	t.Helper()
+	ivs := Intervals(recs, sum.GoneByPID())
+	for _, o := range Overlaps(ivs) {
+		t.Errorf("two workloads overlapped for %s: %+v and %+v", o.For, o.A, o.B)
+	}
+	if over := sum.Over(1); len(over) > 0 {
+		t.Errorf("sampler saw more than one allocation's workload at once in %d samples: %s", len(over), sum)
+	}
+	return ivs
+}
+
+// Millis formats a duration in whole milliseconds, for MEASURE lines.
+func Millis(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
+
+// Measure logs a greppable `MEASURE name=value` line; durations in ms.
+func Measure(t testing.TB, name string, value any) {
+	t.Helper()
+	if d, ok := value.(time.Duration); ok {
+		value = Millis(d)
+	}
+	t.Logf("MEASURE %s=%v", name, value)
+}
