@@ -313,7 +313,6 @@ func drvRunning(t *testing.T, a *harness.Agent, jobID string) []string {
 	return ids
 }
 
-
 // drvSamplesWithin returns the samples taken in [from, to] (CLOCK_MONOTONIC ns).
 func drvSamplesWithin(sum harness.SampleSummary, from, to int64) []harness.Sample {
 	var out []harness.Sample
