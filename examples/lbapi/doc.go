@@ -1,0 +1,22 @@
+// Package lbapi is a reference LB API server that keeps Baragon's contract
+// as Singularity relies on it (shared/reference/lbapi-contract.md, read
+// against Baragon HEAD ab536840), so that tests, demos and users without
+// Baragon have a real peer.
+//
+// It implements the request resource (POST, GET, DELETE, the queue listing
+// and the per-service history) and GET /state/{serviceId}, with Baragon's
+// JSON (nulls included), status codes, auth filter, idempotent enqueue,
+// asynchronous worker (global queue order, one in-flight batch per service),
+// validation messages, commit semantics and response history. Load balancer
+// agents are simulated per group: they apply instantly unless told to fail.
+//
+// Faults (latency, 5xx answers, dropped connections, garbage bodies) can be
+// injected at run time; their sequence is reproducible from a seed.
+//
+// Server is an http.Handler, so tests can mount it on httptest.NewServer;
+// Start listens on its own. cmd/lbapi runs it as a program.
+//
+// The package deliberately shares no code with the lbhook client: a server
+// written independently from the contract is what catches a client that
+// drifts from it.
+package lbapi

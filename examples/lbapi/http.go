@@ -1,0 +1,189 @@
+package lbapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+)
+
+// maxBodyBytes bounds a POST body.
+const maxBodyBytes = 10 << 20
+
+// dropwizardError is the JSON Dropwizard writes for framework errors.
+type dropwizardError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// validationErrors is Dropwizard's 422 body.
+type validationErrors struct {
+	Errors []string `json:"errors"`
+}
+
+// ServeHTTP routes a request (contract §1), after any injected fault.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.serveWithFaults(w, r, s.route)
+}
+
+// route dispatches under the base path:
+//
+//	GET    /request                      queue listing       (@NoAuth)
+//	POST   /request                      enqueue             (auth)
+//	GET    /request/{id}                 response or 404     (@NoAuth)
+//	DELETE /request/{id}                 cancel              (auth)
+//	GET    /request/history/{serviceId}  responses           (@NoAuth)
+//	GET    /state/{serviceId}            service state / 404 (@NoAuth)
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	rest, ok := strings.CutPrefix(r.URL.Path, s.opts.BasePath+"/")
+	if !ok {
+		writeJSON(w, http.StatusNotFound, dropwizardError{http.StatusNotFound, "HTTP 404 Not Found"})
+		return
+	}
+	seg := strings.Split(strings.TrimSuffix(rest, "/"), "/")
+	switch {
+	case len(seg) == 1 && seg[0] == "request":
+		s.methods(w, r, map[string]http.HandlerFunc{http.MethodGet: s.handleQueue, http.MethodPost: s.handleEnqueue})
+	case len(seg) == 2 && seg[0] == "request" && seg[1] != "":
+		id := seg[1]
+		s.methods(w, r, map[string]http.HandlerFunc{
+			http.MethodGet:    func(w http.ResponseWriter, r *http.Request) { s.handleGet(w, id) },
+			http.MethodDelete: func(w http.ResponseWriter, r *http.Request) { s.handleCancel(w, r, id) },
+		})
+	case len(seg) == 3 && seg[0] == "request" && seg[1] == "history" && seg[2] != "":
+		svc := seg[2]
+		s.methods(w, r, map[string]http.HandlerFunc{
+			http.MethodGet: func(w http.ResponseWriter, r *http.Request) { s.handleHistory(w, svc) },
+		})
+	case len(seg) == 2 && seg[0] == "state" && seg[1] != "":
+		svc := seg[1]
+		s.methods(w, r, map[string]http.HandlerFunc{
+			http.MethodGet: func(w http.ResponseWriter, r *http.Request) { s.handleServiceState(w, svc) },
+		})
+	default:
+		writeJSON(w, http.StatusNotFound, dropwizardError{http.StatusNotFound, "HTTP 404 Not Found"})
+	}
+}
+
+func (s *Server) methods(w http.ResponseWriter, r *http.Request, handlers map[string]http.HandlerFunc) {
+	h, ok := handlers[r.Method]
+	if !ok {
+		writeJSON(w, http.StatusMethodNotAllowed, dropwizardError{http.StatusMethodNotAllowed, "HTTP 405 Method Not Allowed"})
+		return
+	}
+	h(w, r)
+}
+
+// handleEnqueue is POST /request: 415 for a non-JSON body (resource
+// matching), 403 for a bad key (auth filter), 400 for JSON Jackson cannot
+// map, 422 for bean-validation failures, else 200 with a BaragonResponse
+// (contract §3 "POST").
+func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
+	if !isJSON(r.Header.Get("Content-Type")) {
+		writeJSON(w, http.StatusUnsupportedMediaType, dropwizardError{http.StatusUnsupportedMediaType, "HTTP 415 Unsupported Media Type"})
+		return
+	}
+	if !s.authorized(r) {
+		w.WriteHeader(http.StatusForbidden)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+	if err != nil || len(body) > maxBodyBytes {
+		writeJSON(w, http.StatusBadRequest, dropwizardError{http.StatusBadRequest, "Unable to process JSON"})
+		return
+	}
+	req, err := decodeRequest(body)
+	switch {
+	case errors.Is(err, errNullBody):
+		writeJSON(w, http.StatusUnprocessableEntity, validationErrors{[]string{"The request body may not be null"}})
+		return
+	case err != nil:
+		s.log.Debug("unprocessable JSON", "error", err)
+		writeJSON(w, http.StatusBadRequest, dropwizardError{http.StatusBadRequest, "Unable to process JSON"})
+		return
+	}
+	if v := req.validate(); len(v) > 0 {
+		writeJSON(w, http.StatusUnprocessableEntity, validationErrors{v})
+		return
+	}
+	s.mu.Lock()
+	resp := s.st.enqueue(req)
+	s.mu.Unlock()
+	s.log.Info("received request", "request_id", req.ID, "service_id", req.Service.ServiceID, "state", resp.LoadBalancerState)
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// handleGet is GET /request/{id}: 200, or 404 with an empty body (Guava
+// Optional absent).
+func (s *Server) handleGet(w http.ResponseWriter, id string) {
+	s.mu.Lock()
+	resp, ok := s.st.getResponse(id)
+	s.mu.Unlock()
+	if !ok {
+		w.WriteHeader(http.StatusNotFound)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// handleCancel is DELETE /request/{id}: always 200 once authorized.
+func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, id string) {
+	if !s.authorized(r) {
+		w.WriteHeader(http.StatusForbidden)
+		return
+	}
+	s.mu.Lock()
+	resp := s.st.cancel(id)
+	s.mu.Unlock()
+	s.log.Info("cancel", "request_id", id, "state", resp.LoadBalancerState)
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) handleQueue(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	q := s.st.queueList()
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, q)
+}
+
+func (s *Server) handleHistory(w http.ResponseWriter, serviceID string) {
+	s.mu.Lock()
+	list := s.st.responsesFor(serviceID)
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, list)
+}
+
+// handleServiceState is GET /state/{serviceId}: 200, or 404 with an empty body.
+func (s *Server) handleServiceState(w http.ResponseWriter, serviceID string) {
+	s.mu.Lock()
+	st, ok := s.st.serviceState(serviceID)
+	s.mu.Unlock()
+	if !ok {
+		w.WriteHeader(http.StatusNotFound)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// isJSON accepts application/json with any parameters, as @Consumes does.
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mt == "application/json"
+}
+
+// writeJSON writes v without HTML escaping (Jackson does not escape).
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		http.Error(w, `{"code":500,"message":"There was an error processing your request."}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(bytes.TrimRight(buf.Bytes(), "\n"))
+}

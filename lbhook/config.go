@@ -1,0 +1,304 @@
+package lbhook
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// Defaults for the zero values of Config and ClientOptions.
+const (
+	// DefaultRequestTimeout bounds each HTTP call, like Singularity's
+	// loadBalancerRequestTimeoutMillis (2000 ms).
+	DefaultRequestTimeout = 2 * time.Second
+	// DefaultPollInterval is the wait between GETs of a request that is in
+	// progress. Baragon's worker advances a request once a second; polling
+	// twice as often halves the time we notice its end.
+	DefaultPollInterval = 500 * time.Millisecond
+	// DefaultAddDeadline is how long an ADD may stay unfinished before it is
+	// cancelled. Singularity has no such deadline; we need one so that a
+	// stuck LB cannot hold a task forever.
+	DefaultAddDeadline = time.Minute
+	// DefaultRemoveDeadline is how long a REMOVE may take, retries included.
+	// It is spent before the workload is signalled, so keep it short.
+	DefaultRemoveDeadline = 5 * time.Second
+	// DefaultAuthKeyEnv is the environment variable read for the auth key
+	// when Config.AuthKeyFile is empty.
+	DefaultAuthKeyEnv = "SINGLETON_LB_AUTHKEY"
+	// authKeyParam is Baragon's auth query parameter (BaragonAuthFilter).
+	authKeyParam = "authkey"
+)
+
+// idPattern is Baragon's pattern for request and service ids.
+var idPattern = regexp.MustCompile(`^[^\s/|]+$`)
+
+// Config is the LB block of a task: where Baragon is and what to register.
+// Field names follow the issue (uri, service_id, base_path, groups,
+// port_label, owners, options, request_timeout, poll_interval, add_deadline,
+// remove_deadline, authkey_file, ca_file). Zero durations take the defaults.
+type Config struct {
+	// URI is the full URL of Baragon's request collection, e.g.
+	// http://baragon:8080/baragon/v2/request. A trailing "/" is ignored.
+	URI string
+	// ServiceID is Baragon's serviceId ([^\s/|]+).
+	ServiceID string
+	// BasePath is the service's serviceBasePath, e.g. "/web".
+	BasePath string
+	// Groups are the load balancer groups; at least one.
+	Groups []string
+	// PortLabel names the task port whose host:port is registered. The
+	// caller resolves it; this package only requires it to be set.
+	PortLabel string
+	// Owners are the service owners (may be empty).
+	Owners []string
+	// Options feeds Baragon's templates (may be nil: omitted on the wire).
+	Options map[string]any
+	// RequestTimeout bounds each HTTP call (default 2s).
+	RequestTimeout time.Duration
+	// PollInterval is the wait between polls (default 500ms).
+	PollInterval time.Duration
+	// AddDeadline is when an unfinished ADD is cancelled (default 1m).
+	AddDeadline time.Duration
+	// RemoveDeadline bounds a REMOVE with its retries (default 5s).
+	RemoveDeadline time.Duration
+	// AuthKeyFile holds the auth key. When empty, the key comes from the
+	// environment (ClientOptions.AuthKeyEnv), or there is none.
+	AuthKeyFile string
+	// CAFile is a PEM bundle that replaces the system roots for https.
+	CAFile string
+}
+
+// WithDefaults returns c with zero durations replaced by the defaults.
+func (c Config) WithDefaults() Config {
+	c.RequestTimeout = orDefault(c.RequestTimeout, DefaultRequestTimeout)
+	c.PollInterval = orDefault(c.PollInterval, DefaultPollInterval)
+	c.AddDeadline = orDefault(c.AddDeadline, DefaultAddDeadline)
+	c.RemoveDeadline = orDefault(c.RemoveDeadline, DefaultRemoveDeadline)
+	return c
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// Validate checks every field and returns all problems at once, each naming
+// its field. It reads authkey_file and ca_file to prove they are usable.
+func (c Config) Validate() error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	_, err := parseRequestURI(c.URI)
+	add(err)
+	add(validateServiceID(c.ServiceID))
+	if c.BasePath == "" {
+		add(errors.New("base_path is required (Baragon's serviceBasePath, e.g. \"/web\")"))
+	}
+	add(validateGroups(c.Groups))
+	if strings.TrimSpace(c.PortLabel) == "" {
+		add(errors.New("port_label is required: it names the port whose host:port is registered"))
+	}
+	for i, o := range c.Owners {
+		if strings.TrimSpace(o) == "" {
+			add(fmt.Errorf("owners[%d] is empty", i))
+		}
+	}
+	add(validateDuration("request_timeout", c.RequestTimeout))
+	add(validateDuration("poll_interval", c.PollInterval))
+	add(validateDuration("add_deadline", c.AddDeadline))
+	add(validateDuration("remove_deadline", c.RemoveDeadline))
+	if c.AuthKeyFile != "" {
+		_, err := readAuthKeyFile(c.AuthKeyFile)
+		add(err)
+	}
+	add(validateCAFile(c.CAFile, c.URI))
+	return errors.Join(errs...)
+}
+
+// parseRequestURI checks uri and returns it without a trailing "/".
+func parseRequestURI(uri string) (*url.URL, error) {
+	if uri == "" {
+		return nil, errors.New("uri is required: the full URL of the request collection, e.g. http://baragon:8080/baragon/v2/request")
+	}
+	u, err := url.Parse(strings.TrimRight(uri, "/"))
+	if err != nil {
+		// url.Error quotes the input; it carries no auth key (that never
+		// goes in uri), but strip userinfo all the same.
+		return nil, fmt.Errorf("uri is not a URL: %w", errors.Unwrap(err))
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("uri %q: scheme must be http or https", u.Redacted())
+	case u.Host == "":
+		return nil, fmt.Errorf("uri %q: host is missing", u.Redacted())
+	case u.RawQuery != "" || u.ForceQuery:
+		return nil, fmt.Errorf("uri %q: must not have a query; the auth key comes from authkey_file or the environment", u.Redacted())
+	case u.Fragment != "":
+		return nil, fmt.Errorf("uri %q: must not have a fragment", u.Redacted())
+	case !strings.Contains(u.Path, "request"):
+		return nil, fmt.Errorf("uri %q: path must end in Baragon's request collection (e.g. /baragon/v2/request); the state URL is derived by replacing \"request\" with \"state\"", u.Redacted())
+	}
+	return u, nil
+}
+
+func validateServiceID(id string) error {
+	switch {
+	case id == "":
+		return errors.New("service_id is required")
+	case !idPattern.MatchString(id):
+		return fmt.Errorf("service_id %q cannot contain whitespace, '/', or '|'", id)
+	}
+	return nil
+}
+
+func validateGroups(groups []string) error {
+	if len(groups) == 0 {
+		return errors.New("groups needs at least one load balancer group")
+	}
+	seen := make(map[string]bool, len(groups))
+	for i, g := range groups {
+		switch {
+		case g == "":
+			return fmt.Errorf("groups[%d] is empty", i)
+		case seen[g]:
+			return fmt.Errorf("groups[%d] %q is listed twice", i, g)
+		}
+		seen[g] = true
+	}
+	return nil
+}
+
+func validateDuration(name string, d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("%s must not be negative (got %s)", name, d)
+	}
+	return nil
+}
+
+// validateCAFile checks that a set ca_file holds a certificate and is used with https.
+func validateCAFile(path, uri string) error {
+	if path == "" {
+		return nil
+	}
+	if _, err := loadCAPool(path); err != nil {
+		return err
+	}
+	if u, err := url.Parse(uri); err == nil && u.Scheme == "http" {
+		return fmt.Errorf("ca_file %s is set but uri is plain http", path)
+	}
+	return nil
+}
+
+// readAuthKeyFile reads and trims the auth key. The error names the file but
+// never its content.
+func readAuthKeyFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("authkey_file: %w", err)
+	}
+	key := strings.TrimSpace(string(b))
+	if key == "" {
+		return "", fmt.Errorf("authkey_file %s is empty", path)
+	}
+	if strings.ContainsAny(key, "\r\n") {
+		return "", fmt.Errorf("authkey_file %s holds more than one line", path)
+	}
+	return key, nil
+}
+
+func loadCAPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("ca_file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("ca_file %s holds no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+// ClientOptions are the programmatic settings of a Client that are not part
+// of a task's LB block.
+type ClientOptions struct {
+	// Logger receives the client's logs (default: a null logger).
+	Logger hclog.Logger
+	// QueryParams are added to POST, GET and DELETE, not to the state GET,
+	// like Singularity's loadBalancerQueryParams. "authkey" is refused here:
+	// the key comes from Config.AuthKeyFile or the environment.
+	QueryParams map[string]string
+	// AuthKeyEnv names the environment variable read for the auth key when
+	// Config.AuthKeyFile is empty (default DefaultAuthKeyEnv).
+	AuthKeyEnv string
+	// Getenv reads the environment (default os.Getenv).
+	Getenv func(string) string
+	// CancelWait bounds the wait for a final state after a cancel
+	// (default 2×RequestTimeout + 4×PollInterval).
+	CancelWait time.Duration
+}
+
+func (o ClientOptions) withDefaults(cfg Config) ClientOptions {
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	if o.AuthKeyEnv == "" {
+		o.AuthKeyEnv = DefaultAuthKeyEnv
+	}
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	if o.CancelWait == 0 {
+		o.CancelWait = 2*cfg.RequestTimeout + 4*cfg.PollInterval
+	}
+	return o
+}
+
+func (o ClientOptions) validate() error {
+	for k := range o.QueryParams {
+		if k == authKeyParam {
+			return errors.New("query params must not set authkey: use authkey_file or the " + o.AuthKeyEnv + " environment variable")
+		}
+		if k == "" {
+			return errors.New("query params: empty parameter name")
+		}
+	}
+	if o.CancelWait < 0 {
+		return fmt.Errorf("cancel wait must not be negative (got %s)", o.CancelWait)
+	}
+	return nil
+}
+
+// validateUpstream checks that u is "host:port" with a numeric port.
+func validateUpstream(u UpstreamInfo) error {
+	host, port, err := net.SplitHostPort(u.Upstream)
+	if err != nil {
+		return fmt.Errorf("upstream %q is not host:port: %w", u.Upstream, err)
+	}
+	if host == "" {
+		return fmt.Errorf("upstream %q has no host", u.Upstream)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("upstream %q: port must be 1-65535", u.Upstream)
+	}
+	if strings.ContainsAny(u.RackID, " \t\r\n|") {
+		return fmt.Errorf("upstream %q: rackId %q cannot contain whitespace or '|'", u.Upstream, u.RackID)
+	}
+	if strings.ContainsAny(u.Group, " \t\r\n|") {
+		return fmt.Errorf("upstream %q: group %q cannot contain whitespace or '|'", u.Upstream, u.Group)
+	}
+	return nil
+}
