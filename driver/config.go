@@ -51,9 +51,11 @@ func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
 
 // TaskConfig is a task's `config {}` block.
 type TaskConfig struct {
-	Command string     `codec:"command"`
-	Args    []string   `codec:"args"`
-	Lock    LockConfig `codec:"lock"`
+	Command      string          `codec:"command"`
+	Args         []string        `codec:"args"`
+	Lock         LockConfig      `codec:"lock"`
+	LoadBalancer shim.LBSpec     `codec:"load_balancer"`
+	HealthCheck  shim.HealthSpec `codec:"health_check"`
 }
 
 // LockConfig is the task's `lock {}` block.
@@ -81,6 +83,30 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		"wait":         hclspec.NewAttr("wait", "string", false),
 		"kill_signal":  hclspec.NewAttr("kill_signal", "string", false),
 		"kill_timeout": hclspec.NewAttr("kill_timeout", "string", false),
+	})),
+	"load_balancer": hclspec.NewBlock("load_balancer", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"uri":              hclspec.NewAttr("uri", "string", false),
+		"service_id":       hclspec.NewAttr("service_id", "string", false),
+		"base_path":        hclspec.NewAttr("base_path", "string", false),
+		"groups":           hclspec.NewAttr("groups", "list(string)", false),
+		"port":             hclspec.NewAttr("port", "string", false),
+		"owners":           hclspec.NewAttr("owners", "list(string)", false),
+		"options":          hclspec.NewAttr("options", "map(string)", false),
+		"request_timeout":  hclspec.NewAttr("request_timeout", "string", false),
+		"poll_interval":    hclspec.NewAttr("poll_interval", "string", false),
+		"add_deadline":     hclspec.NewAttr("add_deadline", "string", false),
+		"remove_deadline":  hclspec.NewAttr("remove_deadline", "string", false),
+		"authkey_file":     hclspec.NewAttr("authkey_file", "string", false),
+		"ca_file":          hclspec.NewAttr("ca_file", "string", false),
+		"recheck_interval": hclspec.NewAttr("recheck_interval", "string", false),
+	})),
+	"health_check": hclspec.NewBlock("health_check", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"type":     hclspec.NewAttr("type", "string", false),
+		"path":     hclspec.NewAttr("path", "string", false),
+		"port":     hclspec.NewAttr("port", "string", false),
+		"interval": hclspec.NewAttr("interval", "string", false),
+		"timeout":  hclspec.NewAttr("timeout", "string", false),
+		"grace":    hclspec.NewAttr("grace", "string", false),
 	})),
 })
 
@@ -131,6 +157,11 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 		}
 		c.KillSignal, c.KillSignalSet = sig, true
 	}
+	lb, err := shim.BuildLoadBalancer(tc.LoadBalancer, tc.HealthCheck, func(k string) string { return cfg.Env[k] }, "config.")
+	if err != nil {
+		errs = append(errs, err)
+	}
+	c.LB = lb
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)
 	}

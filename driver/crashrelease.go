@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
@@ -135,4 +136,37 @@ func (c *taskCgroup) pids() ([]int, error) {
 		}
 	}
 	return pids, nil
+}
+
+// removeAfterCrash takes a dead supervisor's upstream out of the load
+// balancer when it registered and never deregistered. It runs before the
+// crash release, so a standby that reuses the same host:port can never be
+// removed by it.
+func (d *Driver) removeAfterCrash(h *taskHandle) {
+	var reg lbRegistration
+	path := filepath.Join(h.dir, lbFile)
+	if err := readJSON(path, &reg); err != nil {
+		return
+	}
+	log := h.logger.With("upstream", reg.Upstream.Upstream, "service_id", reg.Config.ServiceID)
+	client, err := lbhook.NewClient(reg.Config, lbhook.ClientOptions{Logger: log, Getenv: func(k string) string { return h.cfg.Env[k] }})
+	if err != nil {
+		log.Error("cannot reach the load balancer to remove the crashed supervisor's upstream", "error", err)
+		return
+	}
+	defer client.Close()
+	hook, err := client.ForAlloc(reg.AllocID, reg.Fence)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(d.ctx, reg.Config.WithDefaults().RemoveDeadline+crashReleaseTimeout)
+		_, err = hook.Remove(ctx, reg.Upstream)
+		cancel()
+	}
+	if err != nil {
+		log.Error("could not remove the crashed supervisor's upstream from the load balancer", "error", err)
+		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after supervisor crash failed: %v", err), map[string]string{"upstream": reg.Upstream.Upstream})
+		return
+	}
+	_ = os.Remove(path)
+	d.emitEvent(h.cfg, fmt.Sprintf("Removed %s from load balancer on behalf of crashed supervisor", reg.Upstream.Upstream),
+		map[string]string{"upstream": reg.Upstream.Upstream})
 }

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,6 +25,8 @@ import (
 //	exit.json     supervisor → plugin: the exit code, for a plugin that is no longer the parent
 //	lease.json    supervisor → plugin: the held lease and its lock ID, removed once released, so
 //	              the plugin can release for a supervisor that died holding the lock
+//	lb.json       supervisor → plugin: our LB registration (no auth key), removed once
+//	              deregistered, so the plugin can REMOVE for a supervisor that died registered
 //
 // The directory is root-only (0700), so a workload running as a task user
 // cannot read the lock ID.
@@ -34,6 +38,7 @@ const (
 	eventsFile   = "events.jsonl"
 	exitFile     = "exit.json"
 	leaseFile    = "lease.json"
+	lbFile       = "lb.json"
 )
 
 // stateDir is the task's private directory for those files. It sits in the
@@ -53,6 +58,11 @@ type supervisorSpec struct {
 	KillSignal  int
 	KillSigSet  bool
 	KillTimeout time.Duration
+
+	// LB and Health are the task's blocks; the supervisor resolves their
+	// port labels from its environment.
+	LB     shim.LBSpec
+	Health shim.HealthSpec
 
 	// CgroupProcs are cgroup.procs files the supervisor writes its PID into
 	// before anything else, so it and the workload live in the task cgroup.
@@ -97,6 +107,15 @@ type heldLease struct {
 	Fence     uint64
 	TTL       time.Duration
 	LockDelay time.Duration
+}
+
+// lbRegistration is what the plugin needs to take a crashed supervisor's
+// upstream out of the load balancer.
+type lbRegistration struct {
+	Config   lbhook.Config
+	AllocID  string
+	Fence    uint64
+	Upstream lbhook.UpstreamInfo
 }
 
 // exitStatus is the supervisor's exit, written just before it exits.

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
@@ -59,6 +60,13 @@ func superviseTask(dir string, log hclog.Logger) (int, string) {
 	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
 	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
 
+	lb, err := shim.BuildLoadBalancer(spec.LB, spec.Health, os.Getenv, "config.")
+	if err != nil {
+		log.Error("invalid load balancer config", "error", err)
+		return shim.ExitConfig, err.Error()
+	}
+	cfg.LB = lb
+
 	holder := lockclient.HolderFromEnv(os.Getenv)
 	locker, err := shim.NewLocker(cfg, log, holder)
 	if err != nil {
@@ -69,6 +77,13 @@ func superviseTask(dir string, log hclog.Logger) (int, string) {
 	pub := &publisher{dir: dir, path: cfg.Path, log: log}
 	sup := &shim.Supervisor{
 		Config: cfg, Locker: locker, Logger: log, Observe: pub.observe,
+		OnLBPosted: func(lb *shim.LoadBalancer, hook *lbhook.Hook, self lbhook.UpstreamInfo) {
+			reg := lbRegistration{Config: lb.Config, AllocID: holder.AllocID, Fence: hook.Fence(), Upstream: self}
+			if err := writeJSON(filepath.Join(dir, lbFile), reg); err != nil {
+				log.Warn("record the LB registration for a crash REMOVE", "error", err)
+			}
+		},
+		OnLBRemoved: func() { _ = os.Remove(filepath.Join(dir, lbFile)) },
 		OnAcquire: func(l *lockclient.Lease) {
 			held := heldLease{LockID: l.LockID(), Path: cfg.Path, Namespace: cfg.Namespace, Fence: l.Fence,
 				TTL: cfg.TTL, LockDelay: cfg.LockDelay}

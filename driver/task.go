@@ -99,7 +99,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err := checkIdentity(cfg); err != nil {
 		return nil, nil, err
 	}
-	spec, err := buildSpec(cfg, sc, validator)
+	spec, err := buildSpec(cfg, tc, sc, validator)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -153,8 +153,9 @@ func checkIdentity(cfg *drivers.TaskConfig) error {
 
 // buildSpec turns the validated config into the supervisor's spec, resolving
 // the task user and refusing denied host IDs.
-func buildSpec(cfg *drivers.TaskConfig, sc shim.Config, validator interface{ HasValidIDs(string) error }) (supervisorSpec, error) {
+func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, validator interface{ HasValidIDs(string) error }) (supervisorSpec, error) {
 	spec := supervisorSpec{
+		LB: tc.LoadBalancer, Health: tc.HealthCheck,
 		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
 		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait,
 		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
@@ -198,7 +199,7 @@ func prepareStateDir(dir string, spec supervisorSpec) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	for _, f := range []string{statusFile, eventsFile, eventsFile + ".offset", exitFile, stopFile, leaseFile} {
+	for _, f := range []string{statusFile, eventsFile, eventsFile + ".offset", exitFile, stopFile, leaseFile, lbFile} {
 		_ = os.Remove(filepath.Join(dir, f))
 	}
 	return writeJSON(filepath.Join(dir, specFile), spec)
@@ -301,6 +302,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		d.tasks.set(cfg.ID, h)
 		go func() {
 			d.drainEvents(h, tail)
+			d.removeAfterCrash(h)
 			d.releaseAfterCrash(h)
 			h.finish(d.exitResult(h, nil, nil))
 		}()
@@ -333,6 +335,7 @@ func (d *Driver) run(h *taskHandle, tail *eventTail) {
 		select {
 		case w := <-exited:
 			d.drainEvents(h, tail)
+			d.removeAfterCrash(h)
 			d.releaseAfterCrash(h)
 			h.finish(d.exitResult(h, w.state, w.err))
 			return
@@ -381,12 +384,12 @@ func (d *Driver) watchdog(h *taskHandle) {
 	}
 	now, grace := monoNow(), int64(watchdogGrace)
 	var why string
-	switch shim.State(st.State) {
-	case shim.StateHolding:
+	switch state := shim.State(st.State); {
+	case state.Holds():
 		if st.FenceDeadlineMono > 0 && now > st.FenceDeadlineMono+grace {
 			why = fmt.Sprintf("supervisor unresponsive %s past its fence deadline", time.Duration(now-st.FenceDeadlineMono).Round(time.Millisecond))
 		}
-	case shim.StateLost, shim.StateStopping:
+	case state == shim.StateLost || state == shim.StateStopping:
 		if st.StopDeadlineMono > 0 && now > st.StopDeadlineMono+grace {
 			why = fmt.Sprintf("workload still running %s past its stop deadline", time.Duration(now-st.StopDeadlineMono).Round(time.Millisecond))
 		}
@@ -526,6 +529,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 			return err
 		}
 	}
+	d.removeAfterCrash(h) // a REMOVE that failed at exit gets one more try
 	d.tasks.delete(taskID)
 	return nil
 }
@@ -562,7 +566,7 @@ func (d *Driver) SignalTask(taskID string, signal string) error {
 		return err
 	}
 	st := h.lastStatus()
-	if st.WorkloadPID == 0 || (st.State != string(shim.StateHolding) && st.State != string(shim.StateStopping)) {
+	if st.WorkloadPID == 0 || !(shim.State(st.State).Holds() || st.State == string(shim.StateStopping)) {
 		return fmt.Errorf("task %q is waiting for lock %s: there is no workload to signal yet", h.cfg.Name, st.Path)
 	}
 	return syscall.Kill(st.WorkloadPID, sig)

@@ -144,6 +144,9 @@ func (c *Client) ForAlloc(allocID string, fence uint64) (*Hook, error) {
 	return &Hook{c: c, allocID: allocID, fence: fence}, nil
 }
 
+// Fence is the acquisition this hook registers.
+func (h *Hook) Fence() uint64 { return h.fence }
+
 // ID returns the request id of this hook for kind and attempt.
 func (h *Hook) ID(kind RequestKind, attempt int) string {
 	return RequestID(h.allocID, kind, h.fence, attempt)

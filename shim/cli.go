@@ -47,13 +47,26 @@ Flags (ours):
   -config FILE         HCL file with the same settings; flags override it
   -namespace NS        variable namespace (default: the task's)
   -address URL         Nomad address when not running in a task (default: NOMAD_ADDR)
+Flags (load balancer, optional; the same fields as the load_balancer and
+health_check blocks of -config):
+  -lb-uri URL          the LB API's request collection, e.g. http://lb:8080/baragon/v2/request
+  -lb-service-id ID    -lb-base-path PATH    -lb-groups G1,G2    -lb-owners O1,O2
+  -lb-port LABEL       Nomad port label whose host:port is registered
+  -lb-option K=V       service option (repeatable)
+  -lb-request-timeout, -lb-poll-interval, -lb-add-deadline, -lb-remove-deadline,
+  -lb-recheck-interval DURATION
+  -lb-authkey-file F   auth key file (else $SINGLETON_LB_AUTHKEY); never on the command line
+  -lb-ca-file F        CA bundle for an https LB
+  -health-type http|tcp, -health-path P, -health-port LABEL,
+  -health-interval, -health-timeout, -health-grace DURATION
 
 The token comes from NOMAD_TOKEN or $NOMAD_SECRETS_DIR/nomad_token, never from argv.
 The workload gets NOMAD_LOCK_PATH and NOMAD_LOCK_FENCE (a fencing token that grows
 with every acquisition).
 
 Exit codes: the command's own code (128+N if killed by signal N); 64 config error;
-69 Nomad unreachable or API errors; 75 wait timeout; 76 lock lost; 77 permission
+69 Nomad unreachable or API errors; 74 the LB refused the ADD; 75 wait timeout;
+76 lock lost; 77 permission
 denied (the message prints the ACL policy to apply); 126/127 command not executable/found.
 `
 
@@ -121,6 +134,9 @@ func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockcli
 		return nil, err
 	}
 	log.Debug("nomad endpoint", "endpoint", ep.String())
+	if cfg.LB != nil {
+		holder.Upstream = cfg.LB.Upstream // the next holder removes it from the LB
+	}
 	return lockclient.New(lockclient.Config{
 		Endpoint:  ep,
 		Namespace: cfg.Namespace,

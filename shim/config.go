@@ -50,6 +50,14 @@ type Config struct {
 	KillTimeout   time.Duration
 
 	Verbose bool
+
+	// LB registers the instance with a load balancer; nil for none.
+	LB *LoadBalancer
+
+	// The -config file's load_balancer and health_check blocks, before
+	// flags are laid over them and ports resolved.
+	fileLB     LBSpec
+	fileHealth HealthSpec
 }
 
 // DefaultConfig is the configuration before flags and files apply.
@@ -91,6 +99,11 @@ func (c Config) Validate() error {
 	if c.MaxRetry < 0 {
 		errs = append(errs, fmt.Errorf("max-retry %d must not be negative (0 retries until -wait ends)", c.MaxRetry))
 	}
+	if c.LB != nil {
+		if err := c.LB.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("load balancer: %w", err))
+		}
+	}
 	if c.KillSignal == syscall.SIGKILL || c.KillSignal == syscall.SIGSTOP {
 		errs = append(errs, fmt.Errorf("kill signal %s cannot be handled by the workload; use SIGTERM, SIGINT or another catchable signal", c.KillSignal))
 	}
@@ -128,13 +141,15 @@ var signalsByName = map[string]syscall.Signal{
 // fileConfig is the -config HCL file. Its shape matches the driver's task
 // config: command and args at the top, lock settings in a lock block.
 type fileConfig struct {
-	Command     string    `hcl:"command,optional"`
-	Args        []string  `hcl:"args,optional"`
-	Shell       *bool     `hcl:"shell,optional"`
-	KillSignal  string    `hcl:"kill_signal,optional"`
-	KillTimeout string    `hcl:"kill_timeout,optional"`
-	Verbose     *bool     `hcl:"verbose,optional"`
-	Lock        *fileLock `hcl:"lock,block"`
+	Command     string      `hcl:"command,optional"`
+	Args        []string    `hcl:"args,optional"`
+	Shell       *bool       `hcl:"shell,optional"`
+	KillSignal  string      `hcl:"kill_signal,optional"`
+	KillTimeout string      `hcl:"kill_timeout,optional"`
+	Verbose     *bool       `hcl:"verbose,optional"`
+	Lock        *fileLock   `hcl:"lock,block"`
+	LB          *LBSpec     `hcl:"load_balancer,block"`
+	Health      *HealthSpec `hcl:"health_check,block"`
 }
 
 type fileLock struct {
@@ -200,6 +215,12 @@ func applyHCL(c *Config, src []byte, filename string) error {
 		c.KillSignal, c.KillSignalSet = sig, true
 	}
 	dur("kill_timeout", fc.KillTimeout, &c.KillTimeout)
+	if fc.LB != nil {
+		c.fileLB = *fc.LB
+	}
+	if fc.Health != nil {
+		c.fileHealth = *fc.Health
+	}
 	if l := fc.Lock; l != nil {
 		if l.Path != "" {
 			c.Path = l.Path
@@ -251,7 +272,10 @@ func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 	var (
 		configFile, killSignal, token string
 		cli                           Config
+		flagLB                        LBSpec
+		flagHealth                    HealthSpec
 	)
+	lbFlags(fs, &flagLB, &flagHealth)
 	fs.DurationVar(&cli.TTL, "ttl", DefaultTTL, "")
 	fs.DurationVar(&cli.LockDelay, "delay", DefaultLockDelay, "")
 	fs.DurationVar(&cli.Renew, "renew", 0, "")
@@ -329,5 +353,10 @@ func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 			c.Command = rest[1:]
 		}
 	}
+	lb, err := BuildLoadBalancer(mergeLB(c.fileLB, flagLB), mergeHealth(c.fileHealth, flagHealth), os.Getenv, "")
+	if err != nil {
+		return c, err
+	}
+	c.LB = lb
 	return c, c.Validate()
 }

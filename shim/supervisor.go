@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
@@ -25,12 +26,21 @@ import (
 type State string
 
 const (
-	StateWaiting  State = "waiting"
-	StateHolding  State = "holding"
-	StateStopping State = "stopping"
-	StateReleased State = "released"
-	StateLost     State = "lost"
+	StateWaiting State = "waiting"
+	StateHolding State = "holding"
+	// StateHealthy and StateRegistered refine holding when a load balancer
+	// is configured: the health check passed, then the LB added us.
+	StateHealthy    State = "healthy"
+	StateRegistered State = "registered"
+	StateStopping   State = "stopping"
+	StateReleased   State = "released"
+	StateLost       State = "lost"
 )
+
+// Holds reports whether the supervisor holds the lock and runs the workload.
+func (s State) Holds() bool {
+	return s == StateHolding || s == StateHealthy || s == StateRegistered
+}
 
 // Event is one state change, or a renewal heartbeat (same State and Message,
 // later deadlines), for logs, a status file or task events.
@@ -93,13 +103,44 @@ type Supervisor struct {
 	// OnAcquire, if set, runs after the lock is acquired and before the
 	// workload starts: the driver records the lease for a crash release.
 	OnAcquire func(*lockclient.Lease)
+	// OnLBPosted runs before the ADD is sent, OnLBRemoved after our REMOVE
+	// succeeded: the driver records the registration for a crash REMOVE.
+	OnLBPosted  func(*LoadBalancer, *lbhook.Hook, lbhook.UpstreamInfo)
+	OnLBRemoved func()
+	// Getenv reads the task environment (LB auth key); nil means os.Getenv.
+	Getenv func(string) string
 
 	spawner *spawner
+	// state and message are the last emitted, repeated by renew heartbeats.
+	state   State
+	message string
+}
+
+// removeBudget is how long the LB REMOVE may delay the kill signal: the
+// remove deadline, and after a loss at most half the time left to the stop
+// deadline.
+func (s *Supervisor) removeBudget(lease *lockclient.Lease) time.Duration {
+	if s.Config.LB == nil {
+		return 0
+	}
+	budget := s.Config.LB.WithDefaults().RemoveDeadline
+	if isClosed(lease.Lost()) {
+		budget = min(budget, time.Until(lease.StopDeadline())/2)
+	}
+	return budget
+}
+
+func (s *Supervisor) getenv(k string) string {
+	if s.Getenv != nil {
+		return s.Getenv(k)
+	}
+	return os.Getenv(k)
 }
 
 func (s *Supervisor) emit(ev Event) {
 	ev.Time = time.Now()
 	ev.Path = s.Config.Path
+	s.state, s.message = ev.State, ev.Message
 	if s.Observe != nil {
 		s.Observe(ev)
 	}
@@ -144,31 +185,57 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 
+	var lb *lbSession
+	// shutdown takes the instance out of the LB first, then stops the
+	// workload and releases.
+	shutdown := func(sig syscall.Signal, timeout time.Duration) {
+		s.deregister(lb, s.removeBudget(lease), held)
+		s.stop(lease, g, exited, sig, timeout, held)
+		s.finish(lease, g, exited)
+	}
+	if s.Config.LB != nil {
+		if lb, err = s.startLB(lease); err != nil {
+			log.Error("cannot register with the load balancer", "error", err)
+			s.emit(held(StateStopping, "LB add failed: "+err.Error()))
+			shutdown(s.Config.KillSignal, s.Config.KillTimeout)
+			return ExitLBFailed
+		}
+	}
+
 	for {
 		select {
 		case <-lease.Renewed():
-			holding.FenceDeadline, holding.StopDeadline = lease.FenceDeadline(), lease.StopDeadline()
-			s.emit(holding)
+			s.emit(held(s.state, s.message))
+
+		case ev := <-lb.eventsC():
+			if err := s.handleLB(lb, ev, held); err != nil {
+				log.Error("stopping: the load balancer refused us", "error", err)
+				s.emit(held(StateStopping, err.Error()))
+				shutdown(s.Config.KillSignal, s.Config.KillTimeout)
+				return ExitLBFailed
+			}
+
+		case <-lb.recheckC():
+			if lb.registered && !lb.busy {
+				lb.check()
+			}
 
 		case <-exited:
 			code := exitCode(cmd.ProcessState)
 			log.Info("workload exited", "code", code)
-			s.stop(lease, g, exited, s.Config.KillSignal, s.Config.KillTimeout, held)
-			s.finish(lease, g, exited)
+			shutdown(s.Config.KillSignal, s.Config.KillTimeout)
 			return code
 
 		case <-lease.Lost():
 			why := lease.Err()
 			log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", time.Until(lease.StopDeadline()).Round(time.Millisecond))
 			s.emit(held(StateLost, "Lock lost: "+strings.TrimPrefix(why.Error(), "lock lost: ")))
-			s.stop(lease, g, exited, s.Config.KillSignal, s.Config.KillTimeout, held)
-			s.finish(lease, g, exited)
+			shutdown(s.Config.KillSignal, s.Config.KillTimeout)
 			return ExitLost
 
 		case req := <-s.Stop:
 			log.Info("stop requested", "kill_signal", signalName(req.Signal), "kill_timeout", req.Timeout)
-			s.stop(lease, g, exited, req.Signal, req.Timeout, held)
-			s.finish(lease, g, exited)
+			shutdown(req.Signal, req.Timeout)
 			return exitCode(cmd.ProcessState)
 
 		case sig := <-sigs:
@@ -179,8 +246,7 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 					stopSig = s.Config.KillSignal
 				}
 				log.Info("stopping on signal", "signal", sig, "kill_signal", stopSig)
-				s.stop(lease, g, exited, stopSig, s.Config.KillTimeout, held)
-				s.finish(lease, g, exited)
+				shutdown(stopSig, s.Config.KillTimeout)
 				return exitCode(cmd.ProcessState)
 			}
 			log.Debug("forwarding signal", "signal", sig, "pid", cmd.Process.Pid)

@@ -1,0 +1,354 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// ExitLBFailed is the exit code when the load balancer refused our ADD
+// (FAILED, CANCELED or INVALID_REQUEST_NOOP): the workload was stopped.
+const ExitLBFailed = 74
+
+// DefaultLBRecheck is how often a registered holder checks that the LB still
+// has its upstream, and re-adds it if it vanished out of band.
+const DefaultLBRecheck = 10 * time.Second
+
+// LoadBalancer is the optional LB registration of the one live instance.
+type LoadBalancer struct {
+	lbhook.Config
+	// Upstream is our host:port, resolved from the port label.
+	Upstream string
+	// Recheck is the interval of the "is our upstream still there" check.
+	Recheck time.Duration
+	// Health gates the ADD; nil adds as soon as the workload started.
+	Health *HealthCheck
+}
+
+// HealthCheck must pass before the instance is added to the LB.
+type HealthCheck struct {
+	Type     string // "http" or "tcp"
+	Path     string // http only; default "/"
+	Address  string // host:port to check, resolved from the port label
+	Interval time.Duration
+	Timeout  time.Duration
+	Grace    time.Duration // wait before the first check
+}
+
+// Health check defaults.
+const (
+	DefaultHealthInterval = time.Second
+	DefaultHealthTimeout  = time.Second
+)
+
+// Validate checks the health check with the fix in each message.
+func (h *HealthCheck) Validate() error {
+	var errs []error
+	switch h.Type {
+	case "http", "tcp":
+	default:
+		errs = append(errs, fmt.Errorf("health_check.type %q: use \"http\" or \"tcp\"", h.Type))
+	}
+	if _, _, err := net.SplitHostPort(h.Address); err != nil {
+		errs = append(errs, fmt.Errorf("health_check address %q is not host:port: %w", h.Address, err))
+	}
+	if h.Path != "" && !strings.HasPrefix(h.Path, "/") {
+		errs = append(errs, fmt.Errorf("health_check.path %q must start with /", h.Path))
+	}
+	if h.Interval < 0 || h.Timeout < 0 || h.Grace < 0 {
+		errs = append(errs, errors.New("health_check interval, timeout and grace must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Validate checks the LB block and the resolved upstream.
+func (lb *LoadBalancer) Validate() error {
+	errs := []error{lb.Config.Validate()}
+	if _, _, err := net.SplitHostPort(lb.Upstream); err != nil {
+		errs = append(errs, fmt.Errorf("load_balancer upstream %q is not host:port (from port label %q): %w", lb.Upstream, lb.PortLabel, err))
+	}
+	if lb.Recheck < 0 {
+		errs = append(errs, fmt.Errorf("load_balancer.recheck_interval %s must not be negative", lb.Recheck))
+	}
+	if lb.Health != nil {
+		errs = append(errs, lb.Health.Validate())
+	}
+	return errors.Join(errs...)
+}
+
+// PortAddress resolves a Nomad port label to host:port from the task
+// environment: NOMAD_HOST_ADDR_<label>, else NOMAD_ADDR_<label>.
+func PortAddress(label string, getenv func(string) string) (string, error) {
+	key := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		return '_'
+	}, label)
+	for _, v := range []string{"NOMAD_HOST_ADDR_" + key, "NOMAD_ADDR_" + key} {
+		if addr := getenv(v); addr != "" {
+			return addr, nil
+		}
+	}
+	return "", fmt.Errorf("port label %q: the task has no NOMAD_HOST_ADDR_%s; add `port %q {}` to the group's network block", label, key, label)
+}
+
+// lbEvent is what the LB goroutines report to the supervisor loop.
+type lbEvent struct {
+	kind string // "healthy", "added", "checked", "readded"
+	resp lbhook.BaragonResponse
+	err  error
+	// missing is set by "checked": our upstream is gone from the LB.
+	missing bool
+}
+
+// lbSession is one acquisition's LB registration. Its requests run in
+// goroutines so the supervisor loop keeps reacting to loss and signals; the
+// loop owns every field but events.
+type lbSession struct {
+	cfg    *LoadBalancer
+	client *lbhook.Client
+	hook   *lbhook.Hook
+	self   lbhook.UpstreamInfo
+	prev   []lbhook.UpstreamInfo
+
+	ctx     context.Context
+	cancel  context.CancelFunc
+	events  chan lbEvent
+	recheck *time.Ticker
+
+	busy       bool        // a request or check is in flight
+	posted     atomic.Bool // an ADD may have reached the LB: REMOVE on the way out
+	registered bool
+	attempt    int
+}
+
+// startLB begins health-gating and the ADD for this lease. previous is the
+// upstream of the holder before us, read from the lock's Items: it is removed
+// in the same request, so a crashed holder is swapped out.
+func (s *Supervisor) startLB(lease *lockclient.Lease) (*lbSession, error) {
+	cfg := s.Config.LB
+	client, err := lbhook.NewClient(cfg.Config, lbhook.ClientOptions{Logger: s.Logger.Named("lb"), Getenv: s.getenv})
+	if err != nil {
+		return nil, fmt.Errorf("load balancer client: %w", err)
+	}
+	allocID := s.Locker.Config().Holder.AllocID
+	if allocID == "" {
+		allocID = fmt.Sprintf("pid%d", s.Locker.Config().Holder.PID)
+	}
+	hook, err := client.ForAlloc(allocID, lease.Fence)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	lb := &lbSession{
+		cfg: cfg, client: client, hook: hook,
+		self: lbhook.UpstreamInfo{Upstream: cfg.Upstream},
+		ctx:  ctx, cancel: cancel,
+		events:  make(chan lbEvent, 4),
+		recheck: time.NewTicker(max(cfg.Recheck, time.Second)),
+		busy:    true, attempt: 1,
+	}
+	if up := lease.Previous.Upstream; up != "" {
+		lb.prev = []lbhook.UpstreamInfo{{Upstream: up}}
+	}
+	go lb.healthThenAdd(s)
+	return lb, nil
+}
+
+func (lb *lbSession) healthThenAdd(s *Supervisor) {
+	if h := lb.cfg.Health; h != nil {
+		if err := waitHealthy(lb.ctx, h); err != nil {
+			lb.events <- lbEvent{kind: "healthy", err: err}
+			return
+		}
+		lb.events <- lbEvent{kind: "healthy"}
+	}
+	if lb.ctx.Err() != nil {
+		return
+	}
+	if s.OnLBPosted != nil {
+		s.OnLBPosted(lb.cfg, lb.hook, lb.self)
+	}
+	lb.posted.Store(true)
+	resp, err := lb.hook.Add(lb.ctx, lb.self, lb.prev)
+	lb.events <- lbEvent{kind: "added", resp: resp, err: err}
+}
+
+// eventsC and recheckC are nil (never ready) without an LB.
+func (lb *lbSession) eventsC() <-chan lbEvent {
+	if lb == nil {
+		return nil
+	}
+	return lb.events
+}
+
+func (lb *lbSession) recheckC() <-chan time.Time {
+	if lb == nil {
+		return nil
+	}
+	return lb.recheck.C
+}
+
+// check asks the LB whether our upstream is still registered.
+func (lb *lbSession) check() {
+	lb.busy = true
+	go func() {
+		ctx, cancel := context.WithTimeout(lb.ctx, lb.client.Config().RequestTimeout*2)
+		defer cancel()
+		ups, err := lb.hook.State(ctx)
+		lb.events <- lbEvent{kind: "checked", err: err, missing: err == nil && !lbhook.HasUpstream(ups, lb.self)}
+	}()
+}
+
+// readd registers our upstream again under a new attempt id.
+func (lb *lbSession) readd() {
+	lb.busy = true
+	lb.attempt++
+	attempt := lb.attempt
+	go func() {
+		resp, err := lb.hook.ReAdd(lb.ctx, lb.self, attempt)
+		lb.events <- lbEvent{kind: "readded", resp: resp, err: err}
+	}()
+}
+
+// handleLB reacts to one LB event. It returns a non-nil error when the
+// workload must be stopped because the LB refused us.
+func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string) Event) error {
+	lb.busy = false
+	switch ev.kind {
+	case "healthy":
+		if ev.err != nil {
+			return nil // only a cancelled wait ends the health gate with an error
+		}
+		lb.busy = true // the ADD follows in the same goroutine
+		s.emit(held(StateHealthy, "Health check passed on "+lb.cfg.Health.Address))
+	case "added":
+		if ev.err != nil {
+			if lb.ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("LB add failed: %w", ev.err)
+		}
+		lb.registered = true
+		s.emit(held(StateRegistered, fmt.Sprintf("Registered %s with load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)))
+	case "checked":
+		switch {
+		case ev.err != nil:
+			s.Logger.Warn("lb re-check failed; trying again next interval", "error", ev.err)
+		case ev.missing:
+			s.Logger.Warn("our upstream vanished from the load balancer; adding it again", "upstream", lb.self.Upstream)
+			lb.readd()
+		}
+	case "readded":
+		if ev.err != nil {
+			if lb.ctx.Err() == nil {
+				s.Logger.Error("lb re-add failed; trying again next interval", "error", ev.err)
+			}
+			return nil
+		}
+		s.emit(held(StateRegistered, fmt.Sprintf("Re-registered %s with load balancer service %s (it had vanished)", lb.self.Upstream, lb.cfg.ServiceID)))
+	}
+	return nil
+}
+
+// deregister stops all LB work and removes our upstream if an ADD may have
+// reached the LB, within budget. It runs before the workload is signalled.
+func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(State, string) Event) {
+	if lb == nil {
+		return
+	}
+	lb.cancel()
+	lb.recheck.Stop()
+	if !lb.posted.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(budget, 0))
+	defer cancel()
+	began := time.Now()
+	resp, err := lb.hook.Remove(ctx, lb.self)
+	if err != nil {
+		s.Logger.Error("lb remove did not complete; stopping the workload anyway", "error", err, "state", resp.LoadBalancerState, "took", time.Since(began))
+		s.emit(held(StateStopping, "LB remove failed: "+err.Error()))
+		return
+	}
+	s.Logger.Info("removed from the load balancer", "upstream", lb.self.Upstream, "took", time.Since(began).Round(time.Millisecond))
+	s.emit(held(StateStopping, fmt.Sprintf("Removed %s from load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)))
+	if s.OnLBRemoved != nil {
+		s.OnLBRemoved()
+	}
+}
+
+// waitHealthy runs the check until it passes or ctx ends.
+func waitHealthy(ctx context.Context, h *HealthCheck) error {
+	if err := sleepCtx(ctx, h.Grace); err != nil {
+		return err
+	}
+	interval := h.Interval
+	if interval == 0 {
+		interval = DefaultHealthInterval
+	}
+	for {
+		if err := checkOnce(ctx, h); err == nil {
+			return nil
+		}
+		if err := sleepCtx(ctx, interval); err != nil {
+			return err
+		}
+	}
+}
+
+func checkOnce(ctx context.Context, h *HealthCheck) error {
+	timeout := h.Timeout
+	if timeout == 0 {
+		timeout = DefaultHealthTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if h.Type == "tcp" {
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", h.Address)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	}
+	path := h.Path
+	if path == "" {
+		path = "/"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+h.Address+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode >= 400 {
+		return fmt.Errorf("health check %s: HTTP %d", req.URL, resp.StatusCode)
+	}
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,217 @@
+package shim
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+)
+
+// LBSpec is the load_balancer block as users write it: in the -config file,
+// in the driver's task config, and (field by field) as -lb-* flags.
+type LBSpec struct {
+	URI             string            `hcl:"uri,optional" codec:"uri"`
+	ServiceID       string            `hcl:"service_id,optional" codec:"service_id"`
+	BasePath        string            `hcl:"base_path,optional" codec:"base_path"`
+	Groups          []string          `hcl:"groups,optional" codec:"groups"`
+	Port            string            `hcl:"port,optional" codec:"port"`
+	Owners          []string          `hcl:"owners,optional" codec:"owners"`
+	Options         map[string]string `hcl:"options,optional" codec:"options"`
+	RequestTimeout  string            `hcl:"request_timeout,optional" codec:"request_timeout"`
+	PollInterval    string            `hcl:"poll_interval,optional" codec:"poll_interval"`
+	AddDeadline     string            `hcl:"add_deadline,optional" codec:"add_deadline"`
+	RemoveDeadline  string            `hcl:"remove_deadline,optional" codec:"remove_deadline"`
+	AuthKeyFile     string            `hcl:"authkey_file,optional" codec:"authkey_file"`
+	CAFile          string            `hcl:"ca_file,optional" codec:"ca_file"`
+	RecheckInterval string            `hcl:"recheck_interval,optional" codec:"recheck_interval"`
+}
+
+// HealthSpec is the health_check block.
+type HealthSpec struct {
+	Type     string `hcl:"type,optional" codec:"type"`
+	Path     string `hcl:"path,optional" codec:"path"`
+	Port     string `hcl:"port,optional" codec:"port"` // default: the load_balancer port
+	Interval string `hcl:"interval,optional" codec:"interval"`
+	Timeout  string `hcl:"timeout,optional" codec:"timeout"`
+	Grace    string `hcl:"grace,optional" codec:"grace"`
+}
+
+// IsZero reports whether no field of the block was set.
+func (s LBSpec) IsZero() bool {
+	return s.URI == "" && s.ServiceID == "" && s.BasePath == "" && len(s.Groups) == 0 && s.Port == "" &&
+		len(s.Owners) == 0 && len(s.Options) == 0 && s.RequestTimeout == "" && s.PollInterval == "" &&
+		s.AddDeadline == "" && s.RemoveDeadline == "" && s.AuthKeyFile == "" && s.CAFile == "" && s.RecheckInterval == ""
+}
+
+// IsZero reports whether no field of the block was set.
+func (h HealthSpec) IsZero() bool { return h == HealthSpec{} }
+
+// BuildLoadBalancer turns the blocks into a validated LoadBalancer, resolving
+// port labels from the task environment. prefix names the blocks in errors
+// ("" for the -config file, "config." in a jobspec). A zero LB block with no
+// health check means no load balancer.
+func BuildLoadBalancer(spec LBSpec, health HealthSpec, getenv func(string) string, prefix string) (*LoadBalancer, error) {
+	if spec.IsZero() {
+		if !health.IsZero() {
+			return nil, fmt.Errorf("%shealth_check gates the load balancer ADD: it needs a %sload_balancer block", prefix, prefix)
+		}
+		return nil, nil
+	}
+	var errs []error
+	dur := func(block, field, v string) time.Duration {
+		if v == "" {
+			return 0
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s%s.%s = %q is not a duration: use e.g. \"2s\"", prefix, block, field, v))
+		}
+		return d
+	}
+	lb := &LoadBalancer{
+		Config: lbhook.Config{
+			URI: spec.URI, ServiceID: spec.ServiceID, BasePath: spec.BasePath,
+			Groups: spec.Groups, PortLabel: spec.Port, Owners: spec.Owners,
+			RequestTimeout: dur("load_balancer", "request_timeout", spec.RequestTimeout),
+			PollInterval:   dur("load_balancer", "poll_interval", spec.PollInterval),
+			AddDeadline:    dur("load_balancer", "add_deadline", spec.AddDeadline),
+			RemoveDeadline: dur("load_balancer", "remove_deadline", spec.RemoveDeadline),
+			AuthKeyFile:    spec.AuthKeyFile,
+			CAFile:         spec.CAFile,
+		},
+		Recheck: dur("load_balancer", "recheck_interval", spec.RecheckInterval),
+	}
+	if lb.Recheck == 0 {
+		lb.Recheck = DefaultLBRecheck
+	}
+	if len(spec.Options) > 0 {
+		lb.Options = make(map[string]any, len(spec.Options))
+		for k, v := range spec.Options {
+			lb.Options[k] = v
+		}
+	}
+	if spec.Port != "" {
+		addr, err := PortAddress(spec.Port, getenv)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%sload_balancer.port: %w", prefix, err))
+		}
+		lb.Upstream = addr
+	}
+	if !health.IsZero() {
+		hc := &HealthCheck{
+			Type: health.Type, Path: health.Path,
+			Interval: dur("health_check", "interval", health.Interval),
+			Timeout:  dur("health_check", "timeout", health.Timeout),
+			Grace:    dur("health_check", "grace", health.Grace),
+		}
+		port := health.Port
+		if port == "" {
+			port = spec.Port
+		}
+		if port != "" {
+			addr, err := PortAddress(port, getenv)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%shealth_check.port: %w", prefix, err))
+			}
+			hc.Address = addr
+		}
+		lb.Health = hc
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if err := lb.Validate(); err != nil {
+		return nil, fmt.Errorf("%sload_balancer: %w", prefix, err)
+	}
+	return lb, nil
+}
+
+// lbFlags registers the -lb-* and -health-* flags onto spec and health.
+func lbFlags(fs *flag.FlagSet, spec *LBSpec, health *HealthSpec) {
+	fs.StringVar(&spec.URI, "lb-uri", "", "")
+	fs.StringVar(&spec.ServiceID, "lb-service-id", "", "")
+	fs.StringVar(&spec.BasePath, "lb-base-path", "", "")
+	fs.Func("lb-groups", "", listFlag(&spec.Groups))
+	fs.StringVar(&spec.Port, "lb-port", "", "")
+	fs.Func("lb-owners", "", listFlag(&spec.Owners))
+	fs.Func("lb-option", "", func(v string) error {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("-lb-option %q: use key=value", v)
+		}
+		if spec.Options == nil {
+			spec.Options = map[string]string{}
+		}
+		spec.Options[k] = val
+		return nil
+	})
+	fs.StringVar(&spec.RequestTimeout, "lb-request-timeout", "", "")
+	fs.StringVar(&spec.PollInterval, "lb-poll-interval", "", "")
+	fs.StringVar(&spec.AddDeadline, "lb-add-deadline", "", "")
+	fs.StringVar(&spec.RemoveDeadline, "lb-remove-deadline", "", "")
+	fs.StringVar(&spec.AuthKeyFile, "lb-authkey-file", "", "")
+	fs.StringVar(&spec.CAFile, "lb-ca-file", "", "")
+	fs.StringVar(&spec.RecheckInterval, "lb-recheck-interval", "", "")
+	fs.StringVar(&health.Type, "health-type", "", "")
+	fs.StringVar(&health.Path, "health-path", "", "")
+	fs.StringVar(&health.Port, "health-port", "", "")
+	fs.StringVar(&health.Interval, "health-interval", "", "")
+	fs.StringVar(&health.Timeout, "health-timeout", "", "")
+	fs.StringVar(&health.Grace, "health-grace", "", "")
+}
+
+func listFlag(dst *[]string) func(string) error {
+	return func(v string) error {
+		for _, item := range strings.Split(v, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				*dst = append(*dst, item)
+			}
+		}
+		return nil
+	}
+}
+
+// mergeLB lays flag values over the file's block, field by field.
+func mergeLB(file, flags LBSpec) LBSpec {
+	pick := func(a, b string) string {
+		if b != "" {
+			return b
+		}
+		return a
+	}
+	out := LBSpec{
+		URI: pick(file.URI, flags.URI), ServiceID: pick(file.ServiceID, flags.ServiceID),
+		BasePath: pick(file.BasePath, flags.BasePath), Port: pick(file.Port, flags.Port),
+		RequestTimeout: pick(file.RequestTimeout, flags.RequestTimeout), PollInterval: pick(file.PollInterval, flags.PollInterval),
+		AddDeadline: pick(file.AddDeadline, flags.AddDeadline), RemoveDeadline: pick(file.RemoveDeadline, flags.RemoveDeadline),
+		AuthKeyFile: pick(file.AuthKeyFile, flags.AuthKeyFile), CAFile: pick(file.CAFile, flags.CAFile),
+		RecheckInterval: pick(file.RecheckInterval, flags.RecheckInterval),
+		Groups:          file.Groups, Owners: file.Owners, Options: file.Options,
+	}
+	if len(flags.Groups) > 0 {
+		out.Groups = flags.Groups
+	}
+	if len(flags.Owners) > 0 {
+		out.Owners = flags.Owners
+	}
+	if len(flags.Options) > 0 {
+		out.Options = flags.Options
+	}
+	return out
+}
+
+func mergeHealth(file, flags HealthSpec) HealthSpec {
+	pick := func(a, b string) string {
+		if b != "" {
+			return b
+		}
+		return a
+	}
+	return HealthSpec{
+		Type: pick(file.Type, flags.Type), Path: pick(file.Path, flags.Path), Port: pick(file.Port, flags.Port),
+		Interval: pick(file.Interval, flags.Interval), Timeout: pick(file.Timeout, flags.Timeout), Grace: pick(file.Grace, flags.Grace),
+	}
+}
