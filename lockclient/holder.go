@@ -19,10 +19,14 @@ type Holder struct {
 	Hostname string
 	PID      int
 	// Upstream is the host:port the holder registers with the load balancer.
-	Upstream   string
-	AcquiredAt time.Time
-	TTL        time.Duration
-	LockDelay  time.Duration
+	Upstream string
+	// PreviousUpstream is the upstream of the holder before this one, copied
+	// at acquire, so an LB hook outside the supervisor (`lock lb add`) can
+	// swap it out.
+	PreviousUpstream string
+	AcquiredAt       time.Time
+	TTL              time.Duration
+	LockDelay        time.Duration
 }
 
 // Items keys. They are part of our on-Nomad format: keep them stable.
@@ -35,6 +39,7 @@ const (
 	itemHostname   = "holder_hostname"
 	itemPID        = "holder_pid"
 	itemUpstream   = "holder_upstream"
+	itemPrevious   = "previous_upstream"
 	itemAcquiredAt = "acquired_at"
 	itemTTL        = "ttl"
 	itemLockDelay  = "lock_delay"
@@ -71,7 +76,7 @@ func (h Holder) items() map[string]string {
 	}
 	for k, v := range map[string]string{
 		itemAlloc: h.AllocID, itemJob: h.JobID, itemGroup: h.Group, itemTask: h.Task,
-		itemNode: h.Node, itemHostname: h.Hostname, itemUpstream: h.Upstream,
+		itemNode: h.Node, itemHostname: h.Hostname, itemUpstream: h.Upstream, itemPrevious: h.PreviousUpstream,
 	} {
 		if v != "" {
 			m[k] = v
@@ -83,13 +88,14 @@ func (h Holder) items() map[string]string {
 // holderFromItems reads what items() wrote. Unknown or missing keys leave zero values.
 func holderFromItems(items map[string]string) Holder {
 	h := Holder{
-		AllocID:  items[itemAlloc],
-		JobID:    items[itemJob],
-		Group:    items[itemGroup],
-		Task:     items[itemTask],
-		Node:     items[itemNode],
-		Hostname: items[itemHostname],
-		Upstream: items[itemUpstream],
+		AllocID:          items[itemAlloc],
+		JobID:            items[itemJob],
+		Group:            items[itemGroup],
+		Task:             items[itemTask],
+		Node:             items[itemNode],
+		Hostname:         items[itemHostname],
+		Upstream:         items[itemUpstream],
+		PreviousUpstream: items[itemPrevious],
 	}
 	h.PID, _ = strconv.Atoi(items[itemPID])
 	h.AcquiredAt, _ = time.Parse(time.RFC3339Nano, items[itemAcquiredAt])

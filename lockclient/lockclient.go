@@ -281,6 +281,7 @@ func (l *Locker) read(ctx context.Context, index uint64) (snapshot, uint64, erro
 // before, which names the previous holder.
 func (l *Locker) tryAcquire(ctx context.Context, current snapshot) (*Lease, error) {
 	holder := l.cfg.Holder
+	holder.PreviousUpstream = holderFromItems(current.items()).Upstream
 	holder.AcquiredAt = time.Now()
 	holder.TTL = l.cfg.TTL
 	holder.LockDelay = l.cfg.LockDelay

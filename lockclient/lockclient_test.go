@@ -176,7 +176,7 @@ func TestTimingDefaultsFenceBeforeServerExpiry(t *testing.T) {
 func TestHolderItemsRoundTrip(t *testing.T) {
 	h := Holder{
 		AllocID: "0b0f6c1e-1111-2222-3333-444455556666", JobID: "web", Group: "g", Task: "t",
-		Node: "node-1", Hostname: "host-1", PID: 4242, Upstream: "10.0.0.1:8080",
+		Node: "node-1", Hostname: "host-1", PID: 4242, Upstream: "10.0.0.1:8080", PreviousUpstream: "10.0.0.2:8080",
 		AcquiredAt: time.Date(2026, 11, 21, 10, 0, 0, 123, time.UTC),
 		TTL:        10 * time.Second, LockDelay: time.Second,
 	}

@@ -31,11 +31,45 @@ func (l *Locker) Status(ctx context.Context) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
+	return l.statusOf(ctx, snap), nil
+}
+
+// WaitHeldBy blocks (on blocking queries, not polling) until the lock is
+// held by allocID, and returns that status: its Fence is the holder's fence.
+func (l *Locker) WaitHeldBy(ctx context.Context, allocID string) (Status, error) {
+	bo := l.newBackoff()
+	var index uint64
+	for {
+		snap, next, err := l.read(ctx, index)
+		switch {
+		case err != nil && (permanent(err) || ctx.Err() != nil):
+			return Status{}, err
+		case err != nil:
+			if err := sleep(ctx, bo.NextBackOff()); err != nil {
+				return Status{}, err
+			}
+			continue
+		}
+		bo.Reset()
+		st := l.statusOf(ctx, snap)
+		if st.Exists && st.Holder.AllocID == allocID && (st.Held || !st.HeldKnown) {
+			return st, nil
+		}
+		if next == 0 {
+			if err := sleep(ctx, time.Second); err != nil {
+				return Status{}, err
+			}
+		}
+		index = next
+	}
+}
+
+func (l *Locker) statusOf(ctx context.Context, snap snapshot) Status {
 	st := Status{Path: l.cfg.Path, Namespace: l.cfg.Namespace}
 	v := snap.v
 	if v == nil {
 		st.HeldKnown = true
-		return st, nil
+		return st
 	}
 	st.Exists = true
 	st.Namespace = v.Namespace
@@ -47,10 +81,10 @@ func (l *Locker) Status(ctx context.Context) (Status, error) {
 		st.HeldKnown = true
 		st.Held = v.Lock.ID != ""
 		st.TTL, st.LockDelay = v.Lock.TTL, v.Lock.LockDelay
-		return st, nil
+		return st
 	}
 	st.HeldKnown = l.seesLocks(ctx)
-	return st, nil
+	return st
 }
 
 // seesLocks reports whether a missing Lock field means "not held": true with

@@ -24,6 +24,7 @@ var Version = "0.1.0-dev"
 const usageText = `Usage:
   lock [flags] <path> <command> [args...]   run command while holding the lock at <path>
   lock status [-json] [-namespace NS] <path> show who holds the lock at <path>
+  lock lb add|remove|state [flags] [<path>]  LB hooks for lifecycle tasks (lock lb -h)
   lock version
 
 Runs <command> (no shell, arguments exact) only while it holds a TTL lock on the
@@ -76,6 +77,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "status":
 			return runStatus(args[1:], stdout, stderr)
+		case "lb":
+			return runLB(args[1:], stdout, stderr)
 		case "version", "-version", "--version":
 			fmt.Fprintln(stdout, "lock", Version)
 			return 0
