@@ -236,6 +236,16 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 			if lb.ctx.Err() != nil {
 				return nil
 			}
+			var oe *lbhook.OutcomeError
+			if errors.As(ev.err, &oe) && oe.State == lbhook.StateInvalidRequestNoop {
+				// Baragon refused the request before applying anything, and
+				// a REMOVE for the same service would be refused the same
+				// way: nothing to deregister, here or by the driver.
+				lb.posted.Store(false)
+				if s.OnLBRemoved != nil {
+					s.OnLBRemoved()
+				}
+			}
 			return fmt.Errorf("LB add failed: %w", ev.err)
 		}
 		lb.registered = true

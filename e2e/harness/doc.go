@@ -26,6 +26,10 @@
 //     defaults and waits for the singleton driver to be healthy. PluginProcs
 //     and SupervisorProcs find the plugin process of an agent and the
 //     per-task supervisors; ProcStatus and ProcStartTicks read /proc.
+//   - Load balancer: StartLB runs the reference LB API (examples/lbapi) on a
+//     free loopback port in the test process, stamping each request's
+//     enqueue and finish with MonoNow (lbapi.RequestRecord), so LB events
+//     order exactly against the workload records. FreePort picks a port.
 //   - Records: the e2e/testworkload program appends start/stop/signal/exit
 //     events with CLOCK_MONOTONIC timestamps to a record file; ReadRecords,
 //     Intervals, Overlaps and Handovers turn them into assertions such as

@@ -3,6 +3,9 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -311,5 +314,45 @@ func waitGone(t *testing.T, marker string, timeout time.Duration) {
 			t.Fatalf("processes with marker %s still alive after %s: %v", marker, timeout, procs)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestTestWorkloadHTTP: -http serves 200 "alloc <NOMAD_ALLOC_ID>" until the
+// stop signal, which is recorded as before.
+func TestTestWorkloadHTTP(t *testing.T) {
+	port := FreePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	w := startLocalWorkload(t, "-http", addr)
+	// The listener is open before the start record is written.
+	resp, err := http.Get("http://" + addr + "/anything")
+	if err != nil {
+		t.Fatalf("GET: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(body), "alloc ") {
+		t.Errorf("GET answered %d %q, want 200 \"alloc <id>\"", resp.StatusCode, body)
+	}
+	w.signal(syscall.SIGTERM)
+	if code := w.exitCode(10 * time.Second); code != 0 {
+		t.Errorf("exit code %d, want 0", code)
+	}
+	if got := events(w.records()); !slices.Equal(got, []string{"main:start", "main:stop:SIGTERM"}) {
+		t.Errorf("events %v", got)
+	}
+	if _, err := http.Get("http://" + addr + "/"); err == nil {
+		t.Error("still serving after the stop")
+	}
+
+	// A busy address is a start failure (exit 2), not a silent workload.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	out, err := exec.Command(BuildTestWorkload(t), "-http", ln.Addr().String()).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "listen -http") {
+		t.Errorf("busy -http address: err %v, output %q; want exit 2 naming the listen", err, out)
 	}
 }

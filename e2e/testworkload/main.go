@@ -33,6 +33,9 @@
 //	-exit N        exit with code N (after -after) instead of running until signalled
 //	-after D       delay before -exit takes effect (Go duration, default 0)
 //	-children N    start N grandchildren (this binary re-executed with -child)
+//	-http ADDR     serve HTTP on ADDR (host:port) until stopped: every request is
+//	               answered 200 "alloc <NOMAD_ALLOC_ID>\n". The listener is open
+//	               before the start record is written; a listen error exits 2.
 //
 // Positional arguments are not interpreted; they are recorded in argv so tests
 // can check that arguments arrive unchanged.
@@ -44,6 +47,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -94,6 +99,7 @@ func main() {
 		after      = flag.Duration("after", 0, "delay before -exit takes effect")
 		children   = flag.Int("children", 0, "number of grandchildren to start")
 		child      = flag.Bool("child", false, "internal: run as a grandchild")
+		httpAddr   = flag.String("http", "", "serve HTTP on this host:port until stopped")
 	)
 	flag.Parse()
 
@@ -113,6 +119,13 @@ func main() {
 			os.Exit(2)
 		}
 		w.out = f
+	}
+
+	if *httpAddr != "" && !*child {
+		if err := serveHTTP(*httpAddr); err != nil {
+			fmt.Fprintf(os.Stderr, "testworkload: %v\n", err)
+			os.Exit(2)
+		}
 	}
 
 	w.write(record{Event: "start"})
@@ -152,6 +165,25 @@ func main() {
 			}
 		}
 	}
+}
+
+// serveHTTP listens on addr and answers every request 200 "alloc <id>" in
+// the background, for health checks and load balancer tests.
+func serveHTTP(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen -http %s: %w", addr, err)
+	}
+	body := "alloc " + os.Getenv("NOMAD_ALLOC_ID") + "\n"
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+			rw.Header().Set("Content-Type", "text/plain")
+			_, _ = rw.Write([]byte(body))
+		}),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	go func() { _ = srv.Serve(ln) }()
+	return nil
 }
 
 // startChild re-executes this binary as a grandchild in the same process

@@ -13,6 +13,10 @@
 // Faults (latency, 5xx answers, dropped connections, garbage bodies) can be
 // injected at run time; their sequence is reproducible from a seed.
 //
+// For tests, Server.Request and Server.Requests report each stored request
+// (RequestRecord): its body as stored, its state, and when it was enqueued
+// and reached a final state, read from Options.Clock.
+//
 // Server is an http.Handler, so tests can mount it on httptest.NewServer;
 // Start listens on its own. cmd/lbapi runs it as a program.
 //

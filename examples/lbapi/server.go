@@ -72,6 +72,12 @@ type Options struct {
 	Seed uint64
 	// Logger receives the server's logs (default: none).
 	Logger hclog.Logger
+	// Clock stamps the moments a request is enqueued and reaches a final
+	// state, as reported by Server.Request (default: Unix nanoseconds). It
+	// is read under the server's lock, at the instant the state changes, so
+	// it must not call back into the Server. Tests pass CLOCK_MONOTONIC to
+	// order those moments against other processes' timestamps.
+	Clock func() int64
 }
 
 func (o Options) withDefaults() Options {
@@ -99,6 +105,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
+	}
+	if o.Clock == nil {
+		o.Clock = func() int64 { return time.Now().UnixNano() }
 	}
 	return o
 }
@@ -173,7 +182,7 @@ func NewServer(opts Options) (*Server, error) {
 		opts:   opts,
 		log:    opts.Logger.Named("lbapi"),
 		faults: newInjector(opts.Faults, opts.Seed),
-		st:     newStore(opts.HistoryPerService),
+		st:     newStore(opts.HistoryPerService, opts.Clock),
 		stop:   make(chan struct{}),
 	}
 	for _, k := range opts.AuthKeys {

@@ -19,6 +19,8 @@ type activeRequest struct {
 	// agents holds the last answer of each agent, by request type then URL
 	// (BaragonAgentResponseDatastore.getLastResponses).
 	agents map[string]map[string]agentResponse
+	// enqueued is the Options.Clock reading when the request was enqueued.
+	enqueued int64
 }
 
 // storedService is a committed service and its upstreams (BaragonStateDatastore).
@@ -31,6 +33,10 @@ type storedService struct {
 type historyEntry struct {
 	id   string
 	resp response
+	// index is the request's queue index; enqueued and finished are
+	// Options.Clock readings (not part of Baragon: for RequestRecord).
+	index              int
+	enqueued, finished int64
 }
 
 // groupState is a configured load balancer group and its simulated agents.
@@ -51,10 +57,13 @@ type store struct {
 	basePaths    map[string]map[string]string // group → path → serviceId
 	groups       map[string]*groupState
 	maxHistory   int
+	// clock stamps enqueue and finish times (Options.Clock).
+	clock func() int64
 }
 
-func newStore(maxHistory int) *store {
+func newStore(maxHistory int, clock func() int64) *store {
 	return &store{
+		clock:        clock,
 		active:       map[string]*activeRequest{},
 		history:      map[string][]historyEntry{},
 		historyIndex: map[string]string{},
@@ -152,7 +161,7 @@ func (st *store) enqueue(r request) response {
 	}
 	q := queuedRequestID{ServiceID: svcID, RequestID: r.ID, Index: st.nextIndex}
 	st.nextIndex++
-	a := &activeRequest{queued: q, req: r, state: statePending, agents: map[string]map[string]agentResponse{}}
+	a := &activeRequest{queued: q, req: r, state: statePending, agents: map[string]map[string]agentResponse{}, enqueued: st.clock()}
 	a.setMessage("Queued as %s", q)
 	st.active[r.ID] = a
 	st.queue = append(st.queue, q)
@@ -237,7 +246,7 @@ func (st *store) saveHistory(a *activeRequest) {
 	svcID := a.req.Service.ServiceID
 	resp := a.response()
 	h := slices.DeleteFunc(st.history[svcID], func(e historyEntry) bool { return e.id == a.req.ID })
-	h = append(h, historyEntry{id: a.req.ID, resp: resp})
+	h = append(h, historyEntry{id: a.req.ID, resp: resp, index: a.queued.Index, enqueued: a.enqueued, finished: st.clock()})
 	for len(h) > st.maxHistory {
 		if st.historyIndex[h[0].id] == svcID {
 			delete(st.historyIndex, h[0].id)
