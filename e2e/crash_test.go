@@ -89,7 +89,7 @@ func testCrashTakeover(t *testing.T, a *harness.Agent, name string, args []strin
 	if over := sumAll.Over(1); len(over) > 0 {
 		t.Errorf("processes of two allocations were alive at once in %d samples (grandchildren included): %s", len(over), sumAll)
 	}
-	harness.CheckNoOverlap(t, j.records(t), sumMain)
+	harness.CheckNoOverlap(t, j.records(t), sumMain, harness.KnownEnd{PID: first.PID, Mono: gone})
 }
 
 // TestDriverCrashWithPluginDown kills the plugin and then the holder's
@@ -115,7 +115,7 @@ func TestDriverCrashWithPluginDown(t *testing.T) {
 	if err := syscall.Kill(sup.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	drvWaitGone(t, first.PID, 5*time.Second)
+	gone := drvWaitGone(t, first.PID, 5*time.Second)
 	drvPlugin(t, a.Client().PID(), plugin.PID, 30*time.Second)
 
 	next := j.waitStart(t, 2*drvTTL+drvDelay+10*time.Second, func(r harness.Record) bool { return r.Instance != first.Instance })
@@ -136,5 +136,5 @@ func TestDriverCrashWithPluginDown(t *testing.T) {
 	if over := sumAll.Over(1); len(over) > 0 {
 		t.Errorf("processes of two allocations were alive at once in %d samples: %s", len(over), sumAll)
 	}
-	harness.CheckNoOverlap(t, j.records(t), sumMain)
+	harness.CheckNoOverlap(t, j.records(t), sumMain, harness.KnownEnd{PID: first.PID, Mono: gone})
 }

@@ -233,7 +233,7 @@ func testDrvWatchdog(t *testing.T, a *harness.Agent) {
 	time.Sleep(time.Second)
 	sum := s.Stop()
 	t.Logf("samples: %s", sum)
-	ivs := harness.CheckNoOverlap(t, j.records(t), sum)
+	ivs := harness.CheckNoOverlap(t, j.records(t), sum, harness.KnownEnd{PID: first.PID, Mono: killedAt})
 	for _, h := range harness.Handovers(ivs) {
 		t.Logf("handover %s → %s: gap %s (old ended by %s)", drvShort(h.From.AllocID), drvShort(h.To.AllocID), h.Gap, h.From.EndedBy)
 	}

@@ -268,19 +268,7 @@ func testLBCrashSwap(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	// The killed workload wrote no stop record: it ended when drvWaitGone
 	// saw it gone (an upper bound). The sampler may not have scanned while
 	// it lived, when /proc is large and the machine busy.
-	sum := mains.Stop()
-	gone := func(iv harness.Interval) (int64, bool) {
-		if iv.PID == first.PID {
-			return goneAt, true
-		}
-		return sum.GoneByPID()(iv)
-	}
-	for _, o := range harness.Overlaps(harness.Intervals(j.records(t), gone)) {
-		t.Errorf("two workloads overlapped for %s: %+v and %+v", o.For, o.A, o.B)
-	}
-	if over := sum.Over(1); len(over) > 0 {
-		t.Errorf("sampler saw more than one allocation's workload at once in %d samples: %s", len(over), sum)
-	}
+	harness.CheckNoOverlap(t, j.records(t), mains.Stop(), harness.KnownEnd{PID: first.PID, Mono: goneAt})
 }
 
 // testLBFaults (scenario 4): the LB answers 503 to everything for a few

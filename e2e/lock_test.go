@@ -261,7 +261,8 @@ func testCrash(t *testing.T, a *harness.Agent) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	goneAfter := time.Duration(harness.MonoNow() - killAt)
+	goneAt := harness.MonoNow()
+	goneAfter := time.Duration(goneAt - killAt)
 	t.Logf("MEASURE crash_group_gone=%s", harness.Millis(goneAfter))
 	if len(left) > 0 {
 		t.Errorf("%d process(es) of alloc %s still alive %s after SIGKILL to lock: %v", len(left), holder, goneAfter, left)
@@ -280,7 +281,7 @@ func testCrash(t *testing.T, a *harness.Agent) {
 	if takeover > 30*time.Second {
 		t.Errorf("standby took over %s after the crash, want < 30s (2×TTL + delay + slack)", takeover)
 	}
-	ivs := harness.CheckNoOverlap(t, readRecords(t, s.record), sum)
+	ivs := harness.CheckNoOverlap(t, readRecords(t, s.record), sum, harness.KnownEnd{PID: first.PID, Mono: goneAt})
 	for _, iv := range ivs {
 		if iv.Instance == first.Instance && (!iv.Ended || iv.EndedBy != "observed") {
 			t.Errorf("crashed workload's interval %+v: want it ended, observed by the sampler", iv)

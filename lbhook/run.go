@@ -96,6 +96,10 @@ const (
 func (r *runner) untilDeadline(ctx context.Context) (BaragonResponse, error) {
 	bo := r.c.newBackoff()
 	post := true
+	// Polls start fast and slow down to PollInterval: a quick LB answers in
+	// tens of milliseconds, and every poll we skip is time the workload
+	// waits to be registered or to get its kill signal.
+	pollWait := min(firstPoll, r.c.cfg.PollInterval)
 	for {
 		var resp BaragonResponse
 		var err error
@@ -119,7 +123,7 @@ func (r *runner) untilDeadline(ctx context.Context) (BaragonResponse, error) {
 			return r.last, nil
 		}
 		post = next != stepPoll
-		wait := r.c.cfg.PollInterval
+		var wait time.Duration
 		switch next {
 		case stepResend:
 			wait = 0
@@ -127,6 +131,7 @@ func (r *runner) untilDeadline(ctx context.Context) (BaragonResponse, error) {
 			wait = bo.NextBackOff()
 		default:
 			bo.Reset()
+			wait, pollWait = pollWait, min(2*pollWait, r.c.cfg.PollInterval)
 		}
 		if r.deadlinePassed() {
 			return r.last, nil
@@ -300,6 +305,9 @@ func (c *Client) newBackoff() *backoff.ExponentialBackOff {
 		backoff.WithMaxElapsedTime(0),
 	)
 }
+
+// firstPoll is the wait before the first poll of a request in progress.
+const firstPoll = 25 * time.Millisecond
 
 // sleepUntil waits d, or until the deadline (if not zero), or until ctx ends.
 func sleepUntil(ctx context.Context, d time.Duration, deadline time.Time) error {

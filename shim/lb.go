@@ -306,13 +306,17 @@ func waitHealthy(ctx context.Context, h *HealthCheck) error {
 	if interval == 0 {
 		interval = DefaultHealthInterval
 	}
+	// The first checks usually run before the workload listens: retry fast
+	// at first, then settle at the interval.
+	wait := min(50*time.Millisecond, interval)
 	for {
 		if err := checkOnce(ctx, h); err == nil {
 			return nil
 		}
-		if err := sleepCtx(ctx, interval); err != nil {
+		if err := sleepCtx(ctx, wait); err != nil {
 			return err
 		}
+		wait = min(2*wait, interval)
 	}
 }
 
