@@ -73,6 +73,8 @@ type drvJob struct {
 	// update is the body of an update {} block ("" for none).
 	update string
 	meta   map[string]string
+	// user is the task's user ("" for the agent's).
+	user string
 }
 
 func newDrvJob(t *testing.T, name string, count int) *drvJob {
@@ -114,6 +116,9 @@ func (j *drvJob) hcl(t *testing.T) string {
 	}
 	line("    task %q {", drvTask)
 	line("      driver = %q", j.driver)
+	if j.user != "" {
+		line("      user   = %q", j.user)
+	}
 	if !j.noIdentity {
 		line("      identity {\n        env = true\n      }")
 	}
@@ -442,16 +447,16 @@ func drvReadStatus(t *testing.T, a *harness.Agent, allocID string) drvStatus {
 // drvWaitRenew waits until the holder's supervisor has renewed the lock
 // (its fence deadline moved), so a fault injected right after has the whole
 // TTL - margin budget. It returns the new fence deadline.
-func drvWaitRenew(t *testing.T, a *harness.Agent, allocID string) int64 {
+func drvWaitRenew(t *testing.T, a *harness.Agent, allocID string, ttl time.Duration) int64 {
 	t.Helper()
 	first := drvReadStatus(t, a, allocID).FenceDeadlineMono
-	deadline := time.Now().Add(drvTTL)
+	deadline := time.Now().Add(ttl)
 	for {
 		if st := drvReadStatus(t, a, allocID); st.FenceDeadlineMono > first {
 			return st.FenceDeadlineMono
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("alloc %s: no renewal seen within %s", drvShort(allocID), drvTTL)
+			t.Fatalf("alloc %s: no renewal seen within %s", drvShort(allocID), ttl)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

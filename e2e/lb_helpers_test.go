@@ -51,6 +51,8 @@ type lbJob struct {
 	restart string
 	// noReschedule adds reschedule { attempts = 0, unlimited = false }.
 	noReschedule bool
+	// authkeyFile is the load_balancer block's authkey_file ("" for none).
+	authkeyFile string
 }
 
 func newLBJob(t *testing.T, lb *harness.LB, name string, count int) *lbJob {
@@ -102,6 +104,9 @@ func (j *lbJob) hcl(t *testing.T) string {
 	line("          groups           = %s", harness.HCLList(j.groups...))
 	line("          port             = \"http\"")
 	line("          recheck_interval = %q", lbRecheckHCL)
+	if j.authkeyFile != "" {
+		line("          authkey_file     = %q", j.authkeyFile)
+	}
 	line("        }")
 	line("        health_check {\n          type     = \"http\"\n          interval = \"200ms\"\n        }")
 	line("      }")

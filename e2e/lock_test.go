@@ -12,7 +12,9 @@ package e2e
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -561,7 +563,11 @@ func testPlainBadFlags(t *testing.T, a *harness.Agent) {
 		flags []string // before the path
 		path  string
 		noCmd bool
-		want  string
+		// file is the content of a -config file (named lock.hcl).
+		file string
+		// badToken points NOMAD_SECRETS_DIR at a dir whose nomad_token is unreadable.
+		badToken bool
+		want     string
 	}{
 		{name: "unknown flag", flags: []string{"-bogus"}, want: "-bogus"},
 		{name: "bad duration", flags: []string{"-ttl", "soon"}, want: "-ttl"},
@@ -571,6 +577,19 @@ func testPlainBadFlags(t *testing.T, a *harness.Agent) {
 		{name: "token in argv", flags: []string{"-token", "s3cr3t-t0ken"}, want: "-token is refused"},
 		{name: "bad path", path: "nomad/web/lock", want: "below nomad/jobs/"},
 		{name: "missing command", noCmd: true, want: "missing command"},
+		// The -config HCL file.
+		{name: "file: unknown key", file: "lock {\n  tll = \"10s\"\n}\n", want: "lock.hcl:2,3-6: Unsupported argument"},
+		{name: "file: bad duration", file: `lock { delay = "soon" }`, want: `lock.delay = "soon" is not a duration`},
+		{name: "file: TTL out of range", file: `lock { ttl = "25h" }`, want: "lock TTL 25h0m0s is out of range"},
+		{name: "file: missing", flags: []string{"-config", "/nonexistent/lock.hcl"}, want: "read -config file"},
+		// The workload-identity token file ($NOMAD_SECRETS_DIR/nomad_token)
+		// exists but cannot be read (a directory: root reads any file).
+		{name: "unreadable token file", badToken: true, want: "read workload identity token"},
+		// The load balancer flags.
+		{name: "lb: bad uri", flags: lbFlagsWith("-lb-uri", "ftp://127.0.0.1:1/baragon/v2/request"), want: "scheme must be http or https"},
+		{name: "lb: missing service", flags: lbFlagsWith("-lb-service-id", ""), want: "service_id is required"},
+		{name: "lb: unreadable authkey file", flags: lbFlagsWith("-lb-authkey-file", "/nonexistent/authkey"), want: "authkey_file: open"},
+		{name: "lb: bad CA file", flags: lbFlagsWith("-lb-ca-file", "/etc/hostname"), want: "holds no PEM certificate"},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -580,11 +599,33 @@ func testPlainBadFlags(t *testing.T, a *harness.Agent) {
 				path = tc.path
 			}
 			args := append([]string{"-ttl", lockTTL, "-delay", lockDelay}, tc.flags...)
+			if tc.file != "" {
+				// The file's lock block is overridden by -ttl and -delay, so
+				// those come from the file alone here.
+				f := filepath.Join(t.TempDir(), "lock.hcl")
+				if err := os.WriteFile(f, []byte(tc.file), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = append([]string{"-config", f}, tc.flags...)
+			}
 			args = append(args, path)
 			if !tc.noCmd {
 				args = append(args, s.workloadArgv(t)...)
 			}
-			code, stdout, stderr := runLock(t, a, args...)
+			// The -lb-port label resolves through NOMAD_HOST_ADDR_<label>.
+			env := append(harness.WithoutNomadEnv(os.Environ()), a.Env()...)
+			env = append(env, "NOMAD_HOST_ADDR_http=127.0.0.1:8080")
+			if tc.badToken {
+				secrets := t.TempDir()
+				if err := os.Mkdir(filepath.Join(secrets, "nomad_token"), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				env = append(env, "NOMAD_SECRETS_DIR="+secrets)
+			}
+			cmd := exec.Command(harness.LockBin(t), args...)
+			cmd.Env = env
+			p := harness.StartProcess(t, cmd)
+			code, stdout, stderr := p.Wait(30*time.Second), p.Stdout(), p.Stderr()
 			if code != 64 {
 				t.Errorf("exit %d, want 64; stderr:\n%s", code, stderr)
 			}
@@ -602,6 +643,20 @@ func testPlainBadFlags(t *testing.T, a *harness.Agent) {
 			}
 		})
 	}
+}
+
+// lbFlagsWith is a valid set of -lb-* flags with one of them replaced.
+func lbFlagsWith(flag, value string) []string {
+	flags := map[string]string{
+		"-lb-uri": "http://127.0.0.1:1/baragon/v2/request", "-lb-service-id": "svc",
+		"-lb-base-path": "/svc", "-lb-groups": "g", "-lb-port": "http",
+	}
+	flags[flag] = value
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(flags)) {
+		out = append(out, k, flags[k])
+	}
+	return out
 }
 
 // testPlainStatus: `lock status` shows Held = true and the holder while held,

@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -55,6 +57,23 @@ func (s *spawner) start(cmd *exec.Cmd) error {
 type group struct {
 	pgid  int
 	guard *exec.Cmd // nil if the guard could not start
+	// fence feeds the guard its kill deadline (see arm); nil without a guard.
+	fence io.WriteCloser
+}
+
+// arm tells the guard to SIGKILL the whole group once d has passed without a
+// newer deadline: the fence still holds when the supervisor itself is frozen
+// (SIGSTOP, a stuck kernel call, a paused VM thread) and cannot stop the
+// workload on its own. The supervisor re-arms after every renew (see
+// Supervisor.guardDeadline: fence deadline + kill timeout + 1s, capped by
+// the lease's stop deadline, which is before the server can expire the
+// lock), so a standby never starts while a frozen holder's workload runs.
+// Best effort: an error only means the guard is gone.
+func (g *group) arm(d time.Time) {
+	if g == nil || g.fence == nil {
+		return
+	}
+	_, _ = fmt.Fprintf(g.fence, "%d\n", time.Until(d).Nanoseconds())
 }
 
 // startGuard starts our own binary as the guard: the leader of a fresh
@@ -71,6 +90,10 @@ func startGuard(sp *spawner) (*group, error) {
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: guardSignal}
 	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	fence, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +119,7 @@ func startGuard(sp *spawner) (*group, error) {
 		return nil, fmt.Errorf("process-group guard: %w", err)
 	}
 	go func() { _ = cmd.Wait() }() // reap it whenever it dies
-	return &group{pgid: cmd.Process.Pid, guard: cmd}, nil
+	return &group{pgid: cmd.Process.Pid, guard: cmd, fence: fence}, nil
 }
 
 // MaybeRunGuard runs the guard and exits if args ask for it.
@@ -122,9 +145,36 @@ func runGuard(parent int) int {
 	}
 	fmt.Fprintln(os.Stdout, "ready")
 	_ = os.Stdout.Close()
-	<-died
-	_ = syscall.Kill(0, syscall.SIGKILL) // pid 0: our own process group, ourselves included
-	return 1
+	// Each stdin line arms the fence: the group must be gone within that
+	// many nanoseconds unless a newer line arrives. EOF keeps the last one.
+	arms := make(chan time.Duration, 1)
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if n, err := strconv.ParseInt(strings.TrimSpace(sc.Text()), 10, 64); err == nil {
+				arms <- time.Duration(n)
+			}
+		}
+	}()
+	var fence <-chan time.Time
+	var timer *time.Timer
+	for {
+		select {
+		case <-died:
+			_ = syscall.Kill(0, syscall.SIGKILL) // pid 0: our own process group, ourselves included
+			return 1
+		case d := <-arms:
+			if timer != nil {
+				timer.Stop()
+			}
+			timer = time.NewTimer(max(d, 0))
+			fence = timer.C
+		case <-fence:
+			fmt.Fprintln(os.Stderr, "lock: process-group guard: the supervisor missed its stop deadline; killing the workload")
+			_ = syscall.Kill(0, syscall.SIGKILL)
+			return 1
+		}
+	}
 }
 
 // signal sends sig to every workload process in the group. The guard

@@ -174,6 +174,7 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 		return startErrorCode(err)
 	}
 	log.Info("workload started", "pid", cmd.Process.Pid, "pgid", g.pgid)
+	g.arm(s.guardDeadline(lease))
 	held := func(state State, msg string) Event {
 		return Event{State: state, Fence: lease.Fence, Message: msg,
 			FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline(),
@@ -189,6 +190,9 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	// shutdown takes the instance out of the LB first, then stops the
 	// workload and releases.
 	shutdown := func(sig syscall.Signal, timeout time.Duration) {
+		// The loop no longer re-arms the guard: give it the whole stop
+		// (LB remove, then the grace), still capped by the stop deadline.
+		g.arm(earliest(time.Now().Add(s.removeBudget(lease)+timeout+2*time.Second), lease.StopDeadline()))
 		s.deregister(lb, s.removeBudget(lease), held)
 		s.stop(lease, g, exited, sig, timeout, held)
 		s.finish(lease, g, exited)
@@ -205,6 +209,7 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	for {
 		select {
 		case <-lease.Renewed():
+			g.arm(s.guardDeadline(lease))
 			s.emit(held(s.state, s.message))
 
 		case ev := <-lb.eventsC():
@@ -414,6 +419,9 @@ func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struc
 			lost = nil
 			deadline = earliest(deadline, lease.StopDeadline())
 			grace.Reset(time.Until(deadline))
+		case <-lease.Renewed():
+			// Still ours: keep the guard from cutting a long kill_timeout short.
+			g.arm(earliest(deadline.Add(2*time.Second), lease.StopDeadline()))
 		case <-poll.C:
 			if !isClosed(exited) {
 				continue
@@ -439,6 +447,15 @@ func (s *Supervisor) finish(lease *lockclient.Lease, g *group, exited <-chan str
 		<-exited
 	}
 	s.release(lease)
+}
+
+// guardDeadline is when the process-group guard kills the workload if the
+// supervisor is frozen and never re-arms it: the fence deadline plus the
+// kill timeout (what an unfrozen supervisor would have allowed the workload
+// after a loss), capped by the stop deadline, which comes before the server
+// can expire the lock and let a standby in.
+func (s *Supervisor) guardDeadline(lease *lockclient.Lease) time.Time {
+	return earliest(lease.FenceDeadline().Add(s.Config.KillTimeout+time.Second), lease.StopDeadline())
 }
 
 func (s *Supervisor) release(lease *lockclient.Lease) {

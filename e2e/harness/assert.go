@@ -7,8 +7,10 @@ import (
 )
 
 // CheckNoOverlap fails the test if two workload intervals in recs overlapped
-// (a SIGKILLed workload's end comes from the sampler), or if the sampler ever
-// saw two allocations' workloads at once. It returns the intervals.
+// (a SIGKILLed workload's end comes from the sampler), if the sampler ever
+// saw two allocations' workloads at once, or if the fences did not strictly
+// increase from one holder to the next (see FenceViolations). It returns the
+// intervals.
 func CheckNoOverlap(t testing.TB, recs []Record, sum SampleSummary, known ...KnownEnd) []Interval {
 	t.Helper()
 	ivs := Intervals(recs, sum.GoneByPIDOr(known...))
@@ -18,6 +20,7 @@ func CheckNoOverlap(t testing.TB, recs []Record, sum SampleSummary, known ...Kno
 	if over := sum.Over(1); len(over) > 0 {
 		t.Errorf("sampler saw more than one allocation's workload at once in %d samples: %s", len(over), sum)
 	}
+	CheckFences(t, ivs)
 	return ivs
 }
 
@@ -52,4 +55,15 @@ func (s SampleSummary) GoneByPIDOr(known ...KnownEnd) GoneFunc {
 		}
 		return byPID(iv)
 	}
+}
+
+// CheckFences fails the test for every FenceViolation in ivs and returns
+// how many there were.
+func CheckFences(t testing.TB, ivs []Interval) int {
+	t.Helper()
+	vs := FenceViolations(ivs)
+	for _, v := range vs {
+		t.Errorf("fencing: %s (from %+v to %+v)", v.Reason, v.From, v.To)
+	}
+	return len(vs)
 }

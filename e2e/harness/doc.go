@@ -33,7 +33,10 @@
 //   - Records: the e2e/testworkload program appends start/stop/signal/exit
 //     events with CLOCK_MONOTONIC timestamps to a record file; ReadRecords,
 //     Intervals, Overlaps and Handovers turn them into assertions such as
-//     "two allocations never ran at the same time" and "handover took 1.2s".
+//     "two allocations never ran at the same time" and "handover took 1.2s";
+//     FenceViolations checks that NOMAD_LOCK_FENCE strictly increases from
+//     one holder to the next, in start order. CheckNoOverlap asserts all of
+//     it at once (records, sampler and fences).
 //
 // Every wait is bounded, every process the harness starts is stopped by PID
 // in t.Cleanup (which also stops all jobs first, and kills and reports any

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -231,6 +232,45 @@ func Handovers(ivs []Interval) []Handover {
 			h.Overlap = true
 		}
 		out = append(out, h)
+	}
+	return out
+}
+
+// FenceViolation is a handover in start order where the new holder's
+// NOMAD_LOCK_FENCE did not strictly exceed the previous holder's.
+type FenceViolation struct {
+	From, To Interval
+	Reason   string
+}
+
+// FenceViolations checks the fencing tokens of successive holders: taken in
+// start order, every interval of a new holder (a different allocation, or
+// the same allocation under a new acquisition) must carry a fence strictly
+// greater than the previous holder's. A fence that is not a positive integer
+// is a violation too. Intervals with no fence at all (a workload run without
+// a lock, e.g. raw_exec baselines) are skipped. Consecutive intervals of the
+// same allocation with the same fence are one holder and are not compared.
+func FenceViolations(ivs []Interval) []FenceViolation {
+	sorted := append([]Interval(nil), ivs...)
+	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].Start < sorted[j].Start })
+	var out []FenceViolation
+	var prev *Interval
+	var prevFence uint64
+	for i := range sorted {
+		iv := sorted[i]
+		if iv.Fence == "" {
+			continue
+		}
+		f, err := strconv.ParseUint(iv.Fence, 10, 64)
+		if err != nil || f == 0 {
+			out = append(out, FenceViolation{To: iv, Reason: fmt.Sprintf("fence %q is not a positive integer", iv.Fence)})
+			continue
+		}
+		if prev != nil && !(prev.AllocID == iv.AllocID && prev.Fence == iv.Fence) && f <= prevFence {
+			out = append(out, FenceViolation{From: *prev, To: iv,
+				Reason: fmt.Sprintf("fence went from %d (alloc %s) to %d (alloc %s): not strictly increasing", prevFence, short(prev.AllocID), f, short(iv.AllocID))})
+		}
+		prev, prevFence = &sorted[i], f
 	}
 	return out
 }

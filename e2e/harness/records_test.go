@@ -264,3 +264,32 @@ func TestGoneFuncs(t *testing.T) {
 		})
 	}
 }
+
+func TestFenceViolations(t *testing.T) {
+	iv := func(alloc, fence string, start int64) Interval {
+		return Interval{Instance: alloc + fence + fmt.Sprint(start), AllocID: alloc, Fence: fence, Start: start, End: start + 1, Ended: true}
+	}
+	tests := []struct {
+		name string
+		ivs  []Interval
+		want int
+	}{
+		{"increasing", []Interval{iv("a", "10", 1), iv("b", "12", 3), iv("a", "20", 5)}, 0},
+		{"start order, not slice order", []Interval{iv("b", "12", 3), iv("a", "10", 1)}, 0},
+		{"equal across holders", []Interval{iv("a", "10", 1), iv("b", "10", 3)}, 1},
+		{"decreasing", []Interval{iv("a", "10", 1), iv("b", "9", 3)}, 1},
+		{"same alloc new acquisition must grow", []Interval{iv("a", "10", 1), iv("a", "5", 3)}, 1},
+		{"same holder twice is one holder", []Interval{iv("a", "10", 1), iv("a", "10", 3)}, 0},
+		{"numeric, not lexical", []Interval{iv("a", "9", 1), iv("b", "10", 3)}, 0},
+		{"garbage fence", []Interval{iv("a", "x", 1)}, 1},
+		{"zero fence", []Interval{iv("a", "0", 1)}, 1},
+		{"no fence skipped", []Interval{iv("a", "10", 1), iv("raw", "", 2), iv("b", "11", 3)}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := FenceViolations(tt.ivs); len(got) != tt.want {
+				t.Errorf("%d violations, want %d: %+v", len(got), tt.want, got)
+			}
+		})
+	}
+}
