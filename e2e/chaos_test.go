@@ -213,7 +213,7 @@ func TestChaos(t *testing.T) {
 			Proves: "Nomad relaunches the plugin, which recovers the task: same workload, same lock ID and fence, no failover"},
 			trials, func(t *testing.T, n int, tr *chaosTrial) { chaosPluginKillTrial(t, a, n, tr) })
 		chaosRunRow(t, chaosRow{ID: "4-agent-restart-driver", Variant: chaosVariantName("driver"),
-			Fault:  "client agent stopped right after a renew and started 5.3s later, within TTL (non-dev, data dir)",
+			Fault:  "client agent stopped right after a renew and started again after the renew interval, within the fence deadline (TTL 20s, non-dev, data dir)",
 			Proves: "the supervisor rides out a failed renew and the plugin recovers the task: same workload, same lock ID, no failover"},
 			trials, func(t *testing.T, n int, tr *chaosTrial) { chaosAgentRestartTrial(t, a, n, tr) })
 		chaosRunRow(t, chaosRow{ID: "4-agent-restart-lock", Variant: chaosVariantName("lock"),
