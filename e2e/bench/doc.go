@@ -1,0 +1,51 @@
+// Package bench is `make bench`: side-by-side benchmarks of the `lock`
+// binary and the `singleton` task driver against `nomad var lock`, on a real
+// Nomad agent built from the pinned module.
+//
+// The scenarios (TestBench in bench_test.go) run each variant
+//
+//	(a) `nomad var lock` under raw_exec (the anchor every ratio refers to),
+//	(b) `lock` under raw_exec (or plain `lock` processes / lockclient
+//	    goroutines where the scenario says so),
+//	(c) the `singleton` driver,
+//
+// several times, and this package turns what they measured into a report: a
+// table of median, min and max with the ratio to the anchor and the goals met
+// or not (printed to stdout), docs/benchmarks.md with the machine and the
+// exact command, and two pictures drawn with gonum.org/v1/plot: a timeline
+// of who held the lock and whose workload ran across a handover and a crash,
+// and a bar chart of the ratios.
+//
+// Why a test binary: the e2e harness (e2e/harness) is built on testing.TB:
+// t.Cleanup orders the teardown of agents, jobs and processes, t.TempDir
+// holds records, and t.Fatalf ends a broken run without leaking processes.
+// Reusing it means running as a test. `make bench` compiles the test binary
+// (go test -c) and runs it without -test.v, so stdout shows progress lines and
+// the table and nothing else; harness logs appear only for a failed run.
+// TestBench skips unless BENCH=1, so `go test ./...` compiles it but does not
+// run it; `make test` runs the short smoke mode, `make bench QUICK=1`.
+//
+// Configuration comes from the environment, which the GNUmakefile fills in
+// from its variables (see Config and FromEnv):
+//
+//	make bench                          # RUNS=5 SCALE=100,500,1000, ~20 min on 2 cores
+//	make bench RUNS=7 SCALE=100,500     # more runs, fewer scale points
+//	make bench HOLD=30s                 # a longer scale window
+//	make bench QUICK=1                  # smoke: one run each, N=10, short windows, < 2 min
+//	make bench SCENARIOS=handover,crash # a subset (the doc then says so)
+//
+// Less common knobs are plain environment variables: BENCH_SCALE_PROCS_MAX
+// (largest N run as `lock` processes, default 100), BENCH_SCALE_ANCHOR_MAX
+// (largest N run as `nomad var lock` processes, default 100),
+// BENCH_FOOTPRINT_HOLD and BENCH_OUT (see Config).
+//
+// Where it is fair, the variants of a scenario run concurrently (crash
+// takeover, footprint, LB: they wait on timers, or measure memory); where
+// sub-second timing matters they run one after another (handover, start,
+// scale). A Monitor notes when someone else's builds, tests or Nomad agents
+// shared the machine, and the report lists those stretches.
+//
+// The pure parts (statistics, goals, the Markdown and text tables, the
+// pictures, the monitor) live in non-test files and have unit tests of
+// their own.
+package bench

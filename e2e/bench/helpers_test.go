@@ -1,0 +1,425 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+)
+
+// taskName is the task of every bench job.
+const taskName = "t"
+
+// bench holds what every scenario needs.
+type bench struct {
+	cfg   Config
+	rep   *Report
+	began time.Time
+
+	root, workload, lockBin, nomadBin, pluginBin string
+
+	a       *harness.Agent // the agent of scenarios 1-4 (dev, with the plugin)
+	records string         // directory of record files
+
+	seq   atomic.Int64
+	outMu sync.Mutex
+}
+
+// progress prints one line to stdout at once (not through t.Log, which
+// `make bench` does not show).
+func (b *bench) progress(format string, args ...any) {
+	b.outMu.Lock()
+	defer b.outMu.Unlock()
+	el := time.Since(b.began)
+	fmt.Printf("[bench %02d:%02d] %s\n", int(el.Minutes()), int(el.Seconds())%60, fmt.Sprintf(format, args...))
+}
+
+// row creates a row, adds it to the report and returns it for the scenario
+// to fill in run by run.
+func (b *bench) row(scenario, metric, variant string, unit Unit, agg Agg, goal *Goal) *Row {
+	r := &Row{Scenario: scenario, Metric: metric, Variant: variant, Unit: unit, Agg: agg, Goal: goal, Planned: b.cfg.Runs}
+	b.rep.Add(r)
+	return r
+}
+
+var rowMu sync.Mutex
+
+// add appends one run's value to a row (rows of concurrent runs are shared).
+func add(r *Row, v float64) {
+	rowMu.Lock()
+	defer rowMu.Unlock()
+	r.Values = append(r.Values, v)
+}
+
+func slug(variant string) string {
+	switch variant {
+	case VariantAnchor, VariantAnchorProcs:
+		return "varlock"
+	case VariantLock, VariantLockProcs:
+		return "lock"
+	case VariantDriver:
+		return "driver"
+	case VariantRawExec:
+		return "raw"
+	case VariantPlainExec:
+		return "plain"
+	case VariantLockClient:
+		return "lockclient"
+	}
+	return "x"
+}
+
+// job is one bench job: one group "g" of count allocations, one task
+// running the testworkload under the variant's supervisor.
+type job struct {
+	id       string
+	variant  string
+	count    int
+	failFast bool // no restart, no reschedule: a killed allocation stays dead
+	path     string
+	marker   string // in every process's argv: FindProcs and the sampler select by it
+	record   string
+	// lbURI, if set, registers the workload with this LB API as service
+	// lbService (base path /lbService, group lbGroup, port label "http").
+	lbURI, lbService string
+}
+
+// lbGroup is the LB group of the bench's LB API servers.
+const lbGroup = "bench-lb"
+
+func (b *bench) newJob(kind, variant string, count int) *job {
+	id := fmt.Sprintf("%s-%s-%d", kind, slug(variant), b.seq.Add(1))
+	return &job{
+		id: id, variant: variant, count: count,
+		path:   "bench/" + id + "/lock",
+		marker: fmt.Sprintf("bench-%s-%d", id, time.Now().UnixNano()),
+		record: filepath.Join(b.records, id+".jsonl"),
+	}
+}
+
+func (b *bench) workloadArgs(record, marker string) []string {
+	return []string{b.workload, "-record", record, "-marker", marker}
+}
+
+// varLockArgs is `nomad var lock` with the bench timing and its defaults
+// otherwise (shell mode included: that is how users run it).
+func varLockArgs(path string) []string {
+	return []string{"var", "lock", "-ttl", TTL.String(), "-delay", LockDelay.String(), path}
+}
+
+func lockArgs(path string) []string {
+	return []string{"-ttl", TTL.String(), "-delay", LockDelay.String(), path}
+}
+
+func (b *bench) hcl(j *job) string {
+	var driver, command string
+	var args []string
+	env := map[string]string{}
+	lockBlock := ""
+	wl := b.workloadArgs(j.record, j.marker)
+	switch j.variant {
+	case VariantAnchor:
+		driver, command = "raw_exec", b.nomadBin
+		args = append(varLockArgs(j.path), wl...)
+		// The nomad CLI reads NOMAD_ADDR only, never NOMAD_UNIX_ADDR.
+		env["NOMAD_ADDR"] = "unix://${NOMAD_SECRETS_DIR}/api.sock"
+	case VariantLock:
+		driver, command = "raw_exec", b.lockBin
+		var lb []string
+		if j.lbURI != "" {
+			lb = []string{"-lb-uri", j.lbURI, "-lb-service-id", j.lbService, "-lb-base-path", "/" + j.lbService,
+				"-lb-groups", lbGroup, "-lb-port", "http"}
+		}
+		args = append(append(lb, lockArgs(j.path)...), wl...)
+	case VariantDriver:
+		driver, command, args = harness.PluginDriverName, wl[0], wl[1:]
+		lockBlock = fmt.Sprintf("        lock {\n          path  = %q\n          ttl   = %q\n          delay = %q\n        }\n",
+			j.path, TTL.String(), LockDelay.String())
+		if j.lbURI != "" {
+			lockBlock += fmt.Sprintf("        load_balancer {\n          uri        = %q\n          service_id = %q\n"+
+				"          base_path  = %q\n          groups     = [%q]\n          port       = \"http\"\n        }\n",
+				j.lbURI, j.lbService, "/"+j.lbService, lbGroup)
+		}
+	case VariantRawExec:
+		driver, command, args = "raw_exec", wl[0], wl[1:]
+	default:
+		panic("bench: no job for variant " + j.variant)
+	}
+	var s strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&s, format, a...) }
+	w("job %q {\n  type = \"service\"\n  group \"g\" {\n    count = %d\n", j.id, j.count)
+	if j.lbURI != "" {
+		w("    network {\n      port \"http\" {}\n    }\n")
+	}
+	if j.failFast {
+		w("    restart {\n      attempts = 0\n      mode     = \"fail\"\n    }\n")
+		w("    reschedule {\n      attempts  = 0\n      unlimited = false\n    }\n")
+	}
+	w("    task %q {\n      driver = %q\n", taskName, driver)
+	w("      identity {\n        env = true\n      }\n")
+	for k, v := range env {
+		w("      env {\n        %s = %q\n      }\n", k, v)
+	}
+	w("      config {\n        command = %q\n        args    = %s\n%s      }\n", command, harness.HCLList(args...), lockBlock)
+	// Above lock's default -kill-timeout (4s), so lock releases before
+	// Nomad would SIGKILL it.
+	w("      kill_timeout = \"6s\"\n")
+	w("      resources {\n        cpu    = 50\n        memory = 256\n      }\n")
+	w("    }\n  }\n}\n")
+	return s.String()
+}
+
+// register submits the job and returns CLOCK_MONOTONIC just before the
+// register call (after parsing, which is not part of a submit).
+func (b *bench) register(t testing.TB, j *job) int64 {
+	t.Helper()
+	parsed, err := b.a.API().Jobs().ParseHCL(b.hcl(j), true)
+	if err != nil {
+		t.Fatalf("parse job %s: %v\n%s", j.id, err, b.hcl(j))
+	}
+	submit := harness.MonoNow()
+	if _, _, err := b.a.API().Jobs().Register(parsed, nil); err != nil {
+		t.Fatalf("register job %s: %v", j.id, err)
+	}
+	return submit
+}
+
+// waitStart waits for a main-role start record in the job's record file
+// written after the monotonic moment after.
+func waitStart(t testing.TB, record string, after int64, timeout time.Duration) harness.Record {
+	t.Helper()
+	return harness.WaitRecord(t, record, timeout, func(r harness.Record) bool {
+		return r.Event == harness.EventStart && r.Role == harness.RoleMain && r.Mono > after
+	})
+}
+
+// waitEnd waits for the stop or exit record of a workload instance.
+func waitEnd(t testing.TB, record, instance string, timeout time.Duration) harness.Record {
+	t.Helper()
+	return harness.WaitRecord(t, record, timeout, func(r harness.Record) bool {
+		return r.Instance == instance && (r.Event == harness.EventStop || r.Event == harness.EventExit)
+	})
+}
+
+// waitStandbys waits until n allocations of the job other than holder have
+// had their task running for at least settle: their supervisors are then
+// waiting for the lock (blocking query parked, for (b) and (c)).
+func (b *bench) waitStandbys(t testing.TB, j *job, holder string, n int, settle, timeout time.Duration) []string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		allocs, err := b.a.Allocs(j.id)
+		var ready []string
+		for _, al := range allocs {
+			if al.ID == holder || al.ClientStatus != api.AllocClientStatusRunning {
+				continue
+			}
+			ts := al.TaskStates[taskName]
+			if ts != nil && ts.State == "running" && !ts.StartedAt.IsZero() && time.Since(ts.StartedAt) >= settle {
+				ready = append(ready, al.ID)
+			}
+		}
+		if err == nil && len(ready) >= n {
+			return ready
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s: %d standby allocations ready after %s, want %d (err %v)", j.id, len(ready), timeout, n, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// supervisorPID finds the process that supervises the job's workload in
+// allocID: the `nomad var lock` process, the `lock` process, or the
+// driver's `__singleton-supervise` process.
+func (b *bench) supervisorPID(t testing.TB, j *job, allocID string) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var found []harness.Proc
+		var err error
+		if j.variant == VariantDriver {
+			found, err = harness.SupervisorProcs(allocID)
+		} else {
+			var procs []harness.Proc
+			procs, err = harness.FindProcs(j.marker)
+			for _, p := range procs {
+				if p.AllocID != allocID {
+					continue
+				}
+				exe := strings.TrimSuffix(p.Exe, " (deleted)")
+				switch {
+				case j.variant == VariantLock && exe == b.lockBin,
+					j.variant == VariantAnchor && exe == b.nomadBin && len(p.Argv) > 2 && p.Argv[1] == "var" && p.Argv[2] == "lock":
+					found = append(found, p)
+				}
+			}
+		}
+		if err == nil && len(found) == 1 {
+			return found[0].PID
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s alloc %s: want one supervisor process, found %v (err %v)", j.id, allocID, found, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stopJob purges the job and, with wait, waits until none of its processes
+// is left. Anything still alive after the wait (say, a workload orphaned
+// when its supervisor was killed and not reaped by Nomad) is SIGKILLed by
+// PID and reported; the returned count says how many.
+func (b *bench) stopJob(t testing.TB, j *job, wait time.Duration) int {
+	t.Helper()
+	if err := b.a.Purge(j.id); err != nil {
+		t.Errorf("purge job %s: %v", j.id, err)
+	}
+	if wait <= 0 {
+		return 0
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		procs, err := harness.FindProcs(j.marker)
+		if err == nil && len(procs) == 0 {
+			return 0
+		}
+		if time.Now().After(deadline) {
+			for _, p := range procs {
+				if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+					t.Errorf("kill leftover %d: %v", p.PID, err)
+				}
+			}
+			return len(procs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stopProcess ends a process the bench started: SIGTERM, then after grace
+// SIGKILL to its process group. It returns the exit code and whether the
+// SIGTERM was enough.
+func stopProcess(p *harness.Process, grace time.Duration) (int, bool) {
+	_ = p.Signal(syscall.SIGTERM)
+	select {
+	case <-p.Done():
+		return p.Wait(time.Second), true
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
+	return p.Wait(10 * time.Second), false
+}
+
+// readKB reads a /proc/<pid>/status field such as VmHWM in MiB.
+func readMiB(pid int, field string) (float64, error) {
+	v, err := harness.ProcStatus(pid, field)
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(v)
+	if len(f) != 2 || f[1] != "kB" {
+		return 0, fmt.Errorf("/proc/%d/status %s = %q", pid, field, v)
+	}
+	kb, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0, err
+	}
+	return kb / 1024, nil
+}
+
+// cpuNanos is the CPU time of a process's live threads, in ns, from
+// /proc/<pid>/task/*/schedstat: nanosecond resolution where /proc/<pid>/stat
+// counts 10 ms ticks. (Threads that exit take their time with them; Go
+// processes keep theirs.)
+func cpuNanos(pid int) (int64, error) {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, tk := range tasks {
+		b, err := os.ReadFile(dir + "/" + tk.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			continue
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s/%s/schedstat: %w", dir, tk.Name(), err)
+		}
+		total += ns
+	}
+	return total, nil
+}
+
+// cpuMeter measures the CPU of a set of processes over a window, as % of
+// one core. Processes that vanish are counted up to their last reading.
+type cpuMeter struct {
+	pids  []int
+	start map[int]int64
+	last  map[int]int64
+	began int64
+}
+
+func startCPU(pids ...int) *cpuMeter {
+	m := &cpuMeter{pids: pids, start: map[int]int64{}, last: map[int]int64{}, began: harness.MonoNow()}
+	for _, pid := range pids {
+		if ns, err := cpuNanos(pid); err == nil {
+			m.start[pid], m.last[pid] = ns, ns
+		}
+	}
+	return m
+}
+
+// percent reads the processes again and returns their CPU since start.
+func (m *cpuMeter) percent() float64 {
+	var used int64
+	for _, pid := range m.pids {
+		s, ok := m.start[pid]
+		if !ok {
+			continue
+		}
+		if ns, err := cpuNanos(pid); err == nil {
+			m.last[pid] = ns
+		}
+		used += m.last[pid] - s
+	}
+	return float64(used) / float64(harness.MonoNow()-m.began) * 100
+}
+
+// runConcurrently runs each function as a subtest in its own goroutine and
+// waits for all. (t.Parallel would be limited by -test.parallel.)
+func runConcurrently(t *testing.T, names []string, fns []func(t *testing.T)) {
+	var wg sync.WaitGroup
+	for i := range fns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.Run(names[i], fns[i])
+		}()
+	}
+	wg.Wait()
+}
+
+func short(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}
+
+func fmtS(ns int64) string { return Seconds.Format(secondsOf(ns)) }
