@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -153,9 +154,13 @@ func TestMonitor(t *testing.T) {
 	m := StartMonitor(time.Now(), 20*time.Millisecond)
 	time.Sleep(120 * time.Millisecond)
 	lines := m.Stop() // other people's builds may show up; this process and its parents must not
-	for _, l := range lines {
-		if strings.Contains(l, "bench.test") {
-			t.Errorf("the monitor reports the bench itself: %s", l)
+	if otherBenchRunning() {
+		t.Logf("another bench.test runs on this machine; not checking that the monitor leaves ours out: %q", lines)
+	} else {
+		for _, l := range lines {
+			if strings.Contains(l, "bench.test") {
+				t.Errorf("the monitor reports the bench itself: %s", l)
+			}
 		}
 	}
 	if p := w.Percent(); math.IsNaN(p) || p < 0 {
@@ -164,4 +169,21 @@ func TestMonitor(t *testing.T) {
 	if !m.mine[os.Getpid()] || !m.mine[os.Getppid()] {
 		t.Errorf("this process and its parent must count as ours: %v", m.mine)
 	}
+}
+
+// otherBenchRunning reports whether a bench.test other than this process
+// runs (e.g. `make bench` beside `go test ./...`): its name would then show
+// up in the monitor's lines legitimately.
+func otherBenchRunning() bool {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if comm, err := os.ReadFile("/proc/" + e.Name() + "/comm"); err == nil && strings.TrimSpace(string(comm)) == "bench.test" {
+			return true
+		}
+	}
+	return false
 }

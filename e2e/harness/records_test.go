@@ -229,7 +229,7 @@ func TestUnescapeMountinfo(t *testing.T) {
 
 func TestGoneFuncs(t *testing.T) {
 	smp := func(mono int64, pids []int, allocs ...string) Sample {
-		return Sample{Mono: mono, PIDs: pids, Allocs: allocs}
+		return Sample{Mono: mono, Done: mono, PIDs: pids, Allocs: allocs}
 	}
 	sum := SampleSummary{Samples: []Sample{
 		smp(10, []int{5}, "a"),

@@ -36,6 +36,9 @@ type SamplerOptions struct {
 // Sample is one scan of /proc.
 type Sample struct {
 	Mono   int64     // CLOCK_MONOTONIC ns when the scan started
+	// Done is when the scan ended: a process missing from the scan may have
+	// died at any moment up to Done, so "gone" times use Done (an upper bound).
+	Done int64
 	Wall   time.Time // wall time of the same moment
 	PIDs   []int     // matching processes, sorted
 	Allocs []string  // distinct owners: NOMAD_ALLOC_ID, or "pid:<n>" without one; sorted
@@ -120,6 +123,7 @@ func (s *Sampler) run() {
 func (s *Sampler) take() Sample {
 	smp := Sample{Mono: MonoNow(), Wall: time.Now()}
 	procs, err := FindProcs(s.opts.Marker)
+	smp.Done = MonoNow()
 	if err != nil {
 		smp.Err = err
 		return smp
@@ -194,7 +198,7 @@ func (s SampleSummary) goneAfter(start int64, present func(Sample) bool) (int64,
 		if present(smp) {
 			seen = true
 		} else if seen {
-			return smp.Mono, true
+			return smp.Done, true
 		}
 	}
 	return 0, false
