@@ -35,10 +35,10 @@ type SamplerOptions struct {
 
 // Sample is one scan of /proc.
 type Sample struct {
-	Mono   int64     // CLOCK_MONOTONIC ns when the scan started
+	Mono int64 // CLOCK_MONOTONIC ns when the scan started
 	// Done is when the scan ended: a process missing from the scan may have
 	// died at any moment up to Done, so "gone" times use Done (an upper bound).
-	Done int64
+	Done   int64
 	Wall   time.Time // wall time of the same moment
 	PIDs   []int     // matching processes, sorted
 	Allocs []string  // distinct owners: NOMAD_ALLOC_ID, or "pid:<n>" without one; sorted
