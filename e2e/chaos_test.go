@@ -12,10 +12,8 @@ package e2e
 // matrix to CHAOS_REPORT (docs/reliability.md).
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
@@ -166,9 +164,9 @@ func TestChaos(t *testing.T) {
 		t.Parallel()
 		a := harness.StartAgent(t, drvAgentOptions(t, true))
 		sem := make(chan struct{}, chaosConcurrency)
-		var subs []drvSubtest
+		var subs []subtest
 		add := func(row chaosRow, trial func(t *testing.T, n int, tr *chaosTrial)) {
-			subs = append(subs, drvSubtest{row.ID, func(t *testing.T) {
+			subs = append(subs, subtest{row.ID, func(t *testing.T) {
 				sem <- struct{}{}
 				defer func() { <-sem }()
 				chaosRunTrials(t, row, trials, trial)
@@ -202,7 +200,7 @@ func TestChaos(t *testing.T) {
 				Proves: "registration converges when the LB recovers; no upstream left for the dead holder; the unmanaged upstream is untouched"}
 			add(row, func(t *testing.T, n int, tr *chaosTrial) { chaosLBTrial(t, a, f, n, tr) })
 		}
-		drvRunConcurrently(t, subs)
+		runConcurrently(t, subs)
 	})
 
 	t.Run("cluster", func(t *testing.T) {
@@ -769,24 +767,7 @@ func chaosAddUnmanaged(t *testing.T, lb *harness.LB, service string) string {
 	name := fmt.Sprintf("127.0.0.1:%d", 1+time.Now().Nanosecond()%999)
 	id := fmt.Sprintf("operator-%s-%d", service, time.Now().UnixNano())
 	u["upstream"], u["requestId"] = name, id
-	body, err := json.Marshal(map[string]any{
-		"loadBalancerRequestId": id, "loadBalancerService": svc,
-		"addUpstreams": []any{u}, "removeUpstreams": []any{}, "replaceUpstreams": []any{},
-		"action": "UPDATE", "noValidate": false, "noReload": false, "upstreamUpdateOnly": false,
-		"noDuplicateUpstreams": false,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.Post(lb.URI, "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("POST unmanaged upstream: %d", resp.StatusCode)
-	}
-	lbWaitSuccess(t, lb, id, 10*time.Second)
+	lbOperatorPost(t, lb, id, svc, []any{u}, []any{})
 	return name
 }
 

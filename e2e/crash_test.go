@@ -25,7 +25,7 @@ func TestDriverCrashTakeover(t *testing.T) {
 	t.Parallel()
 	harness.BuildTestWorkload(t)
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
-	drvRunConcurrently(t, []drvSubtest{
+	runConcurrently(t, []subtest{
 		{"supervisor_sigkill", func(t *testing.T) { testCrashTakeover(t, a, "crash", nil) }},
 		// The workload ignores SIGTERM and has grandchildren, so only SIGKILL
 		// of the whole group (guard, then the plugin's cgroup sweep) frees it.

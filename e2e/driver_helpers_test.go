@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -531,25 +530,4 @@ func drvShort(id string) string {
 		return id[:8]
 	}
 	return id
-}
-
-// drvSubtest is one scenario sharing an agent.
-type drvSubtest struct {
-	name string
-	fn   func(t *testing.T)
-}
-
-// drvRunConcurrently runs the subtests in goroutines of their own and waits
-// for all of them. Not t.Parallel: that is capped by -parallel (GOMAXPROCS),
-// and these scenarios spend their time waiting on TTLs.
-func drvRunConcurrently(t *testing.T, subtests []drvSubtest) {
-	var wg sync.WaitGroup
-	for _, st := range subtests {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t.Run(st.name, st.fn)
-		}()
-	}
-	wg.Wait()
 }

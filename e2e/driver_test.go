@@ -34,7 +34,7 @@ func TestDriverDev(t *testing.T) {
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
 	harness.Measure(t, "driver_dev_agent_ready", time.Since(began))
 
-	drvRunConcurrently(t, []drvSubtest{
+	runConcurrently(t, []subtest{
 		{"singleton_and_handover", func(t *testing.T) { testDrvSingletonHandover(t, a) }},
 		{"watchdog", func(t *testing.T) { testDrvWatchdog(t, a) }},
 		{"exec_signal_logs_stats", func(t *testing.T) { testDrvExecSignalLogsStats(t, a) }},
@@ -402,9 +402,9 @@ func testDrvBadConfig(t *testing.T, a *harness.Agent) {
 		{"no_identity", func(j *drvJob) { j.noIdentity = true },
 			[]string{api.TaskDriverFailure, "identity { env = true }"}},
 	}
-	var subtests []drvSubtest
+	var subtests []subtest
 	for _, c := range cases {
-		subtests = append(subtests, drvSubtest{c.name, func(t *testing.T) {
+		subtests = append(subtests, subtest{c.name, func(t *testing.T) {
 			j := newDrvJob(t, "bad-"+strings.ReplaceAll(c.name, "_", "-"), 1)
 			j.failFast = true
 			c.modify(j)
@@ -419,7 +419,7 @@ func testDrvBadConfig(t *testing.T, a *harness.Agent) {
 			}
 		}})
 	}
-	drvRunConcurrently(t, subtests)
+	runConcurrently(t, subtests)
 }
 
 // testDrvRollingUpdate (scenario 8): a changed jobspec (a workload argument

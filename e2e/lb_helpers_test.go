@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -381,4 +382,29 @@ func lbCollectEvents(t *testing.T, a *harness.Agent, jobID, final string, timeou
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// lbOperatorPost sends a request as an operator would, straight to the LB
+// API under its own id, adding and removing the given upstreams of the
+// stored service svc, and waits for it to succeed.
+func lbOperatorPost(t *testing.T, lb *harness.LB, id string, svc json.RawMessage, add, remove []any) lbapi.RequestRecord {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{
+		"loadBalancerRequestId": id, "loadBalancerService": svc,
+		"addUpstreams": add, "removeUpstreams": remove, "replaceUpstreams": []any{},
+		"action": "UPDATE", "noValidate": false, "noReload": false, "upstreamUpdateOnly": false,
+		"noDuplicateUpstreams": false,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post(lb.URI, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST %s: HTTP %d", id, resp.StatusCode)
+	}
+	return lbWaitSuccess(t, lb, id, 10*time.Second)
 }

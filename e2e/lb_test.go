@@ -13,8 +13,6 @@ package e2e
 //	go test ./e2e/ -run 'TestLB' -count=1 -v | grep MEASURE
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -46,7 +44,7 @@ func TestLB(t *testing.T) {
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
 	harness.Measure(t, "lb_dev_agent_ready", time.Since(began))
 
-	drvRunConcurrently(t, []drvSubtest{
+	runConcurrently(t, []subtest{
 		{"holder_registered", func(t *testing.T) { testLBHolderRegistered(t, a, lb) }},
 		{"stop_removes_before_signal", func(t *testing.T) { testLBStopRemovesFirst(t, a, lb) }},
 		{"crash_swaps_upstream", func(t *testing.T) { testLBCrashSwap(t, a, lb) }},
@@ -434,24 +432,11 @@ func testLBOutOfBand(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	// Remove it behind the holder's back, with the service as stored.
 	svc, ups, _ := lbHTTPState(t, lb, j.service)
 	oobID := fmt.Sprintf("operator-%s-REMOVE-%d", j.service, time.Now().UnixNano())
-	body, err := json.Marshal(map[string]any{
-		"loadBalancerRequestId": oobID, "loadBalancerService": svc,
-		"addUpstreams": []any{}, "removeUpstreams": ups, "replaceUpstreams": []any{},
-		"action": "UPDATE", "noValidate": false, "noReload": false, "upstreamUpdateOnly": false,
-		"noDuplicateUpstreams": false,
-	})
-	if err != nil {
-		t.Fatal(err)
+	remove := make([]any, len(ups))
+	for i, u := range ups {
+		remove[i] = u
 	}
-	resp, err := http.Post(lb.URI, "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("POST out-of-band remove: %d", resp.StatusCode)
-	}
-	oob := lbWaitSuccess(t, lb, oobID, 10*time.Second)
+	oob := lbOperatorPost(t, lb, oobID, svc, []any{}, remove)
 	if !slices.Equal(oob.RemoveUpstreams, []string{up}) {
 		t.Fatalf("out-of-band request removes %q, want [%s]", oob.RemoveUpstreams, up)
 	}

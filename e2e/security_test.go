@@ -36,7 +36,7 @@ func TestSecurity(t *testing.T) {
 		}
 	}
 	a := harness.StartAgent(t, opts)
-	drvRunConcurrently(t, []drvSubtest{
+	runConcurrently(t, []subtest{
 		{"secrets_not_exposed", func(t *testing.T) { testSecSecrets(t, a) }},
 		{"denied_host_uid", func(t *testing.T) { testSecDeniedUID(t, a) }},
 	})
