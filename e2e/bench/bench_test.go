@@ -41,8 +41,12 @@ func TestBench(t *testing.T) {
 	if cfg.Quick {
 		mode = "quick (smoke)"
 	}
-	b.progress("%s run: %d run(s) per scenario, scenarios %s, scale N=%s; %s on %d cores, %s",
-		mode, cfg.Runs, strings.Join(cfg.Scenarios, ","), joinInts(cfg.Scale), b.rep.Machine.Nomad, b.rep.Machine.Cores, b.rep.Machine.Kernel)
+	scale := ""
+	if cfg.Enabled(ScenarioScale) {
+		scale = ", scale N=" + joinInts(cfg.Scale)
+	}
+	b.progress("%s run: %d run(s) per scenario, scenarios %s%s; %s on %d cores, %s",
+		mode, cfg.Runs, strings.Join(cfg.Scenarios, ","), scale, b.rep.Machine.Nomad, b.rep.Machine.Cores, b.rep.Machine.Kernel)
 
 	if cfg.Enabled(ScenarioHandover) || cfg.Enabled(ScenarioCrash) || cfg.Enabled(ScenarioTimeline) ||
 		cfg.Enabled(ScenarioStart) || cfg.Enabled(ScenarioFootprint) || cfg.Enabled(ScenarioLB) {
@@ -57,7 +61,9 @@ func TestBench(t *testing.T) {
 			b.progress("dev agent with the singleton plugin ready in %s at %s", time.Since(began).Round(time.Millisecond), b.a.Addr())
 
 			if cfg.Enabled(ScenarioHandover) {
+				done := b.phase(TitleHandover)
 				t.Run("handover", b.handover)
+				done()
 			}
 			// The timeline run waits on the same server timers as the
 			// crash runs, so it runs alongside them.
@@ -69,15 +75,23 @@ func TestBench(t *testing.T) {
 			if cfg.Enabled(ScenarioTimeline) {
 				names, fns = append(names, "timeline"), append(fns, b.timelines)
 			}
+			done := b.phase(TitleCrash + " and the timeline picture")
 			runConcurrently(t, names, fns)
+			done()
 			if cfg.Enabled(ScenarioStart) {
+				done := b.phase(TitleStart)
 				t.Run("start", b.start)
+				done()
 			}
 			if cfg.Enabled(ScenarioFootprint) {
+				done := b.phase(TitleFootprint)
 				t.Run("footprint", b.footprint)
+				done()
 			}
 			if cfg.Enabled(ScenarioLB) {
+				done := b.phase(TitleLB)
 				t.Run("lb", b.lb)
+				done()
 			}
 		})
 	}
@@ -87,8 +101,12 @@ func TestBench(t *testing.T) {
 
 	b.rep.Took = time.Since(began)
 	b.rep.Machine.LoadAtEnd = LoadAvg()
-	for _, l := range mon.Stop() {
-		b.rep.Note("Other work on the machine (minutes:seconds into the run) %s. Numbers measured then may be inflated.", l)
+	for _, w := range mon.Stop() {
+		while := ""
+		if ph := b.during(w.From, w.To); len(ph) > 0 {
+			while = ", while the bench ran " + strings.Join(ph, "; ")
+		}
+		b.rep.Note("Other work shared the machine at %s (minutes:seconds into the run)%s: numbers measured then may be inflated.", w, while)
 	}
 	if t.Failed() {
 		b.rep.Note("Some runs failed (the test log names them); their rows have fewer values than planned.")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 )
@@ -34,6 +36,39 @@ type bench struct {
 
 	seq   atomic.Int64
 	outMu sync.Mutex
+
+	spanMu sync.Mutex
+	spans  []span
+}
+
+// span is when a part of the bench ran, to tell which numbers other work on
+// the machine may have touched.
+type span struct {
+	name     string
+	from, to time.Duration
+}
+
+// phase records that name runs from now until the returned func is called.
+func (b *bench) phase(name string) func() {
+	from := time.Since(b.began)
+	return func() {
+		b.spanMu.Lock()
+		defer b.spanMu.Unlock()
+		b.spans = append(b.spans, span{name: name, from: from, to: time.Since(b.began)})
+	}
+}
+
+// during names the phases that overlap [from, to].
+func (b *bench) during(from, to time.Duration) []string {
+	b.spanMu.Lock()
+	defer b.spanMu.Unlock()
+	var out []string
+	for _, s := range b.spans {
+		if s.from <= to && s.to >= from && !slices.Contains(out, s.name) {
+			out = append(out, s.name)
+		}
+	}
+	return out
 }
 
 // progress prints one line to stdout at once (not through t.Log, which
@@ -204,14 +239,6 @@ func waitStart(t testing.TB, record string, after int64, timeout time.Duration) 
 	})
 }
 
-// waitEnd waits for the stop or exit record of a workload instance.
-func waitEnd(t testing.TB, record, instance string, timeout time.Duration) harness.Record {
-	t.Helper()
-	return harness.WaitRecord(t, record, timeout, func(r harness.Record) bool {
-		return r.Instance == instance && (r.Event == harness.EventStop || r.Event == harness.EventExit)
-	})
-}
-
 // waitStandbys waits until n allocations of the job other than holder have
 // had their task running for at least settle: their supervisors are then
 // waiting for the lock (blocking query parked, for (b) and (c)).
@@ -274,6 +301,68 @@ func (b *bench) supervisorPID(t testing.TB, j *job, allocID string) int {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// watchWorkloadExit opens a pidfd on the workload that wrote rec (its
+// recorded PID is the host PID under raw_exec and the singleton driver,
+// checked against /proc) and returns a channel that receives
+// CLOCK_MONOTONIC the moment the process exits; it is closed without a
+// value if the process outlives timeout.
+func (b *bench) watchWorkloadExit(t testing.TB, j *job, rec harness.Record, timeout time.Duration) <-chan int64 {
+	t.Helper()
+	procs, err := harness.FindProcs(j.marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(procs, func(p harness.Proc) bool {
+		return p.PID == rec.PID && p.IsMainWorkload() && p.AllocID == rec.AllocID
+	}) {
+		t.Fatalf("workload pid %d (alloc %s) not found among %v", rec.PID, rec.AllocID, procs)
+	}
+	fd, err := unix.PidfdOpen(rec.PID, 0)
+	if err != nil {
+		t.Fatalf("pidfd_open %d: %v", rec.PID, err)
+	}
+	ch := make(chan int64, 1)
+	go func() {
+		defer unix.Close(fd)
+		deadline := time.Now().Add(timeout)
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				close(ch)
+				return
+			}
+			n, err := unix.Poll(fds, int(min(left, time.Second).Milliseconds())+1)
+			switch {
+			case err != nil && !errors.Is(err, unix.EINTR):
+				close(ch)
+				return
+			case n > 0:
+				ch <- harness.MonoNow()
+				return
+			}
+		}
+	}()
+	return ch
+}
+
+// waitExit returns when the workload watched by exited (from
+// watchWorkloadExit) exited, waiting up to timeout. The exit itself, not the
+// workload's stop record, ends its run: a workload SIGKILLed by its
+// supervisor or by Nomad writes no record.
+func waitExit(t testing.TB, exited <-chan int64, rec harness.Record, timeout time.Duration) int64 {
+	t.Helper()
+	select {
+	case at, ok := <-exited:
+		if ok {
+			return at
+		}
+	case <-time.After(timeout):
+	}
+	t.Fatalf("workload pid %d (alloc %s) still running %s later", rec.PID, short(rec.AllocID), timeout)
+	return 0
 }
 
 // stopJob purges the job and, with wait, waits until none of its processes

@@ -27,9 +27,11 @@ const (
 
 // Methods says how each scenario is measured, for the report.
 var Methods = map[string]string{
-	TitleHandover: `The testworkload appends a start record and, on SIGINT/SIGTERM, a stop
-record, both with CLOCK_MONOTONIC timestamps; the gap is from the old
-workload's stop record to the new workload's start record. "Holder stopped"
+	TitleHandover: `The testworkload appends a start record with a CLOCK_MONOTONIC timestamp
+as it starts; a pidfd opened on the old workload before the stop gives the
+moment it exited. The gap is from that exit to the new workload's start
+record (negative, and counted as an overlap, if the old one outlived the new
+one's start). "Holder stopped"
 (the goal): the holder is the only allocation of its job and the standby is
 the only allocation of a second job on the same lock; once the standby has
 run for 1.5 s (so (b) and (c) have parked their blocking query), the holder's
@@ -46,9 +48,10 @@ on the 2 cores.`,
 rescheduling. Once the standby has waited 1.5 s, the holder's supervisor gets
 SIGKILL: the ` + "`nomad var lock`" + ` process for (a), the ` + "`lock`" + ` process for
 (b), the task's ` + "`__singleton-supervise`" + ` process for (c). Takeover is
-measured from the kill to the new workload's start record. A /proc sampler
-(every 20 ms) records when the old workload process disappeared; "overlap"
-counts runs where it was still alive when the new one started. The three
+measured from the kill to the new workload's start record. A pidfd opened on
+the old workload process before the kill gives the moment it exited (poll
+wake-up, microseconds late at most); "overlap" counts runs where it exited
+after the new workload's start record, or not at all. The three
 variants of a run go concurrently: each mostly waits on a server-side timer,
 which concurrency does not change. Each run kills at a random moment, uniform
 over one renew period ((a): over its 1.1×TTL poll period), so that the renew
@@ -104,7 +107,10 @@ one core, from /proc/<pid>/task/*/schedstat; "rest of the machine" is the
 whole machine's CPU use over the window (/proc/stat) minus those two: the
 workloads and guards of process variants, the bench's own sampling, and
 anyone else's work on the machine. Agent RSS is VmRSS at the end of the
-window. Time to acquire all N runs from the first spawn to the last
+window. CPU percentages compare variants within one run; between runs on
+this VM they moved by up to 5× for the same work (CPU time per request
+depends on how busy, hence how fast, the cores are), so do not compare them
+across reports. Time to acquire all N runs from the first spawn to the last
 acquisition (for processes: the last workload start record). ` + "`lock`" + `
 processes run only up to N = 100 by default (BENCH_SCALE_PROCS_MAX): here
 each lease is three Go processes (lock, its process-group guard, the

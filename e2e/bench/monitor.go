@@ -71,14 +71,26 @@ func (m *Monitor) run() {
 	}
 }
 
-// Stop ends sampling and summarises: one line per stretch of time in which
-// foreign processes ran, with the machine's peak CPU use then.
-func (m *Monitor) Stop() []string {
+// Window is a stretch of time in which foreign processes ran.
+type Window struct {
+	From, To time.Duration // since the bench began
+	What     []string      // the foreign processes seen
+	PeakPct  float64       // the machine's peak CPU use then, % of one core
+}
+
+func (w Window) String() string {
+	return fmt.Sprintf("%s–%s: %s (machine CPU use up to %.0f %% of one core)",
+		clock(w.From), clock(w.To), strings.Join(w.What, ", "), w.PeakPct)
+}
+
+// Stop ends sampling and returns the stretches of time in which foreign
+// processes ran.
+func (m *Monitor) Stop() []Window {
 	close(m.stop)
 	<-m.done
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []string
+	var out []Window
 	for i := 0; i < len(m.samples); {
 		if len(m.samples[i].foreign) == 0 {
 			i++
@@ -94,9 +106,7 @@ func (m *Monitor) Stop() []string {
 			peak = max(peak, m.samples[j].busyPct)
 			j++
 		}
-		from, to := m.samples[i].at-m.interval, m.samples[j-1].at
-		out = append(out, fmt.Sprintf("%s–%s: %s (machine CPU use up to %.0f %% of one core)",
-			clock(from), clock(to), strings.Join(sortedSet(names), ", "), peak))
+		out = append(out, Window{From: max(0, m.samples[i].at-m.interval), To: m.samples[j-1].at, What: sortedSet(names), PeakPct: peak})
 		i = j
 	}
 	return out

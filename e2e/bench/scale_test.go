@@ -135,15 +135,19 @@ func (b *bench) scale(t *testing.T) {
 		}
 		if b.cfg.FreshScaleAgent {
 			for _, v := range variants {
+				done := b.phase(fmt.Sprintf("%s N=%d %s", TitleScale, n, v))
 				t.Run(fmt.Sprintf("N=%d/%s", n, slug(v)), func(t *testing.T) { runVariant(t, nil, v) })
+				done()
 			}
 		} else {
+			done := b.phase(fmt.Sprintf("%s N=%d", TitleScale, n))
 			t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) {
 				a := b.scaleAgent(t)
 				for _, v := range variants {
 					t.Run(slug(v), func(t *testing.T) { runVariant(t, a, v) })
 				}
 			})
+			done()
 		}
 	}
 }

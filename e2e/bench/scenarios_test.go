@@ -127,13 +127,13 @@ func (b *bench) handoverStandby(t *testing.T, v string, gap, call, over *Row) {
 			// same phase.
 			time.Sleep(randomPhase(TTL * 11 / 10))
 		}
+		exited := b.watchWorkloadExit(t, holderJob, holder, 2*time.Minute)
 		stopAt := harness.MonoNow()
 		if _, _, err := b.a.API().Jobs().Deregister(holderJob.id, false, nil); err != nil {
 			t.Fatalf("stop job %s: %v", holderJob.id, err)
 		}
 		next := waitStart(t, holderJob.record, stopAt, 60*time.Second)
-		end := waitEnd(t, holderJob.record, holder.Instance, 30*time.Second)
-		g := next.Mono - end.Mono
+		g := next.Mono - waitExit(t, exited, holder, 30*time.Second)
 		add(gap, secondsOf(g))
 		add(call, secondsOf(next.Mono-stopAt))
 		overlap := 0.0
@@ -161,13 +161,13 @@ func (b *bench) handoverReplacement(t *testing.T, v string, gap, won *Row) {
 			time.Sleep(randomPhase(TTL * 11 / 10))
 		}
 		standbys := b.waitStandbys(t, j, holder.AllocID, 1, 0, 10*time.Second)
+		exited := b.watchWorkloadExit(t, j, holder, 2*time.Minute)
 		stopAt := harness.MonoNow()
 		if err := b.a.StopAlloc(holder.AllocID); err != nil {
 			t.Fatalf("stop alloc %s: %v", holder.AllocID, err)
 		}
 		next := waitStart(t, j.record, stopAt, 60*time.Second)
-		end := waitEnd(t, j.record, holder.Instance, 30*time.Second)
-		g := next.Mono - end.Mono
+		g := next.Mono - waitExit(t, exited, holder, 30*time.Second)
 		add(gap, secondsOf(g))
 		who := "the replacement"
 		if slices.Contains(standbys, next.AllocID) {
@@ -196,7 +196,7 @@ func (b *bench) crash(t *testing.T) {
 	for _, v := range lockVariants {
 		gone[v] = b.row(TitleCrash, "SIGKILL to supervisor → old workload gone", v, Seconds, AggStats, nil)
 		gone[v].NoRatio = true // near zero for all: a ratio would be noise
-		gone[v].Note = "20 ms sampling"
+		gone[v].Note = "pidfd"
 	}
 	for _, v := range lockVariants {
 		var g *Goal
@@ -231,33 +231,27 @@ func (b *bench) crashRun(t *testing.T, v string, run int, take, gone, over *Row)
 		time.Sleep(randomPhase(TTL / 2))
 	}
 
-	sampler := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsMainWorkload})
-	time.Sleep(200 * time.Millisecond) // the sampler must see the workload alive to see it die
+	// A pidfd on the old workload tells the moment it exits, to the
+	// microsecond: the overlap check must not depend on a sampler's 20 ms.
+	exited := b.watchWorkloadExit(t, j, first, 120*time.Second)
 	killAt := harness.MonoNow()
 	if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
 		t.Fatalf("SIGKILL supervisor %d: %v", sup, err)
 	}
 	next := waitStart(t, j.record, killAt, 90*time.Second)
-	time.Sleep(300 * time.Millisecond)
-	sum := sampler.Stop()
-
-	recs, err := harness.ReadRecords(j.record)
-	if err != nil {
-		t.Fatal(err)
+	var death int64
+	died := false
+	select {
+	case d, ok := <-exited:
+		death, died = d, ok
+	case <-time.After(10 * time.Second):
 	}
-	ivs := harness.Intervals(recs, sum.GoneByPID())
-	i := slices.IndexFunc(ivs, func(iv harness.Interval) bool { return iv.Instance == first.Instance })
-	if i < 0 {
-		t.Fatalf("no interval for the first workload %s", first.Instance)
-	}
-	old := ivs[i]
-	overlap := !old.Ended || old.End > next.Mono
+	overlap := !died || death > next.Mono
 	goneAfter := nan
-	if old.Ended {
-		// A /proc scan takes a few ms and is stamped when it starts, so a
-		// process killed during the first scan after the kill can read as
-		// gone slightly before it.
-		goneAfter = max(0, secondsOf(old.End-killAt))
+	state := "STILL ALIVE 10 s after the new start"
+	if died {
+		goneAfter = secondsOf(death - killAt)
+		state = "exited " + Seconds.Format(goneAfter) + " after the kill"
 	}
 	add(take, secondsOf(next.Mono-killAt))
 	add(gone, goneAfter)
@@ -266,17 +260,14 @@ func (b *bench) crashRun(t *testing.T, v string, run int, take, gone, over *Row)
 	} else {
 		add(over, 0)
 	}
-	state := "gone after " + Seconds.Format(goneAfter)
-	if !old.Ended {
-		state = "STILL ALIVE at the new start"
-	}
 	b.progress("crash %s run %d/%d: takeover %s, old workload %s, overlap %t",
 		v, run, b.cfg.Runs, fmtS(next.Mono-killAt), state, overlap)
 	if left := b.stopJob(t, j, 30*time.Second); left > 0 {
 		b.rep.Note("%s, crash run %d: %d process(es) of the job were still alive 30 s after the job was purged; the bench SIGKILLed them.", v, run, left)
 	}
-	if overlap && !old.Ended {
-		b.rep.Note("%s, crash run %d: the old workload (pid %d) outlived the SIGKILL of its supervisor and was still running when the new holder's workload started.", v, run, old.PID)
+	if overlap {
+		b.rep.Note("%s, crash run %d: the old workload (pid %d) was still running when the new holder's workload started (%s after the kill; old workload %s).",
+			v, run, first.PID, fmtS(next.Mono-killAt), state)
 	}
 }
 

@@ -91,12 +91,13 @@ func (b *bench) timelineRun(t *testing.T, v string) {
 		time.Sleep(d)
 	}
 	pause(2 * time.Second)
+	exited := b.watchWorkloadExit(t, j, first, 2*time.Minute)
 	stopAt := harness.MonoNow()
 	if _, _, err := b.a.API().Jobs().Deregister(hj.id, false, nil); err != nil {
 		t.Fatalf("stop job %s: %v", hj.id, err)
 	}
 	second := waitStart(t, j.record, stopAt, 60*time.Second)
-	firstEnd := waitEnd(t, j.record, first.Instance, 30*time.Second)
+	firstEnd := waitExit(t, exited, first, 30*time.Second)
 	pause(3 * time.Second)
 	sup := b.supervisorPID(t, j, second.AllocID)
 	killAt := harness.MonoNow()
@@ -129,7 +130,7 @@ func (b *bench) timelineRun(t *testing.T, v string) {
 		{At: secondsOf(killAt - origin), Label: "SIGKILL supervisor of " + short(second.AllocID)},
 	})
 	tl.Caption = fmt.Sprintf("handover: old exit → new start %s;  crash: SIGKILL → new start %s",
-		fmtS(second.Mono-firstEnd.Mono), fmtS(third.Mono-killAt))
+		fmtS(second.Mono-firstEnd), fmtS(third.Mono-killAt))
 	if o := harness.Overlaps(ivs); len(o) > 0 {
 		tl.Caption += fmt.Sprintf(";  %d OVERLAP(S)", len(o))
 	}
