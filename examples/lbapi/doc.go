@@ -10,6 +10,16 @@
 // validation messages, commit semantics and response history. Load balancer
 // agents are simulated per group: they apply instantly unless told to fail.
 //
+// A real load balancer can stand behind the API instead (Options.Backend):
+// HAProxyBackend drives a running HAProxy through its Runtime API (package
+// haproxy), as Baragon's agents drive nginx or HAProxy. Each request's
+// upstream changes become dynamic servers in the service's HAProxy backend;
+// the request reaches SUCCESS only once HAProxy reports the change, and a
+// change HAProxy refuses is reverted and ends FAILED with HAProxy's error in
+// the message. GET /state reports what HAProxy actually serves, repairing it
+// first where it lost servers (a restart drops every dynamic server), and a
+// reconcile loop does the same every Options.ReconcileInterval.
+//
 // Faults (latency, 5xx answers, dropped connections, garbage bodies) can be
 // injected at run time; their sequence is reproducible from a seed.
 //

@@ -2,11 +2,13 @@ package lbapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 )
 
@@ -61,7 +63,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	case len(seg) == 2 && seg[0] == "state" && seg[1] != "":
 		svc := seg[1]
 		s.methods(w, r, map[string]http.HandlerFunc{
-			http.MethodGet: func(w http.ResponseWriter, r *http.Request) { s.handleServiceState(w, svc) },
+			http.MethodGet: func(w http.ResponseWriter, r *http.Request) { s.handleServiceState(w, r, svc) },
 		})
 	default:
 		writeJSON(w, http.StatusNotFound, dropwizardError{http.StatusNotFound, "HTTP 404 Not Found"})
@@ -156,14 +158,29 @@ func (s *Server) handleHistory(w http.ResponseWriter, serviceID string) {
 	writeJSON(w, http.StatusOK, list)
 }
 
-// handleServiceState is GET /state/{serviceId}: 200, or 404 with an empty body.
-func (s *Server) handleServiceState(w http.ResponseWriter, serviceID string) {
+// handleServiceState is GET /state/{serviceId}: 200, or 404 with an empty
+// body. For a service of a Backend's groups, the upstreams are those the
+// backend actually serves, read (and, where they differ from the API's
+// state, repaired) first; 503 if the backend cannot be read.
+func (s *Server) handleServiceState(w http.ResponseWriter, r *http.Request, serviceID string) {
 	s.mu.Lock()
 	st, ok := s.st.serviceState(serviceID)
+	backend := ok && s.agent != nil && s.agent.serves(st.Service.LoadBalancerGroups)
 	s.mu.Unlock()
 	if !ok {
 		w.WriteHeader(http.StatusNotFound)
 		return
+	}
+	if backend {
+		ctx, cancel := context.WithTimeout(r.Context(), s.opts.BackendTimeout)
+		defer cancel()
+		serving, err := s.agent.observe(ctx, serviceID)
+		if err != nil {
+			s.log.Warn("GET /state: cannot read the load balancer", "service_id", serviceID, "error", err)
+			writeJSON(w, http.StatusServiceUnavailable, dropwizardError{http.StatusServiceUnavailable, "load balancer unavailable: " + err.Error()})
+			return
+		}
+		st.Upstreams = slices.DeleteFunc(st.Upstreams, func(u upstream) bool { return !slices.Contains(serving, targetOf(u)) })
 	}
 	writeJSON(w, http.StatusOK, st)
 }

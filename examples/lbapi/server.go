@@ -78,6 +78,23 @@ type Options struct {
 	// it must not call back into the Server. Tests pass CLOCK_MONOTONIC to
 	// order those moments against other processes' timestamps.
 	Clock func() int64
+
+	// Backend, when set, is a real load balancer (e.g. NewHAProxyBackend)
+	// that acts as the one agent of BackendGroups: requests for their
+	// services reach SUCCESS only once it serves the change, a change it
+	// refuses ends FAILED with its error in the message, and GET /state
+	// reports what it actually serves. Without it every group is simulated
+	// in memory.
+	Backend Backend
+	// BackendGroups are the groups Backend serves (default: all of Groups).
+	BackendGroups []string
+	// ReconcileInterval is how often Backend is compared with the API's
+	// state and repaired, e.g. after a restart lost its servers (default
+	// DefaultReconcileInterval; negative: only when GET /state reads it).
+	ReconcileInterval time.Duration
+	// BackendTimeout bounds each change, reconcile or read of Backend
+	// (default DefaultBackendTimeout).
+	BackendTimeout time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -108,6 +125,17 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Clock == nil {
 		o.Clock = func() int64 { return time.Now().UnixNano() }
+	}
+	if o.Backend != nil && len(o.BackendGroups) == 0 {
+		for _, g := range o.Groups {
+			o.BackendGroups = append(o.BackendGroups, g.Name)
+		}
+	}
+	if o.ReconcileInterval == 0 {
+		o.ReconcileInterval = DefaultReconcileInterval
+	}
+	if o.BackendTimeout <= 0 {
+		o.BackendTimeout = DefaultBackendTimeout
 	}
 	return o
 }
@@ -143,6 +171,14 @@ func (o Options) validate() error {
 	if o.WorkerInterval < 0 {
 		errs = append(errs, fmt.Errorf("worker interval must not be negative (got %s)", o.WorkerInterval))
 	}
+	for _, g := range o.BackendGroups {
+		if !seen[g] {
+			errs = append(errs, fmt.Errorf("backend group %q is not one of the groups", g))
+		}
+	}
+	if o.Backend == nil && len(o.BackendGroups) > 0 {
+		errs = append(errs, errors.New("backend groups are set but there is no backend"))
+	}
 	errs = append(errs, o.Faults.validate())
 	return errors.Join(errs...)
 }
@@ -157,6 +193,9 @@ type Server struct {
 	mu       sync.Mutex // guards st
 	st       *store
 	authKeys [][]byte
+
+	// agent runs Options.Backend's calls (nil without a backend).
+	agent *agent
 
 	paused   atomic.Bool
 	stop     chan struct{}
@@ -190,6 +229,14 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	for _, g := range opts.Groups {
 		s.st.groups[g.Name] = &groupState{agents: max(g.Agents, 1), domains: slices.Clone(g.Domains)}
+	}
+	if opts.Backend != nil {
+		s.agent = newAgent(opts.Backend, opts.BackendGroups, opts.ReconcileInterval, opts.BackendTimeout, s.log.Named("backend"))
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.agent.run(s.stop)
+		}()
 	}
 	if !opts.ManualWorker {
 		s.wg.Add(1)

@@ -19,6 +19,9 @@ type activeRequest struct {
 	// agents holds the last answer of each agent, by request type then URL
 	// (BaragonAgentResponseDatastore.getLastResponses).
 	agents map[string]map[string]agentResponse
+	// pending holds, by request type, the attempt number of a Backend
+	// answer not yet in (it is not in agents until it arrives, as in Baragon).
+	pending map[string]int
 	// enqueued is the Options.Clock reading when the request was enqueued.
 	enqueued int64
 }

@@ -183,6 +183,9 @@ func (s *Server) applyResults(results []transition) {
 		}
 		if t.a.state.removable() {
 			s.st.finish(t.a)
+			if s.agent != nil {
+				s.agent.forget(t.a.req.ID)
+			}
 		}
 	}
 }
@@ -270,9 +273,14 @@ func (s *Server) sendAgentRequests(a *activeRequest) internalState {
 	if a.agents[typ] == nil {
 		a.agents[typ] = map[string]agentResponse{}
 	}
+	backend := false
 	for _, g := range a.req.Service.LoadBalancerGroups {
 		gs, ok := s.st.groups[g]
 		if !ok {
+			continue
+		}
+		if s.agent != nil && s.agent.groups[g] {
+			backend = true
 			continue
 		}
 		for i := 1; i <= gs.agents; i++ {
@@ -284,7 +292,46 @@ func (s *Server) sendAgentRequests(a *activeRequest) internalState {
 			a.agents[typ][url] = simulatedAgentAnswer(url, attempt, typ == typeApply && gs.failApply)
 		}
 	}
+	if backend {
+		s.sendBackendRequest(a, typ)
+	}
 	return waitingStateFor[typ]
+}
+
+// sendBackendRequest hands an agent request to the Backend, which serves
+// every backend group at once. Its answer arrives on the agent's goroutine
+// and is recorded for the next tick to read; until then the request waits.
+func (s *Server) sendBackendRequest(a *activeRequest, typ string) {
+	url := backendURL(s.agent.b, a.req.ID)
+	attempt := 0
+	if prev, ok := a.agents[typ][url]; ok {
+		attempt = prev.Attempt + 1
+	}
+	if a.pending == nil {
+		a.pending = map[string]int{}
+	}
+	a.pending[typ] = attempt
+	id := a.req.ID
+	s.agent.apply(typ, a.req, func(status int, content string) {
+		ans := agentResponse{URL: url, Attempt: attempt, StatusCode: &status}
+		if content != "" {
+			ans.Content = &content
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		cur, ok := s.st.active[id]
+		if !ok {
+			return
+		}
+		if p, waiting := cur.pending[typ]; !waiting || p != attempt {
+			return
+		}
+		delete(cur.pending, typ)
+		if cur.agents[typ] == nil {
+			cur.agents[typ] = map[string]agentResponse{}
+		}
+		cur.agents[typ][url] = ans
+	})
 }
 
 // simulatedAgentAnswer is one agent's answer: 200, or 500 when failing.
@@ -302,6 +349,9 @@ func simulatedAgentAnswer(url string, attempt int, fail bool) agentResponse {
 // agentsStatus is AgentManager.getRequestsStatus over the simulated agents:
 // no answer at all counts as a failure (the group lost its agents).
 func (s *Server) agentsStatus(a *activeRequest, typ string) agentStatus {
+	if _, waiting := a.pending[typ]; waiting {
+		return agentsWaiting
+	}
 	answers := a.agents[typ]
 	if len(answers) == 0 {
 		return agentsFailure

@@ -8,9 +8,20 @@
 // LBAPI_AUTHKEYS environment variable (comma-separated), never from argv; with
 // no key, auth is off. Fault flags inject latency, 5xx answers, dropped
 // connections and garbage bodies, reproducibly from -seed.
+//
+// With -haproxy-socket, a running HAProxy is the load balancer of the groups
+// in -haproxy-groups (default: all): each request's upstream changes become
+// dynamic servers in the service's HAProxy backend (named after the
+// serviceId, or as -haproxy-backends maps it), a request succeeds only once
+// HAProxy serves the change, and what HAProxy lost (say, in a restart) is put
+// back every -reconcile-interval:
+//
+//	haproxy -db -f haproxy.cfg &     # stats socket /run/lbapi/admin.sock level admin; backend web
+//	lbapi -groups web-lb -haproxy-socket /run/lbapi/admin.sock
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -63,6 +74,17 @@ func run(args []string, getenv func(string) string, stderr io.Writer, wait func(
 		return 69
 	}
 	fmt.Fprintf(stderr, "lbapi: request collection at %s\n", srv.RequestURL(base))
+	if be, ok := cfg.opts.Backend.(*lbapi.HAProxyBackend); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		version, err := be.Version(ctx)
+		cancel()
+		if err != nil {
+			// Not fatal: the reconcile loop catches up once it answers.
+			fmt.Fprintf(stderr, "lbapi: warning: HAProxy does not answer yet: %v\n", err)
+		} else {
+			fmt.Fprintf(stderr, "lbapi: driving HAProxy %s through %s\n", version, be.Name())
+		}
+	}
 	wait()
 	if err := srv.Close(); err != nil {
 		fmt.Fprintf(stderr, "lbapi: %v\n", err)
@@ -85,6 +107,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 		keysFile     string
 		faultMethods string
 		seed         uint64
+		ha           lbapi.HAProxyOptions
+		haBackends   string
+		haGroups     string
 	)
 	fs := flag.NewFlagSet("lbapi", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -105,6 +130,11 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 	fs.StringVar(&faultMethods, "fault-methods", "", "fault: only these HTTP methods, comma-separated (default all)")
 	fs.Uint64Var(&seed, "seed", 1, "seed of the fault generator")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "trace, debug, info, warn or error")
+	fs.StringVar(&ha.Socket, "haproxy-socket", "", "HAProxy admin socket (stats socket … level admin): drive that HAProxy")
+	fs.StringVar(&haBackends, "haproxy-backends", "", "serviceId=backend pairs, comma-separated (default backend: the serviceId, sanitised)")
+	fs.StringVar(&haGroups, "haproxy-groups", "", "groups HAProxy serves, comma-separated (default all)")
+	fs.DurationVar(&cfg.opts.ReconcileInterval, "reconcile-interval", lbapi.DefaultReconcileInterval, "how often HAProxy is checked and repaired (negative: only on GET /state)")
+	fs.DurationVar(&ha.DrainTimeout, "haproxy-drain-timeout", lbapi.DefaultDrainTimeout, "how long a removed server may finish its requests")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -120,7 +150,35 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 		return config{}, err
 	}
 	cfg.opts.Faults.Methods = splitList(faultMethods)
+	if ha.Socket == "" {
+		if haBackends != "" || haGroups != "" {
+			return config{}, errors.New("-haproxy-backends and -haproxy-groups need -haproxy-socket")
+		}
+		return cfg, nil
+	}
+	if ha.Backends, err = parsePairs(haBackends); err != nil {
+		return config{}, fmt.Errorf("-haproxy-backends: %w", err)
+	}
+	backend, err := lbapi.NewHAProxyBackend(ha)
+	if err != nil {
+		return config{}, err
+	}
+	cfg.opts.Backend = backend
+	cfg.opts.BackendGroups = splitList(haGroups)
 	return cfg, nil
+}
+
+// parsePairs reads "a=x,b=y".
+func parsePairs(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, item := range splitList(s) {
+		k, v, ok := strings.Cut(item, "=")
+		if !ok || k == "" || v == "" {
+			return nil, fmt.Errorf("%q is not serviceId=backend", item)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 // parseGroups reads "a,b=3": groups a (1 agent) and b (3 agents).
