@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -79,6 +81,18 @@ type AgentOptions struct {
 	// StopTimeout bounds the graceful part of each stop, after which the
 	// process is killed (default 30s).
 	StopTimeout time.Duration
+	// Clients is the number of client processes (non-dev only; default 1).
+	// Each is its own node with its own data dir; Client() is the first.
+	Clients int
+	// Netns runs every client in its own network namespace, joined to the
+	// server through a bridge of its own (see netLab), so that a test can
+	// cut a client off from the server with Member.Partition and heal it.
+	// Needs root, ip and nsenter; non-dev only.
+	Netns bool
+	// HeartbeatTTL sets the server's min_heartbeat_ttl and heartbeat_grace
+	// (non-dev only): a client that stops heartbeating is marked down 2 to 3
+	// times this after its last heartbeat. 0 keeps Nomad's 10s each.
+	HeartbeatTTL time.Duration
 }
 
 // Agent is a Nomad cluster of one node, owned by one test.
@@ -106,12 +120,13 @@ type Agent struct {
 	dir  string // private short dir holding all data dirs
 	api  *api.Client
 
-	server *Member
-	client *Member // == server in dev mode
+	server  *Member
+	client  *Member   // == server in dev mode; == clients[0] otherwise
+	clients []*Member // every client process, in start order
+	net     *netLab   // with AgentOptions.Netns
 
-	mu     sync.Mutex
-	token  string
-	nodeID string
+	mu    sync.Mutex
+	token string
 }
 
 // StartAgent starts a Nomad cluster configured by opts and waits until it is
@@ -120,8 +135,11 @@ type Agent struct {
 // if that does not happen within opts.StartTimeout per process.
 func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	t.Helper()
-	if opts.Dev && (opts.ACLs || len(opts.ServerConfig) > 0) {
-		t.Fatalf("harness: ACLs and ServerConfig need a non-dev agent (AgentOptions.Dev=false)")
+	if opts.Dev && (opts.ACLs || len(opts.ServerConfig) > 0 || opts.Clients > 1 || opts.Netns || opts.HeartbeatTTL > 0) {
+		t.Fatalf("harness: ACLs, ServerConfig, Clients, Netns and HeartbeatTTL need a non-dev agent (AgentOptions.Dev=false)")
+	}
+	if opts.Clients < 1 {
+		opts.Clients = 1
 	}
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = DefaultStartTimeout
@@ -176,25 +194,51 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	a.dir = dir
 	t.Cleanup(a.cleanup)
 
-	newMember := func(role string) *Member {
+	if opts.Netns {
+		if a.net, err = newNetLab(opts.Clients); err != nil {
+			t.Fatalf("harness: %v", err)
+		}
+	}
+	// name tells clients apart: "client", "client2", ...
+	newMember := func(role, name string, index int) *Member {
 		ports, err := freePorts(3)
 		if err != nil {
 			t.Fatalf("harness: %v", err)
 		}
-		return &Member{
-			a: a, role: role,
-			dataDir:  filepath.Join(dir, map[string]string{roleServer: "s", roleClient: "d", roleDev: "d"}[role]),
-			cfgPath:  filepath.Join(meta, role+".hcl"),
-			logPath:  filepath.Join(logDir, role+".log"),
+		short := map[string]string{roleServer: "s", roleClient: "d", roleDev: "d"}[role]
+		if index > 1 {
+			short += strconv.Itoa(index)
+		}
+		m := &Member{
+			a: a, role: role, name: name, ip: "127.0.0.1", iface: "lo",
+			dataDir:  filepath.Join(dir, short),
+			cfgPath:  filepath.Join(meta, name+".hcl"),
+			logPath:  filepath.Join(logDir, name+".log"),
 			httpPort: ports[0], rpcPort: ports[1], serfPort: ports[2],
 		}
+		switch {
+		case a.net != nil && role == roleServer:
+			m.ip = a.net.hostIP
+		case a.net != nil:
+			m.link = a.net.links[index-1]
+			m.ip, m.iface = m.link.ip, m.link.nsVeth
+		}
+		return m
 	}
 	if opts.Dev {
-		a.server = newMember(roleDev)
+		a.server = newMember(roleDev, roleDev, 0)
 		a.client = a.server
+		a.clients = []*Member{a.server}
 	} else {
-		a.server = newMember(roleServer)
-		a.client = newMember(roleClient)
+		a.server = newMember(roleServer, roleServer, 0)
+		for i := 1; i <= opts.Clients; i++ {
+			name := roleClient
+			if i > 1 {
+				name += strconv.Itoa(i)
+			}
+			a.clients = append(a.clients, newMember(roleClient, name, i))
+		}
+		a.client = a.clients[0]
 	}
 	for _, m := range a.members() {
 		if err := os.WriteFile(m.cfgPath, []byte(m.renderConfig()), 0o644); err != nil {
@@ -214,7 +258,7 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	began := time.Now()
 	for _, m := range a.members() {
 		if err := m.Start(); err != nil {
-			t.Fatalf("harness: start %s agent: %v", m.role, err)
+			t.Fatalf("harness: start %s agent: %v", m.name, err)
 		}
 	}
 	a.log.Info("agent ready", "addr", a.Addr(), "dev", opts.Dev, "acls", opts.ACLs,
@@ -253,15 +297,28 @@ func (a *Agent) members() []*Member {
 	case a.client == a.server:
 		return []*Member{a.server}
 	}
-	return []*Member{a.server, a.client}
+	return append([]*Member{a.server}, a.clients...)
 }
 
 // Server is the server process (in dev mode, the only process).
 func (a *Agent) Server() *Member { return a.server }
 
-// Client is the client process (in dev mode, the only process). It serves
-// the Task API sockets and supervises the tasks.
+// Client is the (first) client process (in dev mode, the only process). It
+// serves the Task API sockets and supervises the tasks.
 func (a *Agent) Client() *Member { return a.client }
+
+// Clients are all client processes (AgentOptions.Clients), first to last.
+func (a *Agent) Clients() []*Member { return slices.Clone(a.clients) }
+
+// ClientOf returns the client process whose node is nodeID, or nil.
+func (a *Agent) ClientOf(nodeID string) *Member {
+	for _, m := range a.clients {
+		if m.NodeID() == nodeID {
+			return m
+		}
+	}
+	return nil
+}
 
 // Addr is the server's HTTP address, e.g. http://127.0.0.1:41234.
 func (a *Agent) Addr() string { return a.server.Addr() }
@@ -277,15 +334,12 @@ func (a *Agent) Token() string {
 	return a.token
 }
 
-// NodeID is the ID of the client node. It survives Restart.
-func (a *Agent) NodeID() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.nodeID
-}
+// NodeID is the ID of the (first) client's node. It survives Restart.
+func (a *Agent) NodeID() string { return a.client.NodeID() }
 
-// AllocDir is the client's alloc dir; <AllocDir>/<alloc id>/<task> is a task dir.
-func (a *Agent) AllocDir() string { return filepath.Join(a.client.dataDir, "alloc") }
+// AllocDir is the (first) client's alloc dir; <AllocDir>/<alloc id>/<task>
+// is a task dir.
+func (a *Agent) AllocDir() string { return a.client.AllocDir() }
 
 // Env returns NOMAD_ADDR (and NOMAD_TOKEN with ACLs) as KEY=VALUE entries for
 // running the nomad CLI or other tools against this cluster.

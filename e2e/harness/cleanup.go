@@ -30,7 +30,7 @@ func (a *Agent) cleanup() {
 			return
 		}
 		for _, m := range a.members() {
-			t.Logf("harness: %s agent config %s, log tail (%s):\n%s", m.role, m.cfgPath, m.logPath, fileTail(m.logPath, 60))
+			t.Logf("harness: %s agent config %s, log tail (%s):\n%s", m.name, m.cfgPath, m.logPath, fileTail(m.logPath, 60))
 		}
 	}()
 	defer func() {
@@ -46,26 +46,31 @@ func (a *Agent) cleanup() {
 
 	if a.server != nil && a.api != nil {
 		for _, m := range a.members() {
+			if m.Partitioned() {
+				if err := m.Heal(); err != nil {
+					a.errorf("cleanup: heal %s: %v", m.name, err)
+				}
+			}
 			if m.isPaused() {
 				if err := m.Resume(); err != nil {
-					a.errorf("cleanup: resume %s agent: %v", m.role, err)
+					a.errorf("cleanup: resume %s agent: %v", m.name, err)
 				}
 			}
 		}
 		// Tasks outlive a stopped non-dev client, and a stopped server cannot
 		// stop them. Bring the cluster back so that Nomad stops them properly.
-		if !a.opts.Dev && (!a.server.Running() || !a.client.Running()) && len(a.leftovers(false)) > 0 {
+		if !a.opts.Dev && !a.allRunning() && len(a.leftovers(false)) > 0 {
 			a.log.Info("cleanup: an agent process is stopped but tasks still run; starting it to stop them")
 			for _, m := range a.members() {
 				if !m.Running() {
 					if err := m.Start(); err != nil {
-						a.log.Warn("cleanup: could not start agent", "role", m.role, "error", err)
+						a.log.Warn("cleanup: could not start agent", "agent", m.name, "error", err)
 						break
 					}
 				}
 			}
 		}
-		if a.server.Running() && a.client.Running() {
+		if a.allRunning() {
 			a.stopAllJobs()
 			// Allocations report "complete" before their poststop hooks have
 			// run (e.g. the logmon hook stopping its logmon process); stopping
@@ -79,7 +84,7 @@ func (a *Agent) cleanup() {
 		slices.Reverse(members) // client first
 		for _, m := range members {
 			if err := m.Stop(); err != nil {
-				a.errorf("cleanup: stop %s agent: %v", m.role, err)
+				a.errorf("cleanup: stop %s agent: %v", m.name, err)
 			}
 		}
 		for pid, desc := range a.leftovers(true) {
@@ -90,6 +95,11 @@ func (a *Agent) cleanup() {
 		}
 	}
 
+	if a.net != nil {
+		if err := a.net.teardown(); err != nil {
+			a.errorf("cleanup: network namespaces: %v", err)
+		}
+	}
 	if a.dir == "" {
 		return
 	}
@@ -150,13 +160,25 @@ func (a *Agent) stopAllJobs() {
 	for _, j := range jobs {
 		_, _, _ = cl.Jobs().Deregister(j.ID, true, &api.WriteOptions{Namespace: j.Namespace})
 	}
-	if id := a.NodeID(); id != "" {
-		// The endpoint answers with an empty body, which the api client
-		// reports as io.EOF.
-		if err := cl.Nodes().GC(id, nil); err != nil && !errors.Is(err, io.EOF) {
-			a.log.Warn("cleanup: client GC", "error", err)
+	for _, m := range a.clients {
+		if id := m.NodeID(); id != "" {
+			// The endpoint answers with an empty body, which the api client
+			// reports as io.EOF.
+			if err := cl.Nodes().GC(id, nil); err != nil && !errors.Is(err, io.EOF) {
+				a.log.Warn("cleanup: client GC", "client", m.name, "error", err)
+			}
 		}
 	}
+}
+
+// allRunning reports whether every agent process is running.
+func (a *Agent) allRunning() bool {
+	for _, m := range a.members() {
+		if !m.Running() {
+			return false
+		}
+	}
+	return true
 }
 
 // leftovers finds live processes, other than the agent processes themselves,
@@ -204,11 +226,13 @@ func (a *Agent) leftovers(withCwd bool) map[int]string {
 	for _, p := range procs {
 		found[p.PID] = strings.Join(p.Argv, " ")
 	}
-	allocs, _ := os.ReadDir(a.AllocDir())
-	for _, al := range allocs {
-		for _, pid := range allocCgroupPIDs(al.Name()) {
-			if _, ok := found[pid]; !ok && !running[pid] {
-				found[pid] = "in a cgroup of allocation " + al.Name()
+	for _, m := range a.clients {
+		allocs, _ := os.ReadDir(m.AllocDir())
+		for _, al := range allocs {
+			for _, pid := range allocCgroupPIDs(al.Name()) {
+				if _, ok := found[pid]; !ok && !running[pid] {
+					found[pid] = "in a cgroup of allocation " + al.Name()
+				}
 			}
 		}
 	}

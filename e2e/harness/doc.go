@@ -7,11 +7,14 @@
 //   - Binaries: RepoRoot, NomadBin, LockBin and BuildTestWorkload locate or
 //     build the executables under test. A missing binary fails the test with
 //     instructions; nothing is skipped silently.
-//   - Agent: StartAgent starts a one-node Nomad cluster on free loopback
-//     ports: a single `nomad agent -dev`, or a server process plus a client
-//     process with persistent data dirs, so the client can be stopped,
-//     restarted or frozen while the server keeps running. It waits until
-//     there is a leader and a ready node with healthy drivers. Job helpers
+//   - Agent: StartAgent starts a Nomad cluster on free loopback ports: a
+//     single `nomad agent -dev`, or a server process plus one or more client
+//     processes with persistent data dirs, so a client can be stopped,
+//     restarted or frozen while the server keeps running. With Netns, each
+//     client runs in a network namespace of its own, joined to the server
+//     by a veth pair on a private bridge, and Member.Partition cuts it off
+//     (Heal restores it); cleanup removes the namespaces and the bridge.
+//     It waits until there is a leader and ready nodes with healthy drivers. Job helpers
 //     (RunJobHCL, WaitAllocs, AllocLogs, ...) are thin wrappers over the
 //     official api client.
 //   - Processes: FindProcs scans /proc for processes carrying a marker, and a

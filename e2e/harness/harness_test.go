@@ -2,6 +2,7 @@ package harness_test
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -330,20 +331,34 @@ func procState(t *testing.T, pid int) string {
 func TestCleanupLeavesNothing(t *testing.T) {
 	tests := []struct {
 		name  string
+		opts  harness.AgentOptions
 		leave func(t *testing.T, a *harness.Agent) // puts the agent in the state to clean up from
 	}{
-		{"client stopped, task still running", func(t *testing.T, a *harness.Agent) {
+		{"client stopped, task still running", harness.AgentOptions{}, func(t *testing.T, a *harness.Agent) {
 			if err := a.Stop(); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"server stopped", func(t *testing.T, a *harness.Agent) {
+		{"server stopped", harness.AgentOptions{}, func(t *testing.T, a *harness.Agent) {
 			if err := a.Server().Stop(); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"client paused", func(t *testing.T, a *harness.Agent) {
+		{"client paused", harness.AgentOptions{}, func(t *testing.T, a *harness.Agent) {
 			if err := a.Pause(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"the task's client partitioned from the server", harness.AgentOptions{Clients: 2, Netns: true}, func(t *testing.T, a *harness.Agent) {
+			allocs, err := a.Allocs("left-running")
+			if err != nil || len(allocs) != 1 {
+				t.Fatalf("allocs: %v %v", allocs, err)
+			}
+			c := a.ClientOf(allocs[0].NodeID)
+			if c == nil {
+				t.Fatalf("no client runs node %s", allocs[0].NodeID)
+			}
+			if err := c.Partition(); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -351,10 +366,15 @@ func TestCleanupLeavesNothing(t *testing.T) {
 	workload := harness.BuildTestWorkload(t)
 	for _, tc := range tests {
 		marker := fmt.Sprintf("cleanup-%d", time.Now().UnixNano())
-		var dataDir string
+		var dirs, netns []string
 		t.Run(tc.name, func(t *testing.T) {
-			a := harness.StartAgent(t, harness.AgentOptions{})
-			dataDir = a.Client().DataDir()
+			a := harness.StartAgent(t, tc.opts)
+			for _, c := range a.Clients() {
+				dirs = append(dirs, c.DataDir())
+				if ns := c.Netns(); ns != "" {
+					netns = append(netns, ns)
+				}
+			}
 			a.RunJobHCL(t, fmt.Sprintf(`
 job "left-running" {
   group "g" {
@@ -374,8 +394,64 @@ job "left-running" {
 		if procs, err := harness.FindProcs(marker); err != nil || len(procs) > 0 {
 			t.Errorf("%s: processes left behind: %v %v", tc.name, procs, err)
 		}
-		if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
-			t.Errorf("%s: data dir %s not removed: %v", tc.name, dataDir, err)
+		for _, dir := range dirs {
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Errorf("%s: data dir %s not removed: %v", tc.name, dir, err)
+			}
+		}
+		for _, ns := range netns {
+			if _, err := os.Stat("/run/netns/" + ns); !os.IsNotExist(err) {
+				t.Errorf("%s: network namespace %s not removed: %v", tc.name, ns, err)
+			}
 		}
 	}
+}
+
+// TestNetnsPartition: clients in network namespaces register as separate
+// nodes; a partitioned client can no longer be reached and is marked down
+// by the server; healed, it is ready again.
+func TestNetnsPartition(t *testing.T) {
+	a := harness.StartAgent(t, harness.AgentOptions{Clients: 2, Netns: true, HeartbeatTTL: 3 * time.Second})
+	cs := a.Clients()
+	if len(cs) != 2 || cs[0].NodeID() == cs[1].NodeID() || cs[0].Addr() == cs[1].Addr() {
+		t.Fatalf("want two clients with their own nodes and addresses, got %s %s / %s %s",
+			cs[0].NodeID(), cs[0].Addr(), cs[1].NodeID(), cs[1].Addr())
+	}
+	cut := cs[1]
+	nodeStatus := func() string { return nodeStatusOf(t, a, cut.NodeID()) }
+	waitStatus := func(want string, timeout time.Duration) time.Duration {
+		began := time.Now()
+		for nodeStatus() != want {
+			if time.Since(began) > timeout {
+				t.Fatalf("node of %s is %q, not %q, %s on", cut.Name(), nodeStatus(), want, timeout)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return time.Since(began)
+	}
+	if err := cut.Partition(); err != nil {
+		t.Fatal(err)
+	}
+	probe := &http.Client{Timeout: 2 * time.Second}
+	if resp, err := probe.Get(cut.Addr() + "/v1/agent/self"); err == nil {
+		resp.Body.Close()
+		t.Errorf("the partitioned client still answers at %s", cut.Addr())
+	}
+	t.Logf("partitioned: node down after %s", waitStatus(api.NodeStatusDown, 30*time.Second).Round(time.Millisecond))
+	if got := nodeStatusOf(t, a, cs[0].NodeID()); got != api.NodeStatusReady {
+		t.Errorf("the other client's node is %q, want ready", got)
+	}
+	if err := cut.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("healed: node ready after %s", waitStatus(api.NodeStatusReady, 60*time.Second).Round(time.Millisecond))
+}
+
+func nodeStatusOf(t *testing.T, a *harness.Agent, nodeID string) string {
+	t.Helper()
+	n, _, err := a.API().Nodes().Info(nodeID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Status
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -27,6 +28,10 @@ const (
 type Member struct {
 	a        *Agent
 	role     string
+	name     string // role, numbered for the second client on: client2, ...
+	ip       string // the address it binds and advertises
+	iface    string // the client's network_interface
+	link     *nsLink
 	dataDir  string
 	cfgPath  string
 	logPath  string
@@ -36,6 +41,7 @@ type Member struct {
 	api      *api.Client
 
 	mu     sync.Mutex
+	nodeID string     // a client's node, once registered
 	proc   *agentProc // latest run
 	paused bool
 	starts int
@@ -61,11 +67,25 @@ func (p *agentProc) exited() bool {
 // Role is "server", "client" or "dev".
 func (m *Member) Role() string { return m.role }
 
+// Name is the role, numbered from the second client on ("client2", ...).
+func (m *Member) Name() string { return m.name }
+
 // Addr is the process's HTTP address, e.g. http://127.0.0.1:41234.
-func (m *Member) Addr() string { return fmt.Sprintf("http://127.0.0.1:%d", m.httpPort) }
+func (m *Member) Addr() string { return fmt.Sprintf("http://%s:%d", m.ip, m.httpPort) }
 
 // RPCAddr is the process's RPC address (host:port); servers listen on it.
-func (m *Member) RPCAddr() string { return fmt.Sprintf("127.0.0.1:%d", m.rpcPort) }
+func (m *Member) RPCAddr() string { return fmt.Sprintf("%s:%d", m.ip, m.rpcPort) }
+
+// NodeID is a client's node ID once it has registered ("" before, and for a
+// server). It survives restarts.
+func (m *Member) NodeID() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.nodeID
+}
+
+// AllocDir is a client's alloc dir; <AllocDir>/<alloc id>/<task> is a task dir.
+func (m *Member) AllocDir() string { return filepath.Join(m.dataDir, "alloc") }
 
 // DataDir is the process's data dir. (A dev agent keeps no state, but its
 // client's alloc dir is below it too.)
@@ -102,7 +122,7 @@ func (m *Member) Start() error {
 	m.mu.Lock()
 	if m.proc != nil && !m.proc.exited() {
 		m.mu.Unlock()
-		return errors.New(m.role + " agent is already running")
+		return errors.New(m.name + " agent is already running")
 	}
 	m.starts++
 	n := m.starts
@@ -111,8 +131,8 @@ func (m *Member) Start() error {
 	// A restarted client must be seen to register again: its node record in
 	// the server outlives it, still "ready" until the heartbeat TTL expires.
 	var prevNodeIndex uint64
-	if m.role == roleClient && a.NodeID() != "" {
-		node, _, err := a.api.Nodes().Info(a.NodeID(), nil)
+	if id := m.NodeID(); m.role == roleClient && id != "" {
+		node, _, err := a.api.Nodes().Info(id, nil)
 		if err != nil {
 			return fmt.Errorf("read node before start: %w", err)
 		}
@@ -130,10 +150,16 @@ func (m *Member) Start() error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(logf, "==== harness: %s start #%d at %s: %s %s\n", m.role, n,
+	fmt.Fprintf(logf, "==== harness: %s start #%d at %s: %s %s\n", m.name, n,
 		time.Now().Format(time.RFC3339Nano), a.bin, strings.Join(args, " "))
 
 	cmd := exec.Command(a.bin, args...)
+	if m.link != nil {
+		// nsenter joins only the network namespace and execs the agent (same
+		// PID). Not `ip netns exec`: it also remounts /sys in a mount
+		// namespace of its own, hiding the cgroup hierarchy from the client.
+		cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + m.link.netns, "--", a.bin}, args...)...)
+	}
 	cmd.Dir = a.dir
 	// NOMAD_* of the test process must not leak into raw_exec tasks.
 	cmd.Env = append(filterEnv(os.Environ(), "NOMAD_"), a.opts.Env...)
@@ -159,9 +185,9 @@ func (m *Member) Start() error {
 	m.mu.Unlock()
 
 	if err := m.waitReady(p, began, prevNodeIndex); err != nil {
-		return fmt.Errorf("%s agent: %w\n--- log tail (%s) ---\n%s", m.role, err, m.logPath, fileTail(m.logPath, 40))
+		return fmt.Errorf("%s agent: %w\n--- log tail (%s) ---\n%s", m.name, err, m.logPath, fileTail(m.logPath, 40))
 	}
-	a.log.Debug("agent process ready", "role", m.role, "pid", cmd.Process.Pid, "start", n,
+	a.log.Debug("agent process ready", "agent", m.name, "pid", cmd.Process.Pid, "start", n,
 		"took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
@@ -184,22 +210,22 @@ func (m *Member) Stop() error {
 		}
 	}
 	if err := syscall.Kill(pid, syscall.SIGINT); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("signal %s agent %d: %w", m.role, pid, err)
+		return fmt.Errorf("signal %s agent %d: %w", m.name, pid, err)
 	}
 	select {
 	case <-p.done:
 		return nil
 	case <-time.After(m.a.opts.StopTimeout):
 	}
-	m.a.log.Warn("agent did not stop after SIGINT; sending SIGKILL", "role", m.role, "pid", pid, "waited", m.a.opts.StopTimeout)
+	m.a.log.Warn("agent did not stop after SIGINT; sending SIGKILL", "agent", m.name, "pid", pid, "waited", m.a.opts.StopTimeout)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("kill %s agent %d: %w", m.role, pid, err)
+		return fmt.Errorf("kill %s agent %d: %w", m.name, pid, err)
 	}
 	select {
 	case <-p.done:
 		return nil
 	case <-time.After(10 * time.Second):
-		return fmt.Errorf("%s agent %d still not reaped 10s after SIGKILL", m.role, pid)
+		return fmt.Errorf("%s agent %d still not reaped 10s after SIGKILL", m.name, pid)
 	}
 }
 
@@ -226,18 +252,18 @@ func (m *Member) signalPaused(sig syscall.Signal, paused bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.proc == nil || m.proc.exited() {
-		return fmt.Errorf("%s: %w", m.role, errNotRunning)
+		return fmt.Errorf("%s: %w", m.name, errNotRunning)
 	}
 	pid := m.proc.cmd.Process.Pid
 	if err := syscall.Kill(pid, sig); err != nil {
-		return fmt.Errorf("%v %s agent: %w", sig, m.role, err)
+		return fmt.Errorf("%v %s agent: %w", sig, m.name, err)
 	}
 	m.paused = paused
 	// Signal delivery is asynchronous: wait until all threads agree.
 	deadline := time.Now().Add(5 * time.Second)
 	for allThreadsStopped(pid) != paused {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s agent %d: still not %s 5s after %v", m.role, pid,
+			return fmt.Errorf("%s agent %d: still not %s 5s after %v", m.name, pid,
 				map[bool]string{true: "stopped", false: "running"}[paused], sig)
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -284,7 +310,7 @@ func (m *Member) waitReady(p *agentProc, began time.Time, prevNodeIndex uint64) 
 			return nil
 		}
 		if why != state {
-			m.a.log.Debug("waiting for agent", "role", m.role, "state", why, "after", time.Since(began).Round(time.Millisecond))
+			m.a.log.Debug("waiting for agent", "agent", m.name, "state", why, "after", time.Since(began).Round(time.Millisecond))
 		}
 		state = why
 		if time.Now().After(deadline) {
@@ -325,12 +351,12 @@ func (m *Member) notReady(began time.Time, prevNodeIndex uint64) string {
 	if nodeID == "" {
 		return "client has no node ID yet"
 	}
-	a.mu.Lock()
-	prev := a.nodeID
+	m.mu.Lock()
+	prev := m.nodeID
 	if prev == "" || m.role == roleDev {
-		a.nodeID = nodeID
+		m.nodeID = nodeID
 	}
-	a.mu.Unlock()
+	m.mu.Unlock()
 	if prev != "" && prev != nodeID && m.role != roleDev {
 		return fmt.Sprintf("node ID changed across restart: was %s, now %s", prev, nodeID)
 	}
@@ -393,3 +419,35 @@ func (a *Agent) serverNotReady() string {
 	}
 	return "keyring has no active key yet"
 }
+
+// Partition cuts the client off from the server (and from the test, which
+// reaches it over the same link): every packet is dropped both ways until
+// Heal. Needs AgentOptions.Netns. The process, its plugins and tasks keep
+// running; unix sockets (the Task API) still answer, but nothing the client
+// asks of the server gets through. Cleanup heals.
+func (m *Member) Partition() error {
+	if m.link == nil {
+		return fmt.Errorf("%s: partition needs AgentOptions.Netns", m.name)
+	}
+	return m.a.net.setCut(m.link, true)
+}
+
+// Heal restores the link cut by Partition.
+func (m *Member) Heal() error {
+	if m.link == nil {
+		return fmt.Errorf("%s: heal needs AgentOptions.Netns", m.name)
+	}
+	return m.a.net.setCut(m.link, false)
+}
+
+// Netns is the name (under /run/netns) of the client's network namespace
+// with AgentOptions.Netns, or "".
+func (m *Member) Netns() string {
+	if m.link == nil {
+		return ""
+	}
+	return m.link.netns
+}
+
+// Partitioned reports whether the client is cut off by Partition.
+func (m *Member) Partitioned() bool { return m.link != nil && m.a.net.isCut(m.link) }
