@@ -84,6 +84,10 @@ func superviseTask(dir string, log hclog.Logger) (int, string) {
 			}
 		},
 		OnLBRemoved: func() { _ = os.Remove(filepath.Join(dir, lbFile)) },
+		// After a loss the supervisor tries to release by itself (the lock
+		// may still be ours on the server); once it has, a second try by
+		// the plugin would only delay the task's exit by its budget.
+		OnReleaseTried: func() { _ = os.Remove(filepath.Join(dir, leaseFile)) },
 		OnAcquire: func(l *lockclient.Lease) {
 			held := heldLease{LockID: l.LockID(), Path: cfg.Path, Namespace: cfg.Namespace, Fence: l.Fence,
 				TTL: cfg.TTL, LockDelay: cfg.LockDelay}

@@ -226,10 +226,34 @@ func TestChaos(t *testing.T) {
 
 	t.Run("partition", func(t *testing.T) {
 		t.Parallel()
-		chaosRunRow(t, chaosRow{ID: "6-partition", Variant: "driver and lock",
-			Fault:  "client cut off from the server; replacement on a second client",
-			Proves: "(not run)", Skip: chaosPartitionSkip()},
-			trials, nil)
+		fault := "client cut off from the server (its veth link down; server and two clients as separate agents, clients in network namespaces), count = 1, "
+		proves := "each holder self-fences by its deadline while cut off; the replacement on the second client takes over only after that; "
+		rows := []struct {
+			row       chaosRow
+			stopAfter time.Duration
+		}{
+			{chaosRow{ID: "6-partition-stop", Variant: "driver and lock (same fault)",
+				Fault: fault + fmt.Sprintf("stop_on_client_after = %s; healed once the replacement holds", chaosPartitionStopAfter),
+				Proves: proves + "the cut-off client stops its allocations on its own; after the heal exactly one holder per job, the replacement. " +
+					"Takeover is bound by Nomad: it places the replacement only at lost + stop_on_client_after + kill_timeout"},
+				chaosPartitionStopAfter},
+			{chaosRow{ID: "6-partition-lost", Variant: "driver and lock (same fault)",
+				Fault: fault + "no disconnect block: Nomad replaces the allocation as soon as the node is down; healed once the replacement holds",
+				Proves: proves + "only the lock keeps the old allocation (still running, cut off, waiting for the lock) and the replacement apart; " +
+					"after the heal the old allocation is stopped and the replacement stays the one holder"},
+				0},
+		}
+		if skip := chaosPartitionSkip(); skip != "" {
+			for _, r := range rows {
+				r.row.Skip = skip
+				chaosRunRow(t, r.row, trials, nil)
+			}
+			return
+		}
+		a := harness.StartAgent(t, chaosPartitionAgentOptions(t))
+		for _, r := range rows {
+			chaosRunRow(t, r.row, trials, func(t *testing.T, n int, tr *chaosTrial) { chaosPartitionTrial(t, a, r.stopAfter, n, tr) })
+		}
 	})
 }
 
@@ -240,33 +264,26 @@ func chaosVariantName(v string) string {
 	return "singleton driver"
 }
 
-// chaosPartitionSkip measures what row 6 would need on this machine.
+// chaosPartitionSkip says why row 6 cannot run here ("" if it can), as
+// measured: it needs root, ip and nsenter, and must be able to create a
+// network namespace.
 func chaosPartitionSkip() string {
-	var have []string
-	for _, tool := range []string{"iptables", "nft"} {
-		if _, err := exec.LookPath(tool); err == nil {
-			have = append(have, tool)
+	if os.Geteuid() != 0 {
+		return "network namespaces need root"
+	}
+	for _, tool := range []string{"ip", "nsenter"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return tool + " not found (Debian packages iproute2, util-linux)"
 		}
 	}
-	netns := "netns: `ip` not found"
-	if ip, err := exec.LookPath("ip"); err == nil {
-		name := fmt.Sprintf("chaosprobe%d", os.Getpid())
-		out, err := exec.Command(ip, "netns", "add", name).CombinedOutput()
-		if err == nil {
-			netns = "netns: creating one works"
-			if out, err := exec.Command(ip, "netns", "delete", name).CombinedOutput(); err != nil {
-				netns += fmt.Sprintf(" (delete failed: %v %s)", err, out)
-			}
-		} else {
-			netns = fmt.Sprintf("netns: `ip netns add` fails: %v %s", err, strings.TrimSpace(string(out)))
-		}
+	name := fmt.Sprintf("chaosprobe%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		return fmt.Sprintf("`ip netns add` fails here: %v %s", err, strings.TrimSpace(string(out)))
 	}
-	fw := "no iptables or nft binary"
-	if len(have) > 0 {
-		fw = "found " + strings.Join(have, ", ")
+	if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
+		return fmt.Sprintf("`ip netns delete` fails here: %v %s", err, strings.TrimSpace(string(out)))
 	}
-	return "not implemented yet: the harness has one client per cluster; row 6 needs N clients in their own network namespaces " +
-		"joined by veth (measured here: " + fw + "; " + netns + ")"
+	return ""
 }
 
 // chaosSubject is one singleton job under test: the driver or `lock` under
@@ -281,16 +298,25 @@ type chaosSubject struct {
 // newChaosSubject starts the job; lockBlock optionally replaces the driver
 // job's lock block.
 func newChaosSubject(t *testing.T, a *harness.Agent, variant, name string, lockBlock ...string) *chaosSubject {
+	return startChaosSubject(t, a, variant, name, 2, "", lockBlock...)
+}
+
+// startChaosSubject starts a job of count allocations with groupExtra
+// (group-level HCL, e.g. a disconnect block) in its group.
+func startChaosSubject(t *testing.T, a *harness.Agent, variant, name string, count int, groupExtra string, lockBlock ...string) *chaosSubject {
 	s := &chaosSubject{variant: variant, a: a}
 	if variant == "driver" {
-		s.drv = newDrvJob(t, name, 2)
+		s.drv = newDrvJob(t, name, count)
+		s.drv.groupExtra = groupExtra
 		if len(lockBlock) > 0 {
 			s.drv.lockBlock = lockBlock[0]
 		}
 		s.drv.run(t, a)
 	} else {
 		s.sc = newScenario(t, name)
-		a.RunJobHCL(t, jobHCL(s.sc.job, "service", s.sc.lockGroup(t, 2, nil, nil)))
+		g := s.sc.lockGroup(t, count, nil, nil)
+		g.extra = groupExtra
+		a.RunJobHCL(t, jobHCL(s.sc.job, "service", g))
 		t.Cleanup(func() { _ = a.Purge(s.sc.job) })
 	}
 	return s
@@ -623,9 +649,32 @@ func chaosAgentPauseTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 			_ = a.Resume()
 		}
 	}()
-	// Fence deadline: at most TTL after the last renew; loose bound. Both
-	// workloads are watched at once.
-	holders := []harness.Record{df, lf}
+	known, fenced := chaosWaitSelfFence(t, at, df, lf)
+	for time.Duration(harness.MonoNow()-at) < drvTTL+5*time.Second {
+		time.Sleep(100 * time.Millisecond)
+	}
+	contAt := harness.MonoNow()
+	if err := a.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	dn := d.next(t, df, chaosTakeoverBound)
+	ln := l.next(t, lf, chaosTakeoverBound)
+	tr.Takeover = time.Duration(max(dn.Mono, ln.Mono) - at)
+	tr.Recovery = time.Duration(max(dn.Mono, ln.Mono) - contAt)
+	tr.Note = "self-fenced after " + strings.Join(fenced, ", ") + " (driver, lock)"
+	// Exactly one holder per job for a while after the thaw.
+	time.Sleep(5 * time.Second)
+	chaosCheck(t, tr, d.records(t), ds.Stop(), known...)
+	chaosCheck(t, tr, l.records(t), ls.Stop(), known...)
+}
+
+// chaosWaitSelfFence watches the holders' workloads after a fault at at
+// that cuts their supervisors off from the server, and returns when each
+// was gone (for CheckNoOverlap) and how long after at, as text. A workload
+// still alive TTL + 10s after at fails the test: it did not self-fence.
+func chaosWaitSelfFence(t *testing.T, at int64, holders ...harness.Record) ([]harness.KnownEnd, []string) {
+	t.Helper()
 	goneAt := make([]int64, len(holders))
 	for deadline := time.Now().Add(drvTTL + 10*time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		left := 0
@@ -646,30 +695,14 @@ func chaosAgentPauseTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 	var fenced []string
 	for i, w := range holders {
 		if goneAt[i] == 0 {
-			t.Errorf("workload %d of %s still runs %s into the pause: no self-fence", w.PID, drvShort(w.AllocID), time.Duration(harness.MonoNow()-at))
+			t.Errorf("workload %d of %s still runs %s after the fault: no self-fence", w.PID, drvShort(w.AllocID), time.Duration(harness.MonoNow()-at))
 			fenced = append(fenced, "never")
 			continue
 		}
 		known = append(known, harness.KnownEnd{PID: w.PID, Mono: goneAt[i]})
 		fenced = append(fenced, harness.Millis(time.Duration(goneAt[i]-at)))
 	}
-	for time.Duration(harness.MonoNow()-at) < drvTTL+5*time.Second {
-		time.Sleep(100 * time.Millisecond)
-	}
-	contAt := harness.MonoNow()
-	if err := a.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	resumed = true
-	dn := d.next(t, df, chaosTakeoverBound)
-	ln := l.next(t, lf, chaosTakeoverBound)
-	tr.Takeover = time.Duration(max(dn.Mono, ln.Mono) - at)
-	tr.Recovery = time.Duration(max(dn.Mono, ln.Mono) - contAt)
-	tr.Note = "self-fenced after " + strings.Join(fenced, ", ") + " (driver, lock)"
-	// Exactly one holder per job for a while after the thaw.
-	time.Sleep(5 * time.Second)
-	chaosCheck(t, tr, d.records(t), ds.Stop(), known...)
-	chaosCheck(t, tr, l.records(t), ls.Stop(), known...)
+	return known, fenced
 }
 
 // chaosLBFault is one way the LB API misbehaves.

@@ -71,7 +71,9 @@ type drvJob struct {
 	failFast bool
 	// update is the body of an update {} block ("" for none).
 	update string
-	meta   map[string]string
+	// groupExtra is group-level HCL added verbatim, e.g. a disconnect {} block.
+	groupExtra string
+	meta       map[string]string
 	// user is the task's user ("" for the agent's).
 	user string
 }
@@ -105,6 +107,9 @@ func (j *drvJob) hcl(t *testing.T) string {
 	if j.failFast {
 		line("    restart {\n      attempts = 0\n      mode     = \"fail\"\n    }")
 		line("    reschedule {\n      attempts  = 0\n      unlimited = false\n    }")
+	}
+	if j.groupExtra != "" {
+		line("    %s", j.groupExtra)
 	}
 	if len(j.meta) > 0 {
 		line("    meta {")

@@ -72,6 +72,8 @@ type group struct {
 	// identityFile also writes the workload identity to secrets/nomad_token.
 	identityFile bool
 	volumes      []volume // host volumes mounted into the task (exec driver)
+	// extra is group-level HCL added verbatim, e.g. a disconnect {} block.
+	extra string
 }
 
 // volume mounts a client host volume (named as in AgentOptions.HostVolumes).
@@ -101,6 +103,9 @@ func jobHCL(id, typ string, groups ...group) string {
 		if g.failFast {
 			b.WriteString("    restart {\n      attempts = 0\n      mode     = \"fail\"\n    }\n")
 			b.WriteString("    reschedule {\n      attempts  = 0\n      unlimited = false\n    }\n")
+		}
+		if g.extra != "" {
+			fmt.Fprintf(&b, "    %s\n", g.extra)
 		}
 		for _, v := range g.volumes {
 			fmt.Fprintf(&b, "    volume %q {\n      type      = \"host\"\n      source    = %q\n      read_only = %t\n    }\n", v.name, v.name, !v.writable)

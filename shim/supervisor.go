@@ -103,6 +103,12 @@ type Supervisor struct {
 	// OnAcquire, if set, runs after the lock is acquired and before the
 	// workload starts: the driver records the lease for a crash release.
 	OnAcquire func(*lockclient.Lease)
+	// OnReleaseTried, if set, runs once the supervisor has tried to release
+	// the lock it held, whatever the server answered (released, already
+	// gone, or unreachable until the budget ran out): nobody needs to try
+	// again on its behalf. The driver then drops the lease record, so the
+	// plugin's crash release is left for supervisors that died holding.
+	OnReleaseTried func()
 	// OnLBPosted runs before the ADD is sent, OnLBRemoved after our REMOVE
 	// succeeded: the driver records the registration for a crash REMOVE.
 	OnLBPosted  func(*LoadBalancer, *lbhook.Hook, lbhook.UpstreamInfo)
@@ -462,6 +468,9 @@ func (s *Supervisor) release(lease *lockclient.Lease) {
 	timeout := s.Locker.Config().RequestTimeout + time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	if s.OnReleaseTried != nil {
+		defer s.OnReleaseTried()
+	}
 	if err := lease.Release(ctx); err != nil {
 		if errors.Is(err, lockclient.ErrLost) {
 			s.Logger.Info("nothing to release: the lock was already gone", "reason", err)
