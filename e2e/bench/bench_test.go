@@ -49,7 +49,7 @@ func TestBench(t *testing.T) {
 		mode, cfg.Runs, strings.Join(cfg.Scenarios, ","), scale, b.rep.Machine.Nomad, b.rep.Machine.Cores, b.rep.Machine.Kernel)
 
 	if cfg.Enabled(ScenarioHandover) || cfg.Enabled(ScenarioCrash) || cfg.Enabled(ScenarioTimeline) ||
-		cfg.Enabled(ScenarioStart) || cfg.Enabled(ScenarioFootprint) || cfg.Enabled(ScenarioLB) {
+		cfg.Enabled(ScenarioStart) || cfg.Enabled(ScenarioFootprint) || cfg.Enabled(ScenarioLB) || cfg.Enabled(ScenarioHAProxy) {
 		// One dev agent with the plugin for scenarios 1-4; it stops (with
 		// everything it ran) when this subtest ends, before the scale runs.
 		t.Run("agent", func(t *testing.T) {
@@ -91,6 +91,11 @@ func TestBench(t *testing.T) {
 			if cfg.Enabled(ScenarioLB) {
 				done := b.phase(TitleLB)
 				t.Run("lb", b.lb)
+				done()
+			}
+			if cfg.Enabled(ScenarioHAProxy) {
+				done := b.phase(TitleHAProxy)
+				t.Run("haproxy", b.haproxy)
 				done()
 			}
 		})

@@ -16,12 +16,13 @@ const (
 	ScenarioFootprint = "footprint"
 	ScenarioScale     = "scale"
 	ScenarioLB        = "lb"
+	ScenarioHAProxy   = "haproxy"
 	ScenarioTimeline  = "timeline"
 )
 
 // AllScenarios in the order they run.
 var AllScenarios = []string{
-	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioScale,
+	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioScale,
 }
 
 // Environment variables read by FromEnv. The GNUmakefile sets them from its

@@ -42,7 +42,9 @@
 // Where it is fair, the variants of a scenario run concurrently (crash
 // takeover, footprint, LB: they wait on timers, or measure memory); where
 // sub-second timing matters they run one after another (handover, start,
-// scale). A Monitor notes when someone else's builds, tests or Nomad agents
+// scale, and the handover seen by a client through a real HAProxy, which
+// needs haproxy installed: `make bench` installs it where it may, and the
+// report says so when it could not). A Monitor notes when someone else's builds, tests or Nomad agents
 // shared the machine, and the report lists those stretches.
 //
 // The pure parts (statistics, goals, the Markdown and text tables, the

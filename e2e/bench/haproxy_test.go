@@ -1,0 +1,202 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi/haproxy"
+)
+
+// haproxyWorker is the LB API's worker period in this scenario.
+const haproxyWorker = 50 * time.Millisecond
+
+// haproxyVariants are the variants with LB integration.
+var haproxyVariants = []string{VariantLock, VariantDriver}
+
+// haproxy is scenario 7, graceful handover as a client sees it through a
+// real HAProxy: see Methods[TitleHAProxy].
+func (b *bench) haproxy(t *testing.T) {
+	const prefix = "alloc stop in a count = 2 group: "
+	b.rep.Add(&Row{Scenario: TitleHAProxy, Metric: prefix + "what a client sees through HAProxy", Variant: VariantAnchor,
+		Status: "n/a: nomad var lock has no LB integration"})
+	if _, err := haproxy.Binary(); err != nil {
+		r := &Row{Scenario: TitleHAProxy, Metric: prefix + "what a client sees through HAProxy", Variant: "(b) lock, (c) singleton driver",
+			Status: "not measured: haproxy not installed (make haproxy, or apt-get install -y haproxy)"}
+		b.rep.Add(r)
+		b.rep.Note("HAProxy scenario skipped: haproxy is not installed and could not be installed here (%v).", err)
+		b.progress("HAProxy: %s", r.Status)
+		return
+	}
+	type rows struct{ failed, gap, first, wrong *Row }
+	rs := map[string]*rows{}
+	for _, v := range haproxyVariants {
+		rs[v] = &rows{failed: b.row(TitleHAProxy, prefix+"failed requests", v, Count, AggStats, nil)}
+	}
+	for _, v := range haproxyVariants {
+		rs[v].gap = b.row(TitleHAProxy, prefix+"longest stretch with no backend", v, Seconds, AggStats, nil)
+	}
+	for _, v := range haproxyVariants {
+		rs[v].first = b.row(TitleHAProxy, prefix+"stop call → first answer from the new holder", v, Seconds, AggStats, nil)
+	}
+	for _, v := range haproxyVariants {
+		rs[v].wrong = b.row(TitleHAProxy, prefix+"runs with a wrong answer (not the holder or its successor, or the old after the new)",
+			v, Count, AggSum, Zero("a standby's workload does not run; the old holder is removed before it is signalled"))
+	}
+
+	jobs := map[string]*job{}
+	var services []haproxy.Service
+	for _, v := range haproxyVariants {
+		j := b.newJob("haproxy", v, 2)
+		j.lbService = j.id
+		jobs[v] = j
+		services = append(services, haproxy.Service{Backend: haproxy.Name(j.lbService), PathPrefix: "/" + j.lbService})
+	}
+	lb := harness.StartHAProxyLB(t, lbapi.Options{Groups: []lbapi.Group{{Name: lbGroup}}, WorkerInterval: haproxyWorker}, services...)
+	for _, v := range haproxyVariants {
+		jobs[v].lbURI = lb.URI
+	}
+	b.progress("HAProxy on %s, driven by the LB API (worker every %s)", lb.HAProxy.URL, haproxyWorker)
+
+	// One variant at a time: sub-second gaps on 2 cores.
+	for _, v := range haproxyVariants {
+		t.Run(slug(v), func(t *testing.T) {
+			b.haproxyHandovers(t, jobs[v], lb.HAProxy.URL+"/"+jobs[v].lbService+"/", rs[v].failed, rs[v].gap, rs[v].first, rs[v].wrong)
+		})
+	}
+}
+
+func (b *bench) haproxyHandovers(t *testing.T, j *job, url string, failed, gap, first, wrong *Row) {
+	hcl := b.haproxyHCL(j)
+	parsed, err := b.a.API().Jobs().ParseHCL(hcl, true)
+	if err != nil {
+		t.Fatalf("parse job %s: %v\n%s", j.id, err, hcl)
+	}
+	if _, _, err := b.a.API().Jobs().Register(parsed, nil); err != nil {
+		t.Fatalf("register job %s: %v", j.id, err)
+	}
+	defer b.stopJob(t, j, 30*time.Second)
+	holder := waitStart(t, j.record, 0, 90*time.Second)
+	waitAnswer(t, url, "alloc "+holder.AllocID, 60*time.Second)
+
+	for run := 1; run <= b.cfg.Runs; run++ {
+		b.waitStandbys(t, j, holder.AllocID, 1, 1500*time.Millisecond, 90*time.Second)
+		old := "alloc " + holder.AllocID
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		done := make(chan []harness.ProbeResult, 1)
+		go func() {
+			// Until 200 answers in a row (1 s) came from someone else.
+			done <- harness.Probe(ctx, url, harness.ProbeOptions{Max: 18_000, Until: func(rs []harness.ProbeResult) bool {
+				n := 0
+				for i := len(rs) - 1; i >= 0 && rs[i].OK() && rs[i].Body != old; i-- {
+					n++
+				}
+				return n >= 200
+			}})
+		}()
+		time.Sleep(300 * time.Millisecond)
+		stopAt, stopMono := time.Now(), harness.MonoNow()
+		if err := b.a.StopAlloc(holder.AllocID); err != nil {
+			cancel()
+			t.Fatalf("stop alloc %s: %v", holder.AllocID, err)
+		}
+		results := <-done
+		cancel()
+		sum := harness.Summarize(results)
+		next := waitStart(t, j.record, stopMono, 30*time.Second)
+		successor := "alloc " + next.AllocID
+		var firstNew time.Time
+		for _, r := range results {
+			if r.OK() && r.Body == successor {
+				firstNew = r.Start
+				break
+			}
+		}
+		if firstNew.IsZero() {
+			t.Fatalf("run %d: the client never reached the new holder %s (%d requests, %d failed, answers %q)",
+				run, next.AllocID, sum.Requests, sum.Failed, sum.Answers)
+		}
+		bad := 0.0
+		if sum.Switches != 1 || len(sum.Answers) != 2 || sum.Answers[0] != old || sum.Answers[1] != successor {
+			bad = 1
+			t.Errorf("run %d: answers %q with %d switches, want %q then %q", run, sum.Answers, sum.Switches, old, successor)
+		}
+		add(failed, float64(sum.Failed))
+		add(gap, sum.LongestGap.Seconds())
+		add(first, firstNew.Sub(stopAt).Seconds())
+		add(wrong, bad)
+		b.progress("HAProxy %s run %d/%d: %d of %d requests failed, longest stretch with no backend %s, stop call → new holder answers %s",
+			j.variant, run, b.cfg.Runs, sum.Failed, sum.Requests, Seconds.Format(sum.LongestGap.Seconds()), Seconds.Format(firstNew.Sub(stopAt).Seconds()))
+		holder = next
+	}
+}
+
+// waitAnswer waits until url answers 200 with body want.
+func waitAnswer(t *testing.T, url, want string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		rs := harness.Probe(context.Background(), url, harness.ProbeOptions{Max: 1})
+		if len(rs) == 1 && rs[0].OK() && rs[0].Body == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s does not answer %q after %s: %+v", url, want, timeout, rs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// haproxyHCL is a count = 2 job whose workload serves HTTP on its "http"
+// port and registers it with the LB API once a health check passes: (b)
+// `lock` with -lb-* and -health-* flags under raw_exec, (c) the driver's
+// load_balancer and health_check blocks.
+func (b *bench) haproxyHCL(j *job) string {
+	wl := append(b.workloadArgs(j.record, j.marker), "-http", "127.0.0.1:${NOMAD_PORT_http}")
+	var driver, command string
+	var args []string
+	blocks := ""
+	switch j.variant {
+	case VariantLock:
+		driver, command = "raw_exec", b.lockBin
+		args = append([]string{"-lb-uri", j.lbURI, "-lb-service-id", j.lbService, "-lb-base-path", "/" + j.lbService,
+			"-lb-groups", lbGroup, "-lb-port", "http", "-health-type", "http", "-health-interval", "200ms"}, lockArgs(j.path)...)
+		args = append(args, wl...)
+	case VariantDriver:
+		driver, command, args = harness.PluginDriverName, wl[0], wl[1:]
+		blocks = fmt.Sprintf(`        lock {
+          path  = %q
+          ttl   = %q
+          delay = %q
+        }
+        load_balancer {
+          uri        = %q
+          service_id = %q
+          base_path  = %q
+          groups     = [%q]
+          port       = "http"
+        }
+        health_check {
+          type     = "http"
+          interval = "200ms"
+        }
+`, j.path, TTL.String(), LockDelay.String(), j.lbURI, j.lbService, "/"+j.lbService, lbGroup)
+	default:
+		panic("bench: no HAProxy job for variant " + j.variant)
+	}
+	var s strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&s, format, a...) }
+	w("job %q {\n  type = \"service\"\n  group \"g\" {\n    count = %d\n", j.id, j.count)
+	w("    network {\n      port \"http\" {}\n    }\n")
+	w("    task %q {\n      driver = %q\n", taskName, driver)
+	w("      identity {\n        env = true\n      }\n")
+	w("      config {\n        command = %q\n        args    = %s\n%s      }\n", command, harness.HCLList(args...), blocks)
+	w("      kill_timeout = \"6s\"\n")
+	w("      resources {\n        cpu    = 50\n        memory = 256\n      }\n")
+	w("    }\n  }\n}\n")
+	return s.String()
+}
