@@ -137,8 +137,8 @@ integration.`,
 	TitleHAProxy: `What a client sees of a graceful handover through a real load balancer.
 HAProxy (Debian's 2.6, started by the bench with one backend per job) is
 driven by the reference LB API (examples/lbapi with its HAProxy backend, in
-the bench process, worker every 50 ms; Baragon's 1 s worker would add about
-2 s). (b) ` + "`lock`" + ` with -lb-* and -health-* flags under raw_exec and (c) the
+the bench process, worker every 50 ms: a request takes three worker runs,
+so Baragon's 1 s worker would stretch the REMOVE and the ADD to 2–3 s each). (b) ` + "`lock`" + ` with -lb-* and -health-* flags under raw_exec and (c) the
 driver with load_balancer and health_check blocks run the testworkload, which
 answers every HTTP request with its allocation ID, in a count = 2 group.
 Once the standby has waited 1.5 s, a client loop on loopback starts sending

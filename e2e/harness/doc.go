@@ -33,6 +33,10 @@
 //     free loopback port in the test process, stamping each request's
 //     enqueue and finish with MonoNow (lbapi.RequestRecord), so LB events
 //     order exactly against the workload records. FreePort picks a port.
+//     StartHAProxyLB puts a real HAProxy behind it (examples/lbapi's HAProxy
+//     backend), and Probe is a client loop through HAProxy's frontend whose
+//     Summarize counts failed requests and the longest stretch with no
+//     backend.
 //   - Records: the e2e/testworkload program appends start/stop/signal/exit
 //     events with CLOCK_MONOTONIC timestamps to a record file; ReadRecords,
 //     Intervals, Overlaps and Handovers turn them into assertions such as
