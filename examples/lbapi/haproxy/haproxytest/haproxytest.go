@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -49,11 +50,40 @@ func Binary(t testing.TB) string {
 type Options struct {
 	// Services get one backend each; the first is also the default backend.
 	Services []haproxy.Service
-	// Spawn and SysProcAttr are passed to haproxy.ProcessOptions (e.g. a
-	// spawn from a pinned thread with Pdeathsig, so that HAProxy dies with
-	// the test binary).
+	// Spawn and SysProcAttr are passed to haproxy.ProcessOptions. By
+	// default HAProxy is forked from a thread that lives as long as the test
+	// binary, with Pdeathsig SIGKILL, so that it dies with the test binary
+	// even when a timeout kills that before cleanup runs.
 	Spawn       func(*exec.Cmd) error
 	SysProcAttr *syscall.SysProcAttr
+}
+
+// Pdeathsig fires when the thread that forked the child exits, not the
+// process, and Go may retire threads: fork from one goroutine locked to its
+// thread for good.
+var (
+	spawnOnce sync.Once
+	spawnReqs chan spawnReq
+)
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func startPinned(cmd *exec.Cmd) error {
+	spawnOnce.Do(func() {
+		spawnReqs = make(chan spawnReq)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread must outlive its children
+			for req := range spawnReqs {
+				req.done <- req.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	spawnReqs <- spawnReq{cmd: cmd, done: done}
+	return <-done
 }
 
 // Instance is a running HAProxy.
@@ -98,6 +128,12 @@ func Start(t testing.TB, opts Options) *Instance {
 	inst := &Instance{
 		Config: cfg, Client: &haproxy.Client{Socket: cfg.Socket}, URL: "http://" + cfg.Bind, Dir: dir,
 		log: &syncBuffer{},
+	}
+	if opts.Spawn == nil {
+		opts.Spawn = startPinned
+		if opts.SysProcAttr == nil {
+			opts.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		}
 	}
 	p, err := haproxy.StartProcess(haproxy.ProcessOptions{
 		Bin: bin, Config: cfgPath, Socket: cfg.Socket, Log: inst.log,
