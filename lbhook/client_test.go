@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 )
 
 // Every HTTP outcome of every call, classified as contract §3 and our
@@ -176,7 +178,7 @@ func TestRedactor(t *testing.T) {
 func TestLogsNeverShowTheKey(t *testing.T) {
 	l := newLB(t, time.Millisecond)
 	l.front.on(http.MethodPost, 1, answerStatus(503, testKey)).on(http.MethodGet, 1, dropConn())
-	var logs logBuffer
+	var logs proctest.SyncBuffer
 	c := newTestClient(t, testConfig(l.uri), &logs)
 	resp, err := c.Run(context.Background(), c.NewRequest("r1", []UpstreamInfo{{Upstream: "10.0.0.1:80"}}, nil), time.Time{})
 	if err != nil || resp.LoadBalancerState != StateSuccess {

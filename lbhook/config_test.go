@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 )
 
 func validConfig() Config {
@@ -197,7 +199,7 @@ func TestStateURIReplacesEveryOccurrence(t *testing.T) {
 	if got := stateURIFor("http://request.example/lb/request"); got != "http://state.example/lb/state" {
 		t.Errorf("state uri = %s", got)
 	}
-	var logs logBuffer
+	var logs proctest.SyncBuffer
 	cfg := validConfig()
 	cfg.URI = "http://request.example/baragon/v2/request/"
 	c := newTestClient(t, cfg, &logs)

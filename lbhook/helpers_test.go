@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 )
 
 // testKey has characters that URL-escaping changes, so that redaction is
@@ -220,27 +221,9 @@ func testConfig(uri string) Config {
 	}
 }
 
-// logBuffer collects log output safely.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // newTestClient builds a client with testKey (from the environment) and a
 // trace logger into logs.
-func newTestClient(t *testing.T, cfg Config, logs *logBuffer) *Client {
+func newTestClient(t *testing.T, cfg Config, logs *proctest.SyncBuffer) *Client {
 	t.Helper()
 	opts := ClientOptions{Getenv: func(k string) string {
 		if k == DefaultAuthKeyEnv {

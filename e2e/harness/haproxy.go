@@ -21,6 +21,7 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi/haproxy"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi/haproxy/haproxytest"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 )
 
 // HAProxyLB is an LB API server (StartLB) whose groups are served by a real
@@ -43,7 +44,7 @@ func StartHAProxyLB(t testing.TB, opts lbapi.Options, services ...haproxy.Servic
 	t.Helper()
 	h := haproxytest.Start(t, haproxytest.Options{
 		Services:    services,
-		Spawn:       startPinned,
+		Spawn:       proctest.StartPinned,
 		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
 	})
 	be, err := lbapi.NewHAProxyBackend(lbapi.HAProxyOptions{Socket: h.Config.Socket})

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 )
 
 // Process roles of an Agent.
@@ -169,7 +171,7 @@ func (m *Member) Start() error {
 	// dies without cleanup (e.g. -timeout), the agent is told to shut down.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	began := time.Now()
-	if err := startPinned(cmd); err != nil {
+	if err := proctest.StartPinned(cmd); err != nil {
 		logf.Close()
 		return fmt.Errorf("exec %s: %w", a.bin, err)
 	}

@@ -1,17 +1,17 @@
 package harness
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 )
 
 // Process is a program the test started itself, outside Nomad: for example
@@ -19,7 +19,7 @@ import (
 type Process struct {
 	t              testing.TB
 	cmd            *exec.Cmd
-	stdout, stderr *syncBuffer
+	stdout, stderr *proctest.SyncBuffer
 	started        time.Time
 	done           chan struct{}
 	ended          time.Time // when Wait returned; read only after done is closed
@@ -34,7 +34,7 @@ type Process struct {
 // group, by the process's PID, if the process still runs, and reaps it.
 func StartProcess(t testing.TB, cmd *exec.Cmd) *Process {
 	t.Helper()
-	p := &Process{t: t, cmd: cmd, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
+	p := &Process{t: t, cmd: cmd, stdout: &proctest.SyncBuffer{}, stderr: &proctest.SyncBuffer{}, done: make(chan struct{})}
 	if cmd.Stdout == nil {
 		cmd.Stdout = p.stdout
 	}
@@ -49,7 +49,7 @@ func StartProcess(t testing.TB, cmd *exec.Cmd) *Process {
 	// Output pipes held open by descendants must not block Wait forever.
 	cmd.WaitDelay = 5 * time.Second
 	p.started = time.Now()
-	if err := startPinned(cmd); err != nil {
+	if err := proctest.StartPinned(cmd); err != nil {
 		t.Fatalf("harness: start %s: %v", strings.Join(cmd.Args, " "), err)
 	}
 	go func() {
@@ -180,21 +180,3 @@ func Getenv(env []string, key string) string {
 // WithoutNomadEnv returns env without NOMAD_* entries, so that a process the
 // test starts talks only to the cluster it is pointed at (see Agent.Env).
 func WithoutNomadEnv(env []string) []string { return filterEnv(env, "NOMAD_") }
-
-// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}

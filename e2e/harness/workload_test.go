@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 )
 
 // localWorkload is a testworkload started directly by the test (no Nomad), in
@@ -37,7 +39,7 @@ func startLocalWorkload(t *testing.T, args ...string) *localWorkload {
 	full := append([]string{"-record", w.record, "-marker", w.marker}, args...)
 	w.cmd = exec.Command(BuildTestWorkload(t), full...)
 	w.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := startPinned(w.cmd); err != nil {
+	if err := proctest.StartPinned(w.cmd); err != nil {
 		t.Fatalf("start testworkload: %v", err)
 	}
 	go func() { w.err = w.cmd.Wait(); close(w.done) }()

@@ -12,13 +12,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi/haproxy"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi/haproxy/haproxytest"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -116,7 +116,7 @@ func TestRunDrivesHAProxy(t *testing.T) {
 
 	release := make(chan struct{})
 	exited := make(chan int, 1)
-	var stderr syncBuffer
+	var stderr proctest.SyncBuffer
 	go func() {
 		exited <- run([]string{"-listen", addr, "-worker-interval", "10ms", "-haproxy-socket", h.Config.Socket},
 			func(string) string { return "" }, &stderr, func() { <-release })
@@ -174,21 +174,4 @@ func TestRunDrivesHAProxy(t *testing.T) {
 	if !strings.Contains(stderr.String(), "driving HAProxy 2.") {
 		t.Errorf("stderr does not name the HAProxy it drives:\n%s", stderr.String())
 	}
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

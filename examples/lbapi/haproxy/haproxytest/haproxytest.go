@@ -11,20 +11,18 @@
 package haproxytest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi/haproxy"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 )
 
 // EnvSkip, set to 1, makes tests that need HAProxy skip when it is not
@@ -58,34 +56,6 @@ type Options struct {
 	SysProcAttr *syscall.SysProcAttr
 }
 
-// Pdeathsig fires when the thread that forked the child exits, not the
-// process, and Go may retire threads: fork from one goroutine locked to its
-// thread for good.
-var (
-	spawnOnce sync.Once
-	spawnReqs chan spawnReq
-)
-
-type spawnReq struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-func startPinned(cmd *exec.Cmd) error {
-	spawnOnce.Do(func() {
-		spawnReqs = make(chan spawnReq)
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread must outlive its children
-			for req := range spawnReqs {
-				req.done <- req.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	spawnReqs <- spawnReq{cmd: cmd, done: done}
-	return <-done
-}
-
 // Instance is a running HAProxy.
 type Instance struct {
 	*haproxy.Process
@@ -98,7 +68,7 @@ type Instance struct {
 	// Dir holds the configuration, the socket and the log.
 	Dir string
 
-	log *syncBuffer
+	log *proctest.SyncBuffer
 }
 
 // Start runs HAProxy with a generated configuration (see the package doc).
@@ -127,10 +97,10 @@ func Start(t testing.TB, opts Options) *Instance {
 	}
 	inst := &Instance{
 		Config: cfg, Client: &haproxy.Client{Socket: cfg.Socket}, URL: "http://" + cfg.Bind, Dir: dir,
-		log: &syncBuffer{},
+		log: &proctest.SyncBuffer{},
 	}
 	if opts.Spawn == nil {
-		opts.Spawn = startPinned
+		opts.Spawn = proctest.StartPinned
 		if opts.SysProcAttr == nil {
 			opts.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		}
@@ -193,21 +163,4 @@ func readFile(p string) string {
 		return err.Error()
 	}
 	return string(b)
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
