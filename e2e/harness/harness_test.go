@@ -411,7 +411,7 @@ job "left-running" {
 // nodes; a partitioned client can no longer be reached and is marked down
 // by the server; healed, it is ready again.
 func TestNetnsPartition(t *testing.T) {
-	a := harness.StartAgent(t, harness.AgentOptions{Clients: 2, Netns: true, HeartbeatTTL: 3 * time.Second})
+	a := harness.StartAgent(t, harness.AgentOptions{Clients: 2, Netns: true, HeartbeatTTL: 5 * time.Second})
 	cs := a.Clients()
 	if len(cs) != 2 || cs[0].NodeID() == cs[1].NodeID() || cs[0].Addr() == cs[1].Addr() {
 		t.Fatalf("want two clients with their own nodes and addresses, got %s %s / %s %s",
@@ -437,7 +437,7 @@ func TestNetnsPartition(t *testing.T) {
 		resp.Body.Close()
 		t.Errorf("the partitioned client still answers at %s", cut.Addr())
 	}
-	t.Logf("partitioned: node down after %s", waitStatus(api.NodeStatusDown, 30*time.Second).Round(time.Millisecond))
+	t.Logf("partitioned: node down after %s", waitStatus(api.NodeStatusDown, 45*time.Second).Round(time.Millisecond))
 	if got := nodeStatusOf(t, a, cs[0].NodeID()); got != api.NodeStatusReady {
 		t.Errorf("the other client's node is %q, want ready", got)
 	}
