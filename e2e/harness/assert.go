@@ -44,16 +44,18 @@ type KnownEnd struct {
 	Mono int64
 }
 
-// GoneByPIDOr is GoneByPID, with the test's own observations first.
+// GoneByPIDOr is GoneByPID combined with the test's own observations. All
+// are upper bounds on the end, so the earliest wins.
 func (s SampleSummary) GoneByPIDOr(known ...KnownEnd) GoneFunc {
 	byPID := s.GoneByPID()
 	return func(iv Interval) (int64, bool) {
+		end, ok := byPID(iv)
 		for _, k := range known {
-			if k.PID == iv.PID {
-				return k.Mono, true
+			if k.PID == iv.PID && k.Mono >= iv.Start && (!ok || k.Mono < end) {
+				end, ok = k.Mono, true
 			}
 		}
-		return byPID(iv)
+		return end, ok
 	}
 }
 

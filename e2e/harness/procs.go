@@ -20,6 +20,10 @@ type Proc struct {
 	AllocID  string // NOMAD_ALLOC_ID
 	Fence    string // NOMAD_LOCK_FENCE
 	LockPath string // NOMAD_LOCK_PATH
+	// Seen is a moment (CLOCK_MONOTONIC ns) at which the scan knew the
+	// process alive: taken after its stat showed no zombie and before its
+	// command line was read.
+	Seen int64
 
 	zombie bool
 	env    []string
@@ -140,6 +144,7 @@ func readProc(pid int) (Proc, error) {
 	if p.zombie {
 		return p, nil
 	}
+	p.Seen = MonoNow()
 	if cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline")); err == nil {
 		p.Argv = splitNUL(cmdline)
 	}

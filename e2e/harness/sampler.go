@@ -42,7 +42,15 @@ type Sample struct {
 	Wall   time.Time // wall time of the same moment
 	PIDs   []int     // matching processes, sorted
 	Allocs []string  // distinct owners: NOMAD_ALLOC_ID, or "pid:<n>" without one; sorted
+	Procs  []Sighted // each matching process with its owner and when it was seen alive
 	Err    error     // the scan failed; PIDs and Allocs are empty
+}
+
+// Sighted is one process in one scan.
+type Sighted struct {
+	PID   int
+	Owner string // as in Sample.Allocs
+	Seen  int64  // CLOCK_MONOTONIC ns at which the scan knew it alive
 }
 
 // SampleSummary is what a Sampler saw.
@@ -51,6 +59,12 @@ type SampleSummary struct {
 	MaxProcs  int // most matching processes in one sample
 	MaxAllocs int // most distinct allocations in one sample
 	Errors    int // samples whose scan failed
+	// Exits holds when each matching process exited (CLOCK_MONOTONIC ns),
+	// from a pidfd opened right after the scan that first saw it.
+	Exits map[int]int64
+	// AliveAtStop are the matching processes still running when the
+	// sampler stopped (watched, no exit seen).
+	AliveAtStop map[int]bool
 }
 
 // Sampler scans /proc periodically in the background. Create it with
@@ -61,6 +75,7 @@ type Sampler struct {
 	done    chan struct{}
 	once    sync.Once
 	summary SampleSummary
+	watches map[int]*ExitWatch // every matching PID seen, from its first scan on
 }
 
 // StartSampler starts sampling at once. t.Cleanup stops it if the test did not.
@@ -72,7 +87,7 @@ func StartSampler(t testing.TB, opts SamplerOptions) *Sampler {
 	if opts.Interval <= 0 {
 		opts.Interval = 20 * time.Millisecond
 	}
-	s := &Sampler{opts: opts, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Sampler{opts: opts, stop: make(chan struct{}), done: make(chan struct{}), watches: map[int]*ExitWatch{}}
 	go s.run()
 	t.Cleanup(func() { s.Stop() })
 	return s
@@ -108,7 +123,28 @@ func (s *Sampler) run() {
 		sum.MaxProcs = max(sum.MaxProcs, len(smp.PIDs))
 		sum.MaxAllocs = max(sum.MaxAllocs, len(smp.Allocs))
 		sum.Samples = append(sum.Samples, smp)
+		for _, pid := range smp.PIDs {
+			if _, ok := s.watches[pid]; !ok {
+				w, err := WatchExit(pid)
+				if err != nil {
+					w = nil // gone already: its end is known only from the scans
+				}
+				s.watches[pid] = w
+			}
+		}
 		if stopping {
+			sum.Exits, sum.AliveAtStop = map[int]int64{}, map[int]bool{}
+			for pid, w := range s.watches {
+				if w == nil {
+					continue
+				}
+				if at, ok := w.Exited(); ok {
+					sum.Exits[pid] = at
+				} else {
+					sum.AliveAtStop[pid] = true
+				}
+				w.Close()
+			}
 			s.summary = sum
 			return
 		}
@@ -139,22 +175,52 @@ func (s *Sampler) take() Sample {
 			owner = fmt.Sprintf("pid:%d", p.PID)
 		}
 		owners[owner] = true
+		smp.Procs = append(smp.Procs, Sighted{PID: p.PID, Owner: owner, Seen: p.Seen})
 	}
 	smp.Allocs = sortedKeys(owners)
 	sort.Ints(smp.PIDs)
 	return smp
 }
 
-// Over returns the samples in which more than limit distinct allocations ran,
-// e.g. Over(1) are the moments a singleton was violated.
+// Over returns the samples proving that more than limit distinct
+// allocations ran at one moment, e.g. Over(1) are the moments a singleton
+// was violated. A scan reads processes one after another, so seeing two in
+// one scan proves nothing by itself (the first may have exited before the
+// second started, on a busy machine tens of ms apart): a sample counts when,
+// at the moment one process was seen, processes of more than limit
+// allocations were alive, each seen by then and exiting (pidfd) only after.
 func (s SampleSummary) Over(limit int) []Sample {
 	var out []Sample
 	for _, smp := range s.Samples {
-		if len(smp.Allocs) > limit {
+		if len(smp.Allocs) > limit && s.provenTogether(smp, limit) {
 			out = append(out, smp)
 		}
 	}
 	return out
+}
+
+func (s SampleSummary) provenTogether(smp Sample, limit int) bool {
+	for _, at := range smp.Procs {
+		owners := map[string]bool{}
+		for _, p := range smp.Procs {
+			if p.Seen <= at.Seen && s.aliveAt(p, at.Seen) {
+				owners[p.Owner] = true
+			}
+		}
+		if len(owners) > limit {
+			return true
+		}
+	}
+	return false
+}
+
+// aliveAt: p was seen alive at p.Seen <= t; was it still at t?
+func (s SampleSummary) aliveAt(p Sighted, t int64) bool {
+	if p.Seen == t || s.AliveAtStop[p.PID] {
+		return true
+	}
+	exit, ok := s.Exits[p.PID]
+	return ok && exit > t
 }
 
 // Empty returns the samples in which nothing matched (e.g. handover gaps).
@@ -171,9 +237,16 @@ func (s SampleSummary) Empty() []Sample {
 // GoneByPID is a GoneFunc for processes whose recorded PID is the host PID
 // (raw_exec, the lock binary, the singleton driver): the first sample
 // without the PID after one with it, from the interval's start on.
+//
+// Both the pidfd's wake-up and the first scan that misses the process are
+// upper bounds on its exit; the earlier one is returned.
 func (s SampleSummary) GoneByPID() GoneFunc {
 	return func(iv Interval) (int64, bool) {
-		return s.goneAfter(iv.Start, func(smp Sample) bool { return slices.Contains(smp.PIDs, iv.PID) })
+		end, ok := s.goneAfter(iv.Start, func(smp Sample) bool { return slices.Contains(smp.PIDs, iv.PID) })
+		if exit, seen := s.Exits[iv.PID]; seen && exit >= iv.Start && (!ok || exit < end) {
+			end, ok = exit, true
+		}
+		return end, ok
 	}
 }
 
