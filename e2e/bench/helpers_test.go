@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
-	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 )
@@ -305,10 +304,8 @@ func (b *bench) supervisorPID(t testing.TB, j *job, allocID string) int {
 
 // watchWorkloadExit opens a pidfd on the workload that wrote rec (its
 // recorded PID is the host PID under raw_exec and the singleton driver,
-// checked against /proc) and returns a channel that receives
-// CLOCK_MONOTONIC the moment the process exits; it is closed without a
-// value if the process outlives timeout.
-func (b *bench) watchWorkloadExit(t testing.TB, j *job, rec harness.Record, timeout time.Duration) <-chan int64 {
+// checked against /proc), to learn the moment it exits.
+func (b *bench) watchWorkloadExit(t testing.TB, j *job, rec harness.Record) *harness.ExitWatch {
 	t.Helper()
 	procs, err := harness.FindProcs(j.marker)
 	if err != nil {
@@ -319,50 +316,24 @@ func (b *bench) watchWorkloadExit(t testing.TB, j *job, rec harness.Record, time
 	}) {
 		t.Fatalf("workload pid %d (alloc %s) not found among %v", rec.PID, rec.AllocID, procs)
 	}
-	fd, err := unix.PidfdOpen(rec.PID, 0)
+	w, err := harness.WatchExit(rec.PID)
 	if err != nil {
-		t.Fatalf("pidfd_open %d: %v", rec.PID, err)
+		t.Fatal(err)
 	}
-	ch := make(chan int64, 1)
-	go func() {
-		defer unix.Close(fd)
-		deadline := time.Now().Add(timeout)
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			left := time.Until(deadline)
-			if left <= 0 {
-				close(ch)
-				return
-			}
-			n, err := unix.Poll(fds, int(min(left, time.Second).Milliseconds())+1)
-			switch {
-			case err != nil && !errors.Is(err, unix.EINTR):
-				close(ch)
-				return
-			case n > 0:
-				ch <- harness.MonoNow()
-				return
-			}
-		}
-	}()
-	return ch
+	t.Cleanup(w.Close)
+	return w
 }
 
-// waitExit returns when the workload watched by exited (from
-// watchWorkloadExit) exited, waiting up to timeout. The exit itself, not the
-// workload's stop record, ends its run: a workload SIGKILLed by its
-// supervisor or by Nomad writes no record.
-func waitExit(t testing.TB, exited <-chan int64, rec harness.Record, timeout time.Duration) int64 {
+// waitExit returns when the watched workload exited, waiting up to timeout.
+// The exit itself, not the workload's stop record, ends its run: a workload
+// SIGKILLed by its supervisor or by Nomad writes no record.
+func waitExit(t testing.TB, w *harness.ExitWatch, rec harness.Record, timeout time.Duration) int64 {
 	t.Helper()
-	select {
-	case at, ok := <-exited:
-		if ok {
-			return at
-		}
-	case <-time.After(timeout):
+	at, ok := w.Wait(timeout)
+	if !ok {
+		t.Fatalf("workload pid %d (alloc %s) still running %s later", rec.PID, short(rec.AllocID), timeout)
 	}
-	t.Fatalf("workload pid %d (alloc %s) still running %s later", rec.PID, short(rec.AllocID), timeout)
-	return 0
+	return at
 }
 
 // stopJob purges the job and, with wait, waits until none of its processes

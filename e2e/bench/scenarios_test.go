@@ -127,7 +127,7 @@ func (b *bench) handoverStandby(t *testing.T, v string, gap, call, over *Row) {
 			// same phase.
 			time.Sleep(randomPhase(TTL * 11 / 10))
 		}
-		exited := b.watchWorkloadExit(t, holderJob, holder, 2*time.Minute)
+		exited := b.watchWorkloadExit(t, holderJob, holder)
 		stopAt := harness.MonoNow()
 		if _, _, err := b.a.API().Jobs().Deregister(holderJob.id, false, nil); err != nil {
 			t.Fatalf("stop job %s: %v", holderJob.id, err)
@@ -161,7 +161,7 @@ func (b *bench) handoverReplacement(t *testing.T, v string, gap, won *Row) {
 			time.Sleep(randomPhase(TTL * 11 / 10))
 		}
 		standbys := b.waitStandbys(t, j, holder.AllocID, 1, 0, 10*time.Second)
-		exited := b.watchWorkloadExit(t, j, holder, 2*time.Minute)
+		exited := b.watchWorkloadExit(t, j, holder)
 		stopAt := harness.MonoNow()
 		if err := b.a.StopAlloc(holder.AllocID); err != nil {
 			t.Fatalf("stop alloc %s: %v", holder.AllocID, err)
@@ -233,19 +233,13 @@ func (b *bench) crashRun(t *testing.T, v string, run int, take, gone, over *Row)
 
 	// A pidfd on the old workload tells the moment it exits, to the
 	// microsecond: the overlap check must not depend on a sampler's 20 ms.
-	exited := b.watchWorkloadExit(t, j, first, 120*time.Second)
+	exited := b.watchWorkloadExit(t, j, first)
 	killAt := harness.MonoNow()
 	if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
 		t.Fatalf("SIGKILL supervisor %d: %v", sup, err)
 	}
 	next := waitStart(t, j.record, killAt, 90*time.Second)
-	var death int64
-	died := false
-	select {
-	case d, ok := <-exited:
-		death, died = d, ok
-	case <-time.After(10 * time.Second):
-	}
+	death, died := exited.Wait(10 * time.Second)
 	overlap := !died || death > next.Mono
 	goneAfter := nan
 	state := "STILL ALIVE 10 s after the new start"

@@ -91,7 +91,7 @@ func (b *bench) timelineRun(t *testing.T, v string) {
 		time.Sleep(d)
 	}
 	pause(2 * time.Second)
-	exited := b.watchWorkloadExit(t, j, first, 2*time.Minute)
+	exited := b.watchWorkloadExit(t, j, first)
 	stopAt := harness.MonoNow()
 	if _, _, err := b.a.API().Jobs().Deregister(hj.id, false, nil); err != nil {
 		t.Fatalf("stop job %s: %v", hj.id, err)
