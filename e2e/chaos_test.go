@@ -443,11 +443,7 @@ func chaosKillTrial(t *testing.T, a *harness.Agent, v, target string, n int, tr 
 	default:
 		pids = []int{sup, first.PID}
 	}
-	for _, pid := range pids {
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-			t.Fatalf("SIGKILL %d: %v", pid, err)
-		}
-	}
+	sigkillTogether(t, pids...)
 	gone := drvWaitGone(t, first.PID, 10*time.Second)
 	harness.Measure(t, "workload_gone_after_kill", time.Duration(gone-at))
 	next := s.next(t, first, chaosTakeoverBound)

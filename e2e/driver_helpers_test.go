@@ -536,3 +536,16 @@ func drvShort(id string) string {
 	}
 	return id
 }
+
+// sigkillTogether SIGKILLs the processes back to back. Only the first must
+// still exist: the others may already have died with it (a workload dies
+// with its supervisor, through the process-group guard, within
+// microseconds).
+func sigkillTogether(t *testing.T, pids ...int) {
+	t.Helper()
+	for i, pid := range pids {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && (i == 0 || !errors.Is(err, syscall.ESRCH)) {
+			t.Fatalf("SIGKILL %d: %v", pid, err)
+		}
+	}
+}

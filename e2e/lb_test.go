@@ -219,11 +219,7 @@ func testLBCrashSwap(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	mains := j.sampler(t)
 	time.Sleep(200 * time.Millisecond)
 	killAt := harness.MonoNow()
-	for _, pid := range []int{sup.PID, first.PID} {
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-			t.Fatalf("kill -9 %d: %v", pid, err)
-		}
-	}
+	sigkillTogether(t, sup.PID, first.PID)
 	goneAt := drvWaitGone(t, first.PID, 5*time.Second)
 
 	next := j.waitStart(t, 2*drvTTL+drvDelay+10*time.Second, func(r harness.Record) bool { return r.Instance != first.Instance })
