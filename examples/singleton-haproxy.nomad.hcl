@@ -11,7 +11,8 @@
 #   curl http://127.0.0.1:<frontend port>/web/      # "alloc <holder> fence N"
 variable "whoami" {
   type        = string
-  description = "absolute path of the whoami binary (make build puts it in bin/)"
+  description = "absolute path of the whoami binary (make build puts it in bin/; install it there or pass -var)"
+  default     = "/usr/local/bin/whoami"
 }
 
 variable "lb_uri" {
