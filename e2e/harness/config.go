@@ -2,8 +2,9 @@ package harness
 
 import (
 	"fmt"
+	"maps"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -62,18 +63,18 @@ func (m *Member) renderConfig() string {
 	line("  network_interface = %s", q(m.iface))
 	line("  options = {")
 	opts := a.clientOptions()
-	for _, k := range sortedKeys(opts) {
+	for _, k := range slices.Sorted(maps.Keys(opts)) {
 		line("    %s = %s", q(k), q(opts[k]))
 	}
 	line("  }")
 	if len(a.opts.ChrootEnv) > 0 {
 		line("  chroot_env {")
-		for _, src := range sortedKeys(a.opts.ChrootEnv) {
+		for _, src := range slices.Sorted(maps.Keys(a.opts.ChrootEnv)) {
 			line("    %s = %s", q(src), q(a.opts.ChrootEnv[src]))
 		}
 		line("  }")
 	}
-	for _, name := range sortedKeys(a.opts.HostVolumes) {
+	for _, name := range slices.Sorted(maps.Keys(a.opts.HostVolumes)) {
 		line("  host_volume %s {\n    path      = %s\n    read_only = false\n  }", q(name), q(a.opts.HostVolumes[name]))
 	}
 	line("}")
@@ -99,13 +100,4 @@ func (a *Agent) clientOptions() map[string]string {
 		opts[k] = v
 	}
 	return opts
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

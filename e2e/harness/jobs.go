@@ -3,6 +3,8 @@ package harness
 import (
 	"bytes"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -84,7 +86,7 @@ func (a *Agent) describeJob(jobID string) string {
 	}
 	for _, al := range allocs {
 		fmt.Fprintf(&b, "  alloc %s client=%s desired=%s\n", short(al.ID), al.ClientStatus, al.DesiredStatus)
-		for _, task := range sortedKeys(al.TaskStates) {
+		for _, task := range slices.Sorted(maps.Keys(al.TaskStates)) {
 			ts := al.TaskStates[task]
 			fmt.Fprintf(&b, "    task %s state=%s failed=%t restarts=%d\n", task, ts.State, ts.Failed, ts.Restarts)
 			events := ts.Events

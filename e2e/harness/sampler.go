@@ -2,6 +2,7 @@ package harness
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -177,7 +178,7 @@ func (s *Sampler) take() Sample {
 		owners[owner] = true
 		smp.Procs = append(smp.Procs, Sighted{PID: p.PID, Owner: owner, Seen: p.Seen})
 	}
-	smp.Allocs = sortedKeys(owners)
+	smp.Allocs = slices.Sorted(maps.Keys(owners))
 	sort.Ints(smp.PIDs)
 	return smp
 }

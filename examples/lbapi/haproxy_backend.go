@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"net"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -143,7 +143,7 @@ func (h *HAProxyBackend) Sync(ctx context.Context, serviceID string, want []Targ
 	for _, s := range cur {
 		byName[s.Name] = s
 	}
-	for _, name := range sortedKeys(desired) {
+	for _, name := range slices.Sorted(maps.Keys(desired)) {
 		d := desired[name]
 		s, ok := byName[name]
 		if ok && s.Address() != d.addr {
@@ -164,7 +164,7 @@ func (h *HAProxyBackend) Sync(ctx context.Context, serviceID string, want []Targ
 		}
 		h.remember(be, name, d)
 	}
-	for _, name := range sortedKeys(byName) {
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
 		if _, ok := desired[name]; !ok {
 			if err := h.remove(ctx, be, name); err != nil {
 				return err
@@ -190,7 +190,7 @@ func (h *HAProxyBackend) Sync(ctx context.Context, serviceID string, want []Targ
 			problems = append(problems, fmt.Sprintf("server %s not ready (op state %d, admin state %#x)", s.Name, s.OpState, s.AdminState))
 		}
 	}
-	for _, name := range sortedKeys(desired) {
+	for _, name := range slices.Sorted(maps.Keys(desired)) {
 		if !seen[name] {
 			problems = append(problems, "server "+name+" missing")
 		}
@@ -312,13 +312,4 @@ func isBusy(err error) bool {
 	}
 	a := strings.ToLower(ce.Answer)
 	return strings.Contains(a, "connection") || strings.Contains(a, "stream") || strings.Contains(a, "queue")
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
