@@ -60,11 +60,7 @@ func TestBench(t *testing.T) {
 			b.a = harness.StartAgent(t, opts)
 			b.progress("dev agent with the singleton plugin ready in %s at %s", time.Since(began).Round(time.Millisecond), b.a.Addr())
 
-			if cfg.Enabled(ScenarioHandover) {
-				done := b.phase(TitleHandover)
-				t.Run("handover", b.handover)
-				done()
-			}
+			b.runPhase(t, ScenarioHandover, TitleHandover, b.handover)
 			// The timeline run waits on the same server timers as the
 			// crash runs, so it runs alongside them.
 			var names []string
@@ -75,29 +71,15 @@ func TestBench(t *testing.T) {
 			if cfg.Enabled(ScenarioTimeline) {
 				names, fns = append(names, "timeline"), append(fns, b.timelines)
 			}
-			done := b.phase(TitleCrash + " and the timeline picture")
-			runConcurrently(t, names, fns)
-			done()
-			if cfg.Enabled(ScenarioStart) {
-				done := b.phase(TitleStart)
-				t.Run("start", b.start)
+			if len(names) > 0 {
+				done := b.phase(TitleCrash + " and the timeline picture")
+				runConcurrently(t, names, fns)
 				done()
 			}
-			if cfg.Enabled(ScenarioFootprint) {
-				done := b.phase(TitleFootprint)
-				t.Run("footprint", b.footprint)
-				done()
-			}
-			if cfg.Enabled(ScenarioLB) {
-				done := b.phase(TitleLB)
-				t.Run("lb", b.lb)
-				done()
-			}
-			if cfg.Enabled(ScenarioHAProxy) {
-				done := b.phase(TitleHAProxy)
-				t.Run("haproxy", b.haproxy)
-				done()
-			}
+			b.runPhase(t, ScenarioStart, TitleStart, b.start)
+			b.runPhase(t, ScenarioFootprint, TitleFootprint, b.footprint)
+			b.runPhase(t, ScenarioLB, TitleLB, b.lb)
+			b.runPhase(t, ScenarioHAProxy, TitleHAProxy, b.haproxy)
 		})
 	}
 	if cfg.Enabled(ScenarioScale) {

@@ -57,6 +57,17 @@ func (b *bench) phase(name string) func() {
 	}
 }
 
+// runPhase runs the scenario as a subtest named after it, if it is
+// enabled, and records it as a phase.
+func (b *bench) runPhase(t *testing.T, scenario, title string, fn func(*testing.T)) {
+	if !b.cfg.Enabled(scenario) {
+		return
+	}
+	done := b.phase(title)
+	defer done()
+	t.Run(scenario, fn)
+}
+
 // during names the phases that overlap [from, to].
 func (b *bench) during(from, to time.Duration) []string {
 	b.spanMu.Lock()
