@@ -10,6 +10,8 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 )
 
 // ErrNotFinal is wrapped by Run's error when the cancel wait ran out before
@@ -316,15 +318,5 @@ func sleepUntil(ctx context.Context, d time.Duration, deadline time.Time) error 
 			d = left
 		}
 	}
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return ctxsleep.Sleep(ctx, d)
 }

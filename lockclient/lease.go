@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 )
 
 // Lease is one held lock. It renews itself until Release, or until it is lost.
@@ -201,7 +203,7 @@ func (ls *Lease) watchLoop(ctx context.Context, changed chan<- struct{}) {
 			l.log.Debug("cannot watch the lock variable (no read capability); relying on renews", "error", err)
 			return
 		case err != nil:
-			_ = sleep(ctx, bo.NextBackOff())
+			_ = ctxsleep.Sleep(ctx, bo.NextBackOff())
 			continue
 		}
 		bo.Reset()
@@ -271,7 +273,7 @@ func (l *Locker) ReleaseID(ctx context.Context, id string) error {
 		}
 		d := bo.NextBackOff()
 		l.log.Warn("release failed, retrying", "error", l.classify("release", err), "backoff", d)
-		if serr := sleep(ctx, d); serr != nil {
+		if serr := ctxsleep.Sleep(ctx, d); serr != nil {
 			return fmt.Errorf("release %s: gave up, the lock expires on its own: %w", l.cfg.Path, l.classify("release", err))
 		}
 	}

@@ -26,6 +26,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 )
 
 // Limits Nomad enforces on lock TTLs (nomad/structs/variables.go).
@@ -181,7 +183,7 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 		}
 		d := bo.NextBackOff()
 		l.log.Warn("lock API error, retrying", "error", err, "backoff", d)
-		return sleep(ctx, d)
+		return ctxsleep.Sleep(ctx, d)
 	}
 
 	for {
@@ -324,15 +326,4 @@ func (l *Locker) newBackoff() backoff.BackOff {
 	b.MaxElapsedTime = 0
 	b.Reset()
 	return b
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

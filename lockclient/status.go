@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 )
 
 // Status is what `lock status` reports about a lock variable.
@@ -45,7 +47,7 @@ func (l *Locker) WaitHeldBy(ctx context.Context, allocID string) (Status, error)
 		case err != nil && (permanent(err) || ctx.Err() != nil):
 			return Status{}, err
 		case err != nil:
-			if err := sleep(ctx, bo.NextBackOff()); err != nil {
+			if err := ctxsleep.Sleep(ctx, bo.NextBackOff()); err != nil {
 				return Status{}, err
 			}
 			continue
@@ -56,7 +58,7 @@ func (l *Locker) WaitHeldBy(ctx context.Context, allocID string) (Status, error)
 			return st, nil
 		}
 		if next == 0 {
-			if err := sleep(ctx, time.Second); err != nil {
+			if err := ctxsleep.Sleep(ctx, time.Second); err != nil {
 				return Status{}, err
 			}
 		}

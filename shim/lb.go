@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
@@ -299,7 +300,7 @@ func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(S
 
 // waitHealthy runs the check until it passes or ctx ends.
 func waitHealthy(ctx context.Context, h *HealthCheck) error {
-	if err := sleepCtx(ctx, h.Grace); err != nil {
+	if err := ctxsleep.Sleep(ctx, h.Grace); err != nil {
 		return err
 	}
 	interval := h.Interval
@@ -313,7 +314,7 @@ func waitHealthy(ctx context.Context, h *HealthCheck) error {
 		if err := checkOnce(ctx, h); err == nil {
 			return nil
 		}
-		if err := sleepCtx(ctx, wait); err != nil {
+		if err := ctxsleep.Sleep(ctx, wait); err != nil {
 			return err
 		}
 		wait = min(2*wait, interval)
@@ -351,18 +352,4 @@ func checkOnce(ctx context.Context, h *HealthCheck) error {
 		return fmt.Errorf("health check %s: HTTP %d", req.URL, resp.StatusCode)
 	}
 	return nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
