@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -176,19 +177,13 @@ func listFlag(dst *[]string) func(string) error {
 
 // mergeLB lays flag values over the file's block, field by field.
 func mergeLB(file, flags LBSpec) LBSpec {
-	pick := func(a, b string) string {
-		if b != "" {
-			return b
-		}
-		return a
-	}
 	out := LBSpec{
-		URI: pick(file.URI, flags.URI), ServiceID: pick(file.ServiceID, flags.ServiceID),
-		BasePath: pick(file.BasePath, flags.BasePath), Port: pick(file.Port, flags.Port),
-		RequestTimeout: pick(file.RequestTimeout, flags.RequestTimeout), PollInterval: pick(file.PollInterval, flags.PollInterval),
-		AddDeadline: pick(file.AddDeadline, flags.AddDeadline), RemoveDeadline: pick(file.RemoveDeadline, flags.RemoveDeadline),
-		AuthKeyFile: pick(file.AuthKeyFile, flags.AuthKeyFile), CAFile: pick(file.CAFile, flags.CAFile),
-		RecheckInterval: pick(file.RecheckInterval, flags.RecheckInterval),
+		URI: cmp.Or(flags.URI, file.URI), ServiceID: cmp.Or(flags.ServiceID, file.ServiceID),
+		BasePath: cmp.Or(flags.BasePath, file.BasePath), Port: cmp.Or(flags.Port, file.Port),
+		RequestTimeout: cmp.Or(flags.RequestTimeout, file.RequestTimeout), PollInterval: cmp.Or(flags.PollInterval, file.PollInterval),
+		AddDeadline: cmp.Or(flags.AddDeadline, file.AddDeadline), RemoveDeadline: cmp.Or(flags.RemoveDeadline, file.RemoveDeadline),
+		AuthKeyFile: cmp.Or(flags.AuthKeyFile, file.AuthKeyFile), CAFile: cmp.Or(flags.CAFile, file.CAFile),
+		RecheckInterval: cmp.Or(flags.RecheckInterval, file.RecheckInterval),
 		Groups:          file.Groups, Owners: file.Owners, Options: file.Options,
 	}
 	if len(flags.Groups) > 0 {
@@ -204,14 +199,8 @@ func mergeLB(file, flags LBSpec) LBSpec {
 }
 
 func mergeHealth(file, flags HealthSpec) HealthSpec {
-	pick := func(a, b string) string {
-		if b != "" {
-			return b
-		}
-		return a
-	}
 	return HealthSpec{
-		Type: pick(file.Type, flags.Type), Path: pick(file.Path, flags.Path), Port: pick(file.Port, flags.Port),
-		Interval: pick(file.Interval, flags.Interval), Timeout: pick(file.Timeout, flags.Timeout), Grace: pick(file.Grace, flags.Grace),
+		Type: cmp.Or(flags.Type, file.Type), Path: cmp.Or(flags.Path, file.Path), Port: cmp.Or(flags.Port, file.Port),
+		Interval: cmp.Or(flags.Interval, file.Interval), Timeout: cmp.Or(flags.Timeout, file.Timeout), Grace: cmp.Or(flags.Grace, file.Grace),
 	}
 }
