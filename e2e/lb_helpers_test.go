@@ -341,6 +341,21 @@ func (j *lbJob) lbHolder(t *testing.T, a *harness.Agent) harness.Record {
 	return first
 }
 
+// lbRegisteredHolder runs a count=2 LB job and waits until its holder's
+// ADD has succeeded and the service holds exactly its upstream. It returns
+// the job, the holder's start record, its fence and its upstream.
+func lbRegisteredHolder(t *testing.T, a *harness.Agent, lb *harness.LB, name string) (*lbJob, harness.Record, uint64, string) {
+	t.Helper()
+	j := newLBJob(t, lb, name, 2)
+	j.run(t, a)
+	first := j.lbHolder(t, a)
+	fence := drvFence(t, first)
+	up := lbUpstreamOf(t, a, first.AllocID)
+	lbWaitSuccess(t, lb, lbAddID(first.AllocID, fence), 30*time.Second)
+	lbWaitUpstreams(t, lb, j.service, 5*time.Second, up)
+	return j, first, fence, up
+}
+
 // lbMonoDur is the duration between two CLOCK_MONOTONIC readings.
 func lbMonoDur(from, to int64) time.Duration { return time.Duration(to - from) }
 

@@ -136,13 +136,8 @@ func testLBHolderRegistered(t *testing.T, a *harness.Agent, lb *harness.LB) {
 // and the service holds exactly the new holder. The two are never
 // registered at once.
 func testLBStopRemovesFirst(t *testing.T, a *harness.Agent, lb *harness.LB) {
-	j := newLBJob(t, lb, "stop", 2)
-	j.run(t, a)
-	first := j.lbHolder(t, a)
-	holder, fence1 := first.AllocID, drvFence(t, first)
-	up1 := lbUpstreamOf(t, a, holder)
-	lbWaitSuccess(t, lb, lbAddID(holder, fence1), 30*time.Second)
-	lbWaitUpstreams(t, lb, j.service, 5*time.Second, up1)
+	j, first, fence1, up1 := lbRegisteredHolder(t, a, lb, "stop")
+	holder := first.AllocID
 	drvWaitEvent(t, a, holder, 10*time.Second, "Registered "+up1)
 
 	state := lbSampleState(t, lb, j.service)
@@ -206,13 +201,8 @@ func testLBStopRemovesFirst(t *testing.T, a *harness.Agent, lb *harness.LB) {
 // the crashed supervisor lands before the lock is released, so the two are
 // never registered at once; the end state is exactly the new holder.
 func testLBCrashSwap(t *testing.T, a *harness.Agent, lb *harness.LB) {
-	j := newLBJob(t, lb, "crash", 2)
-	j.run(t, a)
-	first := j.lbHolder(t, a)
-	holder, fence1 := first.AllocID, drvFence(t, first)
-	up1 := lbUpstreamOf(t, a, holder)
-	lbWaitSuccess(t, lb, lbAddID(holder, fence1), 30*time.Second)
-	lbWaitUpstreams(t, lb, j.service, 5*time.Second, up1)
+	j, first, fence1, up1 := lbRegisteredHolder(t, a, lb, "crash")
+	holder := first.AllocID
 	sup := drvSupervisor(t, holder)
 
 	state := lbSampleState(t, lb, j.service)
