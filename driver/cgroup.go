@@ -3,11 +3,13 @@ package driver
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/nomad/client/lib/cgroupslib"
@@ -256,4 +258,83 @@ func readKV(path string) (map[string]uint64, error) {
 		}
 	}
 	return out, nil
+}
+
+// killAll SIGKILLs every process in the task cgroup and waits until it is
+// empty. On v1 the freezer holds the cgroup still while its members are
+// listed and killed, so a fork loop cannot outrun the kill and a listed PID
+// cannot exit and be reused in between (frozen processes do not run); on v2
+// the kernel kills the whole cgroup in one write to cgroup.kill.
+func (c *taskCgroup) killAll(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		pids, err := c.pids()
+		if err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d task process(es) still alive %s after SIGKILL: %v", len(pids), within, pids)
+		}
+		if c.mode == cgroupslib.CG1 {
+			err = c.freezeAndKill(deadline)
+		} else {
+			err = os.WriteFile(filepath.Join(c.path, "cgroup.kill"), []byte("1"), 0o644)
+		}
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("kill the task cgroup: %w", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// freezeAndKill freezes the v1 freezer cgroup, SIGKILLs every member, and
+// thaws it so the kills take effect.
+func (c *taskCgroup) freezeAndKill(deadline time.Time) error {
+	state := filepath.Join(c.path, "freezer.state")
+	if err := os.WriteFile(state, []byte("FROZEN"), 0o644); err != nil {
+		return err
+	}
+	defer func() { _ = os.WriteFile(state, []byte("THAWED"), 0o644) }()
+	for {
+		b, err := os.ReadFile(state)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(b)) == "FROZEN" || time.Now().After(deadline) {
+			break // a member stuck in the kernel may keep it FREEZING; kill anyway
+		}
+		time.Sleep(time.Millisecond)
+	}
+	pids, err := c.pids()
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return nil
+}
+
+// pids lists the processes in the task cgroup (zombies leave it on exit).
+func (c *taskCgroup) pids() ([]int, error) {
+	if c == nil {
+		return nil, nil
+	}
+	b, err := os.ReadFile(filepath.Join(c.path, "cgroup.procs"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // the cgroup is already gone, and its processes with it
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list task cgroup: %w", err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
 }

@@ -21,7 +21,22 @@ type PluginConfig struct {
 	// DefaultTTL and DefaultDelay apply when a task's lock block sets none.
 	DefaultTTL   string `codec:"default_ttl"`
 	DefaultDelay string `codec:"default_delay"`
+	// StateDir is where the plugin and each task's supervisor keep their
+	// state: a root-owned 0700 directory that no task and no local user can
+	// write (see internal/securefs).
+	StateDir string `codec:"state_dir"`
+	// DefaultUser runs tasks that set no `user`.
+	DefaultUser string `codec:"default_user"`
+	// AllowRoot lets tasks run as uid 0. Off by default: whoever may submit
+	// a job would otherwise have root on every client.
+	AllowRoot bool `codec:"allow_root"`
 }
+
+// Plugin config defaults.
+const (
+	DefaultStateDir = "/var/lib/nomad-driver-singleton"
+	DefaultUser     = "nobody"
+)
 
 var pluginConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"denied_host_uids": hclspec.NewAttr("denied_host_uids", "string", false),
@@ -30,6 +45,12 @@ var pluginConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewLiteral(`"15s"`)),
 	"default_delay": hclspec.NewDefault(hclspec.NewAttr("default_delay", "string", false),
 		hclspec.NewLiteral(`"5s"`)),
+	"state_dir": hclspec.NewDefault(hclspec.NewAttr("state_dir", "string", false),
+		hclspec.NewLiteral(`"`+DefaultStateDir+`"`)),
+	"default_user": hclspec.NewDefault(hclspec.NewAttr("default_user", "string", false),
+		hclspec.NewLiteral(`"`+DefaultUser+`"`)),
+	"allow_root": hclspec.NewDefault(hclspec.NewAttr("allow_root", "bool", false),
+		hclspec.NewLiteral("false")),
 })
 
 // defaults parses the plugin-level lock defaults.
@@ -56,6 +77,10 @@ type TaskConfig struct {
 	Lock         LockConfig      `codec:"lock"`
 	LoadBalancer shim.LBSpec     `codec:"load_balancer"`
 	HealthCheck  shim.HealthSpec `codec:"health_check"`
+	// ShareNomadToken passes the workload identity token (NOMAD_TOKEN) on
+	// to the workload. Off by default: the token can write the lock path,
+	// so a workload holding it could release or renew the lock itself.
+	ShareNomadToken bool `codec:"share_nomad_token"`
 }
 
 // LockConfig is the task's `lock {}` block.
@@ -73,8 +98,9 @@ type LockConfig struct {
 }
 
 var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
-	"command": hclspec.NewAttr("command", "string", true),
-	"args":    hclspec.NewAttr("args", "list(string)", false),
+	"command":           hclspec.NewAttr("command", "string", true),
+	"args":              hclspec.NewAttr("args", "list(string)", false),
+	"share_nomad_token": hclspec.NewAttr("share_nomad_token", "bool", false),
 	"lock": hclspec.NewBlock("lock", false, hclspec.NewObject(map[string]*hclspec.Spec{
 		"path":         hclspec.NewAttr("path", "string", false),
 		"ttl":          hclspec.NewAttr("ttl", "string", false),

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 )
 
 func TestDefaultLockPath(t *testing.T) {
@@ -87,14 +88,19 @@ func TestPluginConfigDefaults(t *testing.T) {
 }
 
 func TestEventTail(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, eventsFile)
-	tail := &eventTail{path: path}
+	base := filepath.Join(t.TempDir(), "state")
+	dir, err := securefs.OpenPrivate(base, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	path := filepath.Join(base, eventsFile)
+	tail := &eventTail{dir: dir}
 	if evs, err := tail.read(); err != nil || len(evs) != 0 {
 		t.Fatalf("missing file: %v %v", evs, err)
 	}
 	for _, m := range []string{"Waiting", "Acquired lock (fence 7)"} {
-		if err := appendJSONLine(path, taskEventLine{Message: m}); err != nil {
+		if err := appendJSONLine(dir, eventsFile, taskEventLine{Message: m}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,7 +117,7 @@ func TestEventTail(t *testing.T) {
 	f, _ = os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 	_, _ = f.WriteString(` written"}` + "\n")
 	f.Close()
-	again := &eventTail{path: path}
+	again := &eventTail{dir: dir}
 	again.restore() // a restarted plugin resumes where the old one stopped
 	evs, err = again.read()
 	if err != nil || len(evs) != 1 || evs[0].Message != "half written" {

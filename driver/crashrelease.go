@@ -4,11 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
@@ -34,7 +30,7 @@ const (
 // the supervisor released (or never held) the lock.
 func (d *Driver) releaseAfterCrash(h *taskHandle) {
 	var held heldLease
-	if err := readJSON(filepath.Join(h.dir, leaseFile), &held); err != nil {
+	if err := readJSON(h.dir, leaseFile, &held); err != nil {
 		return
 	}
 	log := h.logger.With("lock", held.Path, "fence", held.Fence)
@@ -68,7 +64,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle) {
 		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released after supervisor crash (%v); it expires on the server after 2×TTL + delay", err), ann)
 		return
 	}
-	_ = os.Remove(filepath.Join(h.dir, leaseFile))
+	_ = h.dir.Remove(leaseFile)
 }
 
 // taskEndpoint is the task's own Task API socket and token: the workload
@@ -81,61 +77,16 @@ func (h *taskHandle) taskEndpoint() lockclient.Endpoint {
 	return ep
 }
 
-// killRemains SIGKILLs whatever is left of the task — its workload process
-// group and everything in its cgroup — and waits until nothing is left.
+// killRemains SIGKILLs whatever is left of the task, the supervisor
+// included, and waits until nothing is left. Only the task cgroup can prove
+// that: a process group misses whatever called setsid, and a PID read from a
+// file may by now belong to someone else. Without a task cgroup nothing is
+// proven, and the caller must let the lock expire.
 func (h *taskHandle) killRemains(within time.Duration) error {
-	var st supervisorStatus
-	_ = readJSON(filepath.Join(h.dir, statusFile), &st)
-	deadline := time.Now().Add(within)
-	for {
-		var alive []int
-		if st.WorkloadPGID > 0 {
-			members, err := shim.GroupMembers(st.WorkloadPGID)
-			if err != nil {
-				return err
-			}
-			if len(members) > 0 {
-				_ = syscall.Kill(-st.WorkloadPGID, syscall.SIGKILL)
-			}
-			alive = append(alive, members...)
-		}
-		pids, err := h.cgroup.pids()
-		if err != nil {
-			return err
-		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		alive = append(alive, pids...)
-		if len(alive) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d task process(es) still alive %s after SIGKILL: %v", len(alive), within, alive)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if h.cgroup == nil {
+		return errors.New("no task cgroup (cgroups are disabled on this client), so the task's processes cannot be proven dead")
 	}
-}
-
-// pids lists the processes in the task cgroup (zombies leave it on exit).
-func (c *taskCgroup) pids() ([]int, error) {
-	if c == nil {
-		return nil, nil
-	}
-	b, err := os.ReadFile(filepath.Join(c.path, "cgroup.procs"))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil // the cgroup is already gone, and its processes with it
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list task cgroup: %w", err)
-	}
-	var pids []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, pid)
-		}
-	}
-	return pids, nil
+	return h.cgroup.killAll(within)
 }
 
 // removeAfterCrash takes a dead supervisor's upstream out of the load
@@ -144,8 +95,7 @@ func (c *taskCgroup) pids() ([]int, error) {
 // removed by it.
 func (d *Driver) removeAfterCrash(h *taskHandle) {
 	var reg lbRegistration
-	path := filepath.Join(h.dir, lbFile)
-	if err := readJSON(path, &reg); err != nil {
+	if err := readJSON(h.dir, lbFile, &reg); err != nil {
 		return
 	}
 	log := h.logger.With("upstream", reg.Upstream.Upstream, "service_id", reg.Config.ServiceID)
@@ -166,7 +116,7 @@ func (d *Driver) removeAfterCrash(h *taskHandle) {
 		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after supervisor crash failed: %v", err), map[string]string{"upstream": reg.Upstream.Upstream})
 		return
 	}
-	_ = os.Remove(path)
+	_ = h.dir.Remove(lbFile)
 	d.emitEvent(h.cfg, fmt.Sprintf("Removed %s from load balancer on behalf of crashed supervisor", reg.Upstream.Upstream),
 		map[string]string{"upstream": reg.Upstream.Upstream})
 }

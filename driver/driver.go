@@ -7,6 +7,7 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers/fsisolation"
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -55,10 +57,12 @@ type Driver struct {
 	logger  hclog.Logger
 	eventer *eventer.Eventer
 
-	mu          sync.RWMutex
-	config      PluginConfig
-	ttl, delay  time.Duration
-	idValidator *validators.Validator
+	mu         sync.RWMutex
+	config     PluginConfig
+	ttl, delay time.Duration
+	users      userPolicy
+	// stateRoot is state_dir, held open: every task's state dir is below it.
+	stateRoot *securefs.Dir
 
 	tasks *taskStore
 
@@ -109,9 +113,17 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	if err != nil {
 		return fmt.Errorf("plugin config denied_host_uids/denied_host_gids: %w", err)
 	}
+	users := userPolicy{defaultUser: cmp.Or(pc.DefaultUser, DefaultUser), allowRoot: pc.AllowRoot, deniedUIDs: v}
+	root, err := securefs.OpenPrivate(cmp.Or(pc.StateDir, DefaultStateDir), true)
+	if err != nil {
+		return fmt.Errorf("plugin config state_dir: %w", err)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.config, d.ttl, d.delay, d.idValidator = pc, ttl, delay, v
+	if d.stateRoot != nil {
+		d.stateRoot.Close()
+	}
+	d.config, d.ttl, d.delay, d.users, d.stateRoot = pc, ttl, delay, users, root
 	return nil
 }
 

@@ -8,13 +8,13 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
 	"syscall"
 	"time"
 
 	"github.com/creack/pty"
 	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 )
 
 // ExecCommand is the hidden argv[1] that runs a command inside a task's
@@ -32,9 +32,15 @@ func MaybeRunExec(args []string) {
 	os.Exit(127)
 }
 
-func execInTask(dir string, argv []string) error {
+func execInTask(path string, argv []string) error {
+	dir, err := securefs.OpenPrivate(path, false)
+	if err != nil {
+		return err
+	}
 	var spec supervisorSpec
-	if err := readJSON(filepath.Join(dir, specFile), &spec); err != nil {
+	err = readJSON(dir, specFile, &spec)
+	dir.Close()
+	if err != nil {
 		return err
 	}
 	if err := joinCgroups(spec.CgroupProcs); err != nil {
@@ -45,7 +51,7 @@ func execInTask(dir string, argv []string) error {
 			return err
 		}
 	}
-	path, err := exec.LookPath(argv[0])
+	bin, err := exec.LookPath(argv[0])
 	if err != nil {
 		return err
 	}
@@ -64,7 +70,7 @@ func execInTask(dir string, argv []string) error {
 			return fmt.Errorf("setuid: %w", err)
 		}
 	}
-	return syscall.Exec(path, argv, os.Environ())
+	return syscall.Exec(bin, argv, workloadEnv(os.Environ(), spec.ShareNomadToken))
 }
 
 // execCmd builds the command that runs argv in the task's context.
@@ -76,7 +82,7 @@ func (h *taskHandle) execCmd(ctx context.Context, argv []string) (*exec.Cmd, err
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, append([]string{ExecCommand, h.dir, "--"}, argv...)...)
+	cmd := exec.CommandContext(ctx, self, append([]string{ExecCommand, h.dir.Path(), "--"}, argv...)...)
 	env := make([]string, 0, len(h.cfg.Env))
 	for k, v := range h.cfg.Env {
 		env = append(env, k+"="+v)

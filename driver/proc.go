@@ -24,21 +24,30 @@ type supervisorProc struct {
 // startTicks is field 22 of /proc/<pid>/stat: when the process started, in
 // clock ticks since boot. With the PID it identifies a process for good.
 func startTicks(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := statField(pid, 22)
 	if err != nil {
 		return 0, err
 	}
+	return strconv.ParseUint(f, 10, 64)
+}
+
+// statField is field n (1-based, as in proc(5)) of /proc/<pid>/stat, n >= 3.
+// The comm field (2) may hold spaces and parentheses, so fields are counted
+// after its last ')'.
+func statField(pid, n int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", err
+	}
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+		return "", fmt.Errorf("malformed /proc/%d/stat", pid)
 	}
 	fields := bytes.Fields(b[i+1:])
-	// After the comm field: state is field 3, starttime field 22.
-	const starttime = 22 - 3
-	if len(fields) <= starttime {
-		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	if len(fields) <= n-3 {
+		return "", fmt.Errorf("short /proc/%d/stat", pid)
 	}
-	return strconv.ParseUint(string(fields[starttime]), 10, 64)
+	return string(fields[n-3]), nil
 }
 
 // errSupervisorGone means the recorded supervisor no longer exists.
@@ -107,6 +116,32 @@ func (p *supervisorProc) wait() (state *os.ProcessState, err error) {
 }
 
 // groupAlive reports whether any process is left in process group pgid.
+// It only probes (signal 0); pgid 1 and below never name a task's group.
 func groupAlive(pgid int) bool {
-	return pgid > 0 && syscall.Kill(-pgid, 0) == nil
+	return pgid > 1 && syscall.Kill(-pgid, 0) == nil
+}
+
+// signalChild delivers sig to pid only if it is a child of parent: it opens
+// a pidfd first, then checks the parent, then signals through the pidfd, so
+// a PID that was reused in between is never hit (the pidfd then refers to a
+// process that is gone, and the signal fails).
+func signalChild(parent, pid int, sig syscall.Signal) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("workload pid %d: %w", pid, err)
+	}
+	defer unix.Close(fd)
+	if ppid, err := parentPID(pid); err != nil || ppid != parent {
+		return fmt.Errorf("workload pid %d is no longer the supervisor's child: not signalling it", pid)
+	}
+	return unix.PidfdSendSignal(fd, sig, nil, 0)
+}
+
+// parentPID is field 4 of /proc/<pid>/stat.
+func parentPID(pid int) (int, error) {
+	f, err := statField(pid, 4)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(f)
 }

@@ -6,10 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
-	"path/filepath"
+	"regexp"
+	"strings"
 	"time"
 
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 	"golang.org/x/sys/unix"
@@ -18,32 +22,62 @@ import (
 // The plugin and the detached supervisor talk through files in the task's
 // state directory, so either can restart without the other noticing:
 //
-//	spec.json     plugin → supervisor: what to run (no secrets: the token travels in the environment)
+//	spec.json     plugin → supervisor: what to run, and the LB auth key the plugin read for it
 //	stop.json     plugin → supervisor: kill signal and timeout of a StopTask, announced by stopSignal
 //	status.json   supervisor → plugin: current state and deadlines, for the watchdog
 //	events.jsonl  supervisor → plugin: one line per state change, turned into task events
 //	exit.json     supervisor → plugin: the exit code, for a plugin that is no longer the parent
 //	lease.json    supervisor → plugin: the held lease and its lock ID, removed once released, so
 //	              the plugin can release for a supervisor that died holding the lock
-//	lb.json       supervisor → plugin: our LB registration (no auth key), removed once
-//	              deregistered, so the plugin can REMOVE for a supervisor that died registered
+//	lb.json       supervisor → plugin: our LB registration, removed once deregistered, so the
+//	              plugin can REMOVE for a supervisor that died registered
 //
-// The directory is root-only (0700), so a workload running as a task user
-// cannot read the lock ID.
+// Both sides run as root and act on these files (exec a command, signal a
+// process, send a key), so they live where no task and no local user can
+// write: <state_dir>/<alloc ID>/<task>, owned by root with mode 0700, checked
+// at every open and read without following symlinks (internal/securefs).
+// Never in the task dir, which Nomad makes 0777 and hands to the task user.
 const (
-	stateDirName = ".singleton"
-	specFile     = "spec.json"
-	stopFile     = "stop.json"
-	statusFile   = "status.json"
-	eventsFile   = "events.jsonl"
-	exitFile     = "exit.json"
-	leaseFile    = "lease.json"
-	lbFile       = "lb.json"
+	specFile    = "spec.json"
+	stopFile    = "stop.json"
+	statusFile  = "status.json"
+	eventsFile  = "events.jsonl"
+	offsetFile  = "events.offset"
+	exitFile    = "exit.json"
+	leaseFile   = "lease.json"
+	lbFile      = "lb.json"
+	maxFileSize = 1 << 20
 )
 
-// stateDir is the task's private directory for those files. It sits in the
-// task dir root, which Nomad does not mount into containers.
-func stateDir(taskDir string) string { return filepath.Join(taskDir, stateDirName) }
+// openTaskState opens (creating) the state dir of one task below the
+// plugin's state_dir root.
+func openTaskState(root *securefs.Dir, cfg *drivers.TaskConfig) (*securefs.Dir, error) {
+	if !allocIDPattern.MatchString(cfg.AllocID) {
+		return nil, fmt.Errorf("unexpected allocation ID %q", cfg.AllocID)
+	}
+	alloc, err := root.Sub(cfg.AllocID, true)
+	if err != nil {
+		return nil, err
+	}
+	defer alloc.Close()
+	return alloc.Sub(url.PathEscape(strings.TrimPrefix(cfg.ID, cfg.AllocID+"/")), true)
+}
+
+// removeTaskState removes a task's state dir, and its alloc's once empty.
+func removeTaskState(root *securefs.Dir, cfg *drivers.TaskConfig) error {
+	alloc, err := root.Sub(cfg.AllocID, false)
+	if err != nil {
+		return nil // never made, or gone already
+	}
+	defer alloc.Close()
+	if err := alloc.RemoveSub(url.PathEscape(strings.TrimPrefix(cfg.ID, cfg.AllocID+"/"))); err != nil {
+		return err
+	}
+	_ = root.RemoveEmptySub(cfg.AllocID)
+	return nil
+}
+
+var allocIDPattern = regexp.MustCompile(`^[0-9a-fA-F-]{1,64}$`)
 
 // supervisorSpec is everything the supervisor needs that is not a secret.
 type supervisorSpec struct {
@@ -72,6 +106,8 @@ type supervisorSpec struct {
 	UID    *uint32
 	GID    uint32
 	Groups []uint32
+	// ShareNomadToken leaves NOMAD_TOKEN in the workload's environment.
+	ShareNomadToken bool
 }
 
 // supervisorStatus is the supervisor's latest state. Deadlines are
@@ -148,64 +184,52 @@ func monoAt(t time.Time) int64 {
 	return monoNow() + int64(time.Until(t))
 }
 
-// writeJSON replaces path atomically, so a reader never sees half a file.
-func writeJSON(path string, v any) error {
+// writeJSON replaces name in dir atomically, so a reader never sees half a file.
+func writeJSON(dir *securefs.Dir, name string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return dir.WriteFile(name, b)
 }
 
-func readJSON(path string, v any) error {
-	b, err := os.ReadFile(path)
+func readJSON(dir *securefs.Dir, name string, v any) error {
+	b, err := dir.ReadFile(name, maxFileSize)
 	if err != nil {
 		return err
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("decode %s: %w", path, err)
+		return fmt.Errorf("decode %s: %w", name, err)
 	}
 	return nil
 }
 
-func appendJSONLine(path string, v any) error {
+func appendJSONLine(dir *securefs.Dir, name string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	_, err = f.Write(append(b, '\n'))
-	return err
+	return dir.AppendFile(name, append(b, '\n'))
 }
 
 // eventTail reads the lines appended to events.jsonl since the last call.
+// The plugin records how far it has emitted events, so a restarted plugin
+// emits what happened while it was down, and nothing twice.
 type eventTail struct {
-	path   string
+	dir    *securefs.Dir
 	offset int64
 }
 
-// The plugin records how far it has emitted events, so a restarted plugin
-// emits what happened while it was down, and nothing twice.
-func (t *eventTail) offsetPath() string { return t.path + ".offset" }
-
 func (t *eventTail) save() {
-	_ = writeJSON(t.offsetPath(), t.offset)
+	_ = writeJSON(t.dir, offsetFile, t.offset)
 }
 
 func (t *eventTail) restore() {
-	_ = readJSON(t.offsetPath(), &t.offset)
+	_ = readJSON(t.dir, offsetFile, &t.offset)
 }
 
 func (t *eventTail) read() ([]taskEventLine, error) {
-	f, err := os.Open(t.path)
+	f, err := t.dir.Open(eventsFile)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

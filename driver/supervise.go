@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
@@ -35,18 +36,23 @@ func MaybeRunSupervisor(args []string) {
 // runSupervisor is the detached per-task process: it joins the task cgroup,
 // runs the shim supervisor, publishes its state for the plugin and records
 // its exit status. Its stdout and stderr are the task's log FIFOs.
-func runSupervisor(dir string) int {
+func runSupervisor(path string) int {
 	log := hclog.New(&hclog.LoggerOptions{Name: "singleton", Output: os.Stderr, Level: hclog.Info})
+	dir, err := securefs.OpenPrivate(path, false)
+	if err != nil {
+		log.Error("open the task's state dir", "error", err)
+		return shim.ExitInfra
+	}
 	code, msg := superviseTask(dir, log)
-	if err := writeJSON(filepath.Join(dir, exitFile), exitStatus{ExitCode: code, Message: msg}); err != nil {
+	if err := writeJSON(dir, exitFile, exitStatus{ExitCode: code, Message: msg}); err != nil {
 		log.Error("write exit status", "error", err)
 	}
 	return code
 }
 
-func superviseTask(dir string, log hclog.Logger) (int, string) {
+func superviseTask(dir *securefs.Dir, log hclog.Logger) (int, string) {
 	var spec supervisorSpec
-	if err := readJSON(filepath.Join(dir, specFile), &spec); err != nil {
+	if err := readJSON(dir, specFile, &spec); err != nil {
 		log.Error("read supervisor spec", "error", err)
 		return shim.ExitConfig, err.Error()
 	}
@@ -79,24 +85,25 @@ func superviseTask(dir string, log hclog.Logger) (int, string) {
 		Config: cfg, Locker: locker, Logger: log, Observe: pub.observe,
 		OnLBPosted: func(lb *shim.LoadBalancer, hook *lbhook.Hook, self lbhook.UpstreamInfo) {
 			reg := lbRegistration{Config: lb.Config, AllocID: holder.AllocID, Fence: hook.Fence(), Upstream: self}
-			if err := writeJSON(filepath.Join(dir, lbFile), reg); err != nil {
+			if err := writeJSON(dir, lbFile, reg); err != nil {
 				log.Warn("record the LB registration for a crash REMOVE", "error", err)
 			}
 		},
-		OnLBRemoved: func() { _ = os.Remove(filepath.Join(dir, lbFile)) },
+		OnLBRemoved: func() { _ = dir.Remove(lbFile) },
 		// After a loss the supervisor tries to release by itself (the lock
 		// may still be ours on the server); once it has, a second try by
 		// the plugin would only delay the task's exit by its budget.
-		OnReleaseTried: func() { _ = os.Remove(filepath.Join(dir, leaseFile)) },
+		OnReleaseTried: func() { _ = dir.Remove(leaseFile) },
 		OnAcquire: func(l *lockclient.Lease) {
 			held := heldLease{LockID: l.LockID(), Path: cfg.Path, Namespace: cfg.Namespace, Fence: l.Fence,
 				TTL: cfg.TTL, LockDelay: cfg.LockDelay}
-			if err := writeJSON(filepath.Join(dir, leaseFile), held); err != nil {
+			if err := writeJSON(dir, leaseFile, held); err != nil {
 				log.Warn("record the lease for a crash release; a crash will wait for the lock to expire", "error", err)
 			}
 		},
 		Stdin: nil, Stdout: os.Stdout, Stderr: os.Stderr,
 		Dir: spec.WorkDir,
+		Env: workloadEnv(os.Environ(), spec.ShareNomadToken),
 	}
 	if spec.UID != nil {
 		sup.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
@@ -112,7 +119,7 @@ func superviseTask(dir string, log hclog.Logger) (int, string) {
 
 // routeSignals turns stopSignal into a StopRequest from stop.json and passes
 // every other catchable signal on.
-func routeSignals(dir string, log hclog.Logger, forward chan<- os.Signal, stops chan<- shim.StopRequest) {
+func routeSignals(dir *securefs.Dir, log hclog.Logger, forward chan<- os.Signal, stops chan<- shim.StopRequest) {
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs)
 	for sig := range sigs {
@@ -121,7 +128,7 @@ func routeSignals(dir string, log hclog.Logger, forward chan<- os.Signal, stops 
 			continue
 		case stopSignal:
 			var req stopRequest
-			if err := readJSON(filepath.Join(dir, stopFile), &req); err != nil {
+			if err := readJSON(dir, stopFile, &req); err != nil {
 				log.Error("stop requested but the request is unreadable; using SIGTERM and 5s", "error", err)
 				req = stopRequest{Signal: int(syscall.SIGTERM), Timeout: shim.DefaultKillTimeout}
 			}
@@ -133,6 +140,22 @@ func routeSignals(dir string, log hclog.Logger, forward chan<- os.Signal, stops 
 			forward <- sig
 		}
 	}
+}
+
+// workloadEnv is the supervisor's environment less what the workload must
+// not hold: the workload identity token (it can write the lock path, so a
+// workload with it could release or renew the lock; shareToken keeps it) and
+// the LB auth key.
+func workloadEnv(env []string, shareToken bool) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if (name == "NOMAD_TOKEN" && !shareToken) || name == lbhook.DefaultAuthKeyEnv {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 // joinCgroups moves this process into each cgroup; children inherit them.
@@ -151,9 +174,10 @@ func joinCgroups(procsFiles []string) error {
 // refreshes status.json; a change of state or message is also appended to
 // events.jsonl, which the plugin turns into task events.
 type publisher struct {
-	dir, path string
-	log       hclog.Logger
-	last      shim.Event
+	dir  *securefs.Dir
+	path string
+	log  hclog.Logger
+	last shim.Event
 }
 
 func (p *publisher) observe(ev shim.Event) {
@@ -163,11 +187,11 @@ func (p *publisher) observe(ev shim.Event) {
 		WorkloadPID: ev.WorkloadPID, WorkloadPGID: ev.WorkloadPGID,
 		SupervisorPID: os.Getpid(), UpdatedMono: monoNow(),
 	}
-	if err := writeJSON(filepath.Join(p.dir, statusFile), st); err != nil {
+	if err := writeJSON(p.dir, statusFile, st); err != nil {
 		p.log.Warn("write status", "error", err)
 	}
 	if ev.State == shim.StateReleased {
-		_ = os.Remove(filepath.Join(p.dir, leaseFile))
+		_ = p.dir.Remove(leaseFile)
 	}
 	if ev.Message == "" || (ev.State == p.last.State && ev.Message == p.last.Message) {
 		return
@@ -177,7 +201,7 @@ func (p *publisher) observe(ev shim.Event) {
 	if !ev.Holder.IsZero() {
 		line.Holder = ev.Holder.AllocID
 	}
-	if err := appendJSONLine(filepath.Join(p.dir, eventsFile), line); err != nil {
+	if err := appendJSONLine(p.dir, eventsFile, line); err != nil {
 		p.log.Warn("write event", "error", err)
 	}
 }

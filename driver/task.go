@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 	"golang.org/x/sys/unix"
 )
@@ -49,7 +49,7 @@ type driverState struct {
 // taskHandle is the plugin's view of one task's supervisor.
 type taskHandle struct {
 	cfg       *drivers.TaskConfig
-	dir       string
+	dir       *securefs.Dir
 	proc      *supervisorProc
 	cgroup    *taskCgroup
 	startedAt time.Time
@@ -89,9 +89,17 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, fmt.Errorf("decode task config: %w", err)
 	}
 	d.mu.RLock()
-	ttl, delay, validator := d.ttl, d.delay, d.idValidator
+	ttl, delay, root, users := d.ttl, d.delay, d.stateRoot, d.users
 	d.mu.RUnlock()
+	if root == nil {
+		return nil, nil, errors.New("the plugin has no state dir: see the agent log for the plugin config error")
+	}
 
+	lbSpec, err := resolveLBFiles(cfg, tc.LoadBalancer)
+	if err != nil {
+		return nil, nil, err
+	}
+	tc.LoadBalancer = lbSpec
 	sc, err := tc.shimConfig(cfg, ttl, delay)
 	if err != nil {
 		return nil, nil, err
@@ -99,7 +107,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err := checkIdentity(cfg); err != nil {
 		return nil, nil, err
 	}
-	spec, err := buildSpec(cfg, tc, sc, validator)
+	spec, err := buildSpec(cfg, tc, sc, users)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -112,12 +120,17 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	spec.CgroupProcs = cg.procsFiles()
 
-	dir := stateDir(cfg.TaskDir().Dir)
+	dir, err := openTaskState(root, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("task state dir: %w", err)
+	}
 	if err := prepareStateDir(dir, spec); err != nil {
+		dir.Close()
 		return nil, nil, err
 	}
-	proc, err := d.launch(cfg, dir)
+	proc, err := d.launch(cfg, dir.Path())
 	if err != nil {
+		dir.Close()
 		return nil, nil, err
 	}
 	ticks, _ := startTicks(proc.pid)
@@ -129,12 +142,12 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	handle := drivers.NewTaskHandle(taskHandleVersion)
 	handle.Config = cfg
-	if err := handle.SetDriverState(&driverState{PID: proc.pid, StartTicks: ticks, StartedAt: h.startedAt, StateDir: dir}); err != nil {
+	if err := handle.SetDriverState(&driverState{PID: proc.pid, StartTicks: ticks, StartedAt: h.startedAt, StateDir: dir.Path()}); err != nil {
 		_ = proc.signal(syscall.SIGKILL)
 		return nil, nil, fmt.Errorf("set driver state: %w", err)
 	}
 	d.tasks.set(cfg.ID, h)
-	go d.run(h, &eventTail{path: filepath.Join(dir, eventsFile)})
+	go d.run(h, &eventTail{dir: dir})
 	h.logger.Info("started supervisor", "pid", proc.pid, "lock", sc.Path)
 	return handle, nil, nil
 }
@@ -151,58 +164,39 @@ func checkIdentity(cfg *drivers.TaskConfig) error {
 		"add `identity { env = true }` (or `identity { file = true }`) to the task", cfg.Name)
 }
 
-// buildSpec turns the validated config into the supervisor's spec, resolving
-// the task user and refusing denied host IDs.
-func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, validator interface{ HasValidIDs(string) error }) (supervisorSpec, error) {
+// buildSpec turns the validated config into the supervisor's spec, with the
+// task's user resolved and checked against the plugin's user policy.
+func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users userPolicy) (supervisorSpec, error) {
 	spec := supervisorSpec{
 		LB: tc.LoadBalancer, Health: tc.HealthCheck,
 		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
 		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait,
 		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
-		WorkDir: cfg.TaskDir().Dir,
+		WorkDir: cfg.TaskDir().Dir, ShareNomadToken: tc.ShareNomadToken,
 	}
-	name := cfg.User
-	if name == "" {
-		if u, err := user.Current(); err == nil {
-			name = u.Username
-		}
-	}
-	if validator != nil && name != "" {
-		if err := validator.HasValidIDs(name); err != nil {
-			return spec, fmt.Errorf("task user %q is not allowed on this client (plugin config denied_host_uids/denied_host_gids): %w", name, err)
-		}
-	}
-	if cfg.User == "" {
-		return spec, nil
-	}
-	u, err := user.Lookup(cfg.User)
+	id, err := users.resolve(cfg.User)
 	if err != nil {
-		return spec, fmt.Errorf("task user %q: %w", cfg.User, err)
+		return spec, err
 	}
-	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
-	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	uid32 := uint32(uid)
-	spec.UID, spec.GID = &uid32, uint32(gid)
-	if gids, err := u.GroupIds(); err == nil {
-		for _, g := range gids {
-			if n, err := strconv.ParseUint(g, 10, 32); err == nil {
-				spec.Groups = append(spec.Groups, uint32(n))
-			}
-		}
+	if err := checkReach(spec.WorkDir, id); err != nil {
+		return spec, err
+	}
+	if id.uid != 0 {
+		uid := id.uid
+		spec.UID, spec.GID, spec.Groups = &uid, id.gid, id.groups
 	}
 	return spec, nil
 }
 
-// prepareStateDir creates the task's state dir afresh (a restarted task
-// reuses its task dir) and writes the spec.
-func prepareStateDir(dir string, spec supervisorSpec) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
+// prepareStateDir empties the task's state dir (a restarted task may reuse
+// it) and writes the spec.
+func prepareStateDir(dir *securefs.Dir, spec supervisorSpec) error {
+	for _, f := range []string{statusFile, eventsFile, offsetFile, exitFile, stopFile, leaseFile, lbFile} {
+		if err := dir.Remove(f); err != nil {
+			return err
+		}
 	}
-	for _, f := range []string{statusFile, eventsFile, eventsFile + ".offset", exitFile, stopFile, leaseFile, lbFile} {
-		_ = os.Remove(filepath.Join(dir, f))
-	}
-	return writeJSON(filepath.Join(dir, specFile), spec)
+	return writeJSON(dir, specFile, spec)
 }
 
 // launch re-execs this binary as the supervisor in a new session, with the
@@ -287,12 +281,16 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	}
 	cfg := handle.Config
 	cg, _ := newTaskCgroup(cfg)
+	dir, err := securefs.OpenPrivate(st.StateDir, false)
+	if err != nil {
+		return fmt.Errorf("recover task: %w", err)
+	}
 	h := &taskHandle{
-		cfg: cfg, dir: st.StateDir, cgroup: cg, startedAt: st.StartedAt,
+		cfg: cfg, dir: dir, cgroup: cg, startedAt: st.StartedAt,
 		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
 		done:   make(chan struct{}),
 	}
-	tail := &eventTail{path: filepath.Join(st.StateDir, eventsFile)}
+	tail := &eventTail{dir: dir}
 	tail.restore()
 
 	proc, err := findSupervisor(st.PID, st.StartTicks)
@@ -350,7 +348,7 @@ func (d *Driver) run(h *taskHandle, tail *eventTail) {
 // the cached status.
 func (d *Driver) drainEvents(h *taskHandle, tail *eventTail) {
 	var st supervisorStatus
-	if err := readJSON(filepath.Join(h.dir, statusFile), &st); err == nil {
+	if err := readJSON(h.dir, statusFile, &st); err == nil {
 		h.mu.Lock()
 		h.status = st
 		h.mu.Unlock()
@@ -401,11 +399,8 @@ func (d *Driver) watchdog(h *taskHandle) {
 	first := !h.watchdogHit
 	h.watchdogHit = true
 	h.mu.Unlock()
-	h.logger.Error("watchdog: killing the workload", "why", why, "pgid", st.WorkloadPGID)
-	_ = syscall.Kill(-st.WorkloadPGID, syscall.SIGKILL)
-	if h.proc != nil {
-		_ = h.proc.signal(syscall.SIGKILL)
-	}
+	h.logger.Error("watchdog: killing the task", "why", why)
+	h.killTask()
 	if first {
 		d.emitEvent(h.cfg, "Lock lost: watchdog killed the workload: "+why, map[string]string{"lock_state": string(shim.StateLost)})
 	}
@@ -415,7 +410,7 @@ func (d *Driver) watchdog(h *taskHandle) {
 // own, or a documented lock code) from exit.json, else from the wait status.
 func (d *Driver) exitResult(h *taskHandle, ps *os.ProcessState, waitErr error) *drivers.ExitResult {
 	var es exitStatus
-	if err := readJSON(filepath.Join(h.dir, exitFile), &es); err == nil {
+	if err := readJSON(h.dir, exitFile, &es); err == nil {
 		return &drivers.ExitResult{ExitCode: es.ExitCode, Signal: es.Signal}
 	}
 	if ps != nil {
@@ -483,7 +478,7 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 		}
 		sig = s
 	}
-	if err := writeJSON(filepath.Join(h.dir, stopFile), stopRequest{Signal: int(sig), Timeout: timeout}); err != nil {
+	if err := writeJSON(h.dir, stopFile, stopRequest{Signal: int(sig), Timeout: timeout}); err != nil {
 		h.logger.Error("write stop request; killing the supervisor instead", "error", err)
 		return h.kill("stop request could not be written")
 	}
@@ -498,16 +493,28 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 	}
 }
 
-// kill SIGKILLs the supervisor and the workload group and waits for the
-// supervisor to be gone.
-func (h *taskHandle) kill(why string) error {
-	h.logger.Warn("killing supervisor", "why", why)
-	if st := h.lastStatus(); st.WorkloadPGID > 0 {
-		_ = syscall.Kill(-st.WorkloadPGID, syscall.SIGKILL)
-	}
+// killTask SIGKILLs the supervisor, through the handle that proves it is
+// ours, and everything in the task cgroup. The supervisor's group guard
+// kills the workload's process group when the supervisor dies, also where
+// there is no cgroup. No PID or group read from a file is ever signalled.
+func (h *taskHandle) killTask() {
 	if h.proc != nil {
 		_ = h.proc.signal(syscall.SIGKILL)
 	}
+	if h.cgroup != nil {
+		go func() {
+			if err := h.cgroup.killAll(killWait); err != nil {
+				h.logger.Error("kill the task cgroup", "error", err)
+			}
+		}()
+	}
+}
+
+// kill SIGKILLs the task (see killTask) and waits for the supervisor to be
+// gone.
+func (h *taskHandle) kill(why string) error {
+	h.logger.Warn("killing supervisor", "why", why)
+	h.killTask()
 	select {
 	case <-h.done:
 		return nil
@@ -531,6 +538,15 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 	}
 	d.removeAfterCrash(h) // a REMOVE that failed at exit gets one more try
 	d.tasks.delete(taskID)
+	d.mu.RLock()
+	root := d.stateRoot
+	d.mu.RUnlock()
+	if root != nil {
+		if err := removeTaskState(root, h.cfg); err != nil {
+			h.logger.Warn("remove the task's state dir", "error", err)
+		}
+	}
+	h.dir.Close()
 	return nil
 }
 
@@ -566,10 +582,10 @@ func (d *Driver) SignalTask(taskID string, signal string) error {
 		return err
 	}
 	st := h.lastStatus()
-	if st.WorkloadPID == 0 || !(shim.State(st.State).Holds() || st.State == string(shim.StateStopping)) {
+	if st.WorkloadPID <= 1 || h.proc == nil || !(shim.State(st.State).Holds() || st.State == string(shim.StateStopping)) {
 		return fmt.Errorf("task %q is waiting for lock %s: there is no workload to signal yet", h.cfg.Name, st.Path)
 	}
-	return syscall.Kill(st.WorkloadPID, sig)
+	return signalChild(h.proc.pid, st.WorkloadPID, sig)
 }
 
 func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Duration) (<-chan *drivers.TaskResourceUsage, error) {

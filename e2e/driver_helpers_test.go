@@ -425,8 +425,9 @@ func drvWaitGone(t *testing.T, pid int, timeout time.Duration) int64 {
 	return harness.MonoNow()
 }
 
-// drvStatus is the part of the driver's <taskdir>/.singleton/status.json the
-// tests read: the supervisor's fence deadline, refreshed at every renew.
+// drvStatus is the part of the driver's status.json (in the task's state dir
+// below the plugin's state_dir) the tests read: the supervisor's fence
+// deadline, refreshed at every renew.
 type drvStatus struct {
 	State             string
 	Fence             uint64
@@ -436,7 +437,12 @@ type drvStatus struct {
 
 func drvReadStatus(t *testing.T, a *harness.Agent, allocID string) drvStatus {
 	t.Helper()
-	path := filepath.Join(a.TaskDir(allocID, drvTask), ".singleton", "status.json")
+	return drvReadStatusIn(t, drvStateDir(t, allocID))
+}
+
+func drvReadStatusIn(t *testing.T, stateDir string) drvStatus {
+	t.Helper()
+	path := filepath.Join(stateDir, "status.json")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("read supervisor status: %v", err)
@@ -448,15 +454,22 @@ func drvReadStatus(t *testing.T, a *harness.Agent, allocID string) drvStatus {
 	return st
 }
 
+// drvStateDir is the task's state dir: the supervisor's argv[2].
+func drvStateDir(t *testing.T, allocID string) string {
+	t.Helper()
+	return drvSupervisor(t, allocID).Argv[2]
+}
+
 // drvWaitRenew waits until the holder's supervisor has renewed the lock
 // (its fence deadline moved), so a fault injected right after has the whole
 // TTL - margin budget. It returns the new fence deadline.
 func drvWaitRenew(t *testing.T, a *harness.Agent, allocID string, ttl time.Duration) int64 {
 	t.Helper()
-	first := drvReadStatus(t, a, allocID).FenceDeadlineMono
+	dir := drvStateDir(t, allocID)
+	first := drvReadStatusIn(t, dir).FenceDeadlineMono
 	deadline := time.Now().Add(ttl)
 	for {
-		if st := drvReadStatus(t, a, allocID); st.FenceDeadlineMono > first {
+		if st := drvReadStatusIn(t, dir); st.FenceDeadlineMono > first {
 			return st.FenceDeadlineMono
 		}
 		if time.Now().After(deadline) {

@@ -52,8 +52,10 @@ type lbJob struct {
 	restart string
 	// noReschedule adds reschedule { attempts = 0, unlimited = false }.
 	noReschedule bool
-	// authkeyFile is the load_balancer block's authkey_file ("" for none).
-	authkeyFile string
+	// authkey is stored in the job's variable nomad/jobs/<job> and rendered
+	// by a template into secrets/lb.key, which the load_balancer block names
+	// as its authkey_file ("" for none): the key is in no jobspec or log.
+	authkey string
 }
 
 func newLBJob(t *testing.T, lb *harness.LB, name string, count int) *lbJob {
@@ -105,12 +107,16 @@ func (j *lbJob) hcl(t *testing.T) string {
 	line("          groups           = %s", harness.HCLList(j.groups...))
 	line("          port             = \"http\"")
 	line("          recheck_interval = %q", lbRecheckHCL)
-	if j.authkeyFile != "" {
-		line("          authkey_file     = %q", j.authkeyFile)
+	if j.authkey != "" {
+		line("          authkey_file     = \"secrets/lb.key\"")
 	}
 	line("        }")
 	line("        health_check {\n          type     = \"http\"\n          interval = \"200ms\"\n        }")
 	line("      }")
+	if j.authkey != "" {
+		line("      template {\n        data        = %q\n        destination = \"secrets/lb.key\"\n      }",
+			`{{ with nomadVar "nomad/jobs/`+j.id+`" }}{{ .authkey }}{{ end }}`)
+	}
 	line("      kill_timeout = %q", drvKillTimeout)
 	line("      resources {\n        cpu    = 50\n        memory = 64\n      }")
 	line("    }\n  }\n}")
@@ -121,6 +127,12 @@ func (j *lbJob) hcl(t *testing.T) string {
 // workloads are gone, so their REMOVEs reach the LB before it closes.
 func (j *lbJob) run(t *testing.T, a *harness.Agent) {
 	t.Helper()
+	if j.authkey != "" {
+		v := &api.Variable{Path: "nomad/jobs/" + j.id, Items: api.VariableItems{"authkey": j.authkey}}
+		if _, _, err := a.API().Variables().Create(v, nil); err != nil {
+			t.Fatalf("store the LB auth key: %v", err)
+		}
+	}
 	a.RunJobHCL(t, j.hcl(t))
 	t.Cleanup(func() {
 		_ = a.Purge(j.id)

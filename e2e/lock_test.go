@@ -777,9 +777,9 @@ func TestLockACL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/*"`, `"nomad/jobs/`+ok.job+`/*"`)
+	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/lock"`, strconv.Quote(ok.path))
 	if policy == string(example) {
-		t.Fatalf("the example policy no longer has path \"nomad/jobs/web/*\":\n%s", example)
+		t.Fatalf("the example policy no longer has path \"nomad/jobs/web/lock\":\n%s", example)
 	}
 	policyFile := filepath.Join(t.TempDir(), "singleton-lock.policy.hcl")
 	if err := os.WriteFile(policyFile, []byte(policy), 0o644); err != nil {

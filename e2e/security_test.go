@@ -31,8 +31,8 @@ func TestSecurity(t *testing.T) {
 	std := harness.SingletonPluginConfig(drvTTLHCL, drvDelayHCL)
 	for i, c := range opts.Config {
 		if c == std {
-			opts.Config[i] = fmt.Sprintf("plugin %q {\n  config {\n    default_ttl      = %q\n    default_delay    = %q\n    denied_host_uids = \"%d\"\n  }\n}",
-				harness.PluginFileName, drvTTLHCL, drvDelayHCL, secDeniedUID)
+			opts.Config[i] = harness.SingletonPluginConfigSafe(drvTTLHCL, drvDelayHCL,
+				"allow_root = true", `default_user = "root"`, fmt.Sprintf("denied_host_uids = \"%d\"", secDeniedUID))
 		}
 	}
 	a := harness.StartAgent(t, opts)
@@ -49,13 +49,9 @@ func TestSecurity(t *testing.T) {
 // a non-root user cannot read its files.
 func testSecSecrets(t *testing.T, a *harness.Agent) {
 	key := fmt.Sprintf("authkey-%d-secret", time.Now().UnixNano())
-	keyFile := filepath.Join(t.TempDir(), "authkey")
-	if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	lb := harness.StartLB(t, lbapi.Options{Groups: []lbapi.Group{{Name: lbGroup}}, WorkerInterval: lbWorkerInterval, AuthKeys: []string{key}})
 	j := newLBJob(t, lb, "sec", 2)
-	j.authkeyFile = keyFile
+	j.authkey = key
 	j.run(t, a)
 	first := j.lbHolder(t, a)
 	lbWaitSuccess(t, lb, lbAddID(first.AllocID, drvFence(t, first)), 60*time.Second)
@@ -64,9 +60,20 @@ func testSecSecrets(t *testing.T, a *harness.Agent) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	token := harness.Getenv(env, "NOMAD_TOKEN")
+	supEnv, err := harness.ReadEnviron(drvSupervisor(t, first.AllocID).PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := harness.Getenv(supEnv, "NOMAD_TOKEN")
 	if len(token) < 16 {
-		t.Fatalf("workload has no usable NOMAD_TOKEN (%q): the check would prove nothing", token)
+		t.Fatalf("the supervisor has no usable NOMAD_TOKEN (%q): the check would prove nothing", token)
+	}
+	// The workload holds neither the token (it can write the lock path)
+	// nor the LB auth key.
+	for _, name := range []string{"NOMAD_TOKEN", "SINGLETON_LB_AUTHKEY"} {
+		if v := harness.Getenv(env, name); v != "" {
+			t.Errorf("the workload's environment has %s", name)
+		}
 	}
 	v := drvLock(t, a, j.lockPath())
 	if v.Lock == nil || v.Lock.ID == "" {
@@ -125,8 +132,11 @@ func testSecSecrets(t *testing.T, a *harness.Agent) {
 		}
 	}
 
-	// The state dir: root-only, unreadable for another user.
-	dir := filepath.Join(a.TaskDir(first.AllocID, drvTask), ".singleton")
+	// The state dir: outside the task dir, root-only, unreadable for another user.
+	dir := drvStateDir(t, first.AllocID)
+	if taskDir := a.TaskDir(first.AllocID, drvTask); strings.HasPrefix(dir, taskDir) {
+		t.Errorf("state dir %s is inside the task dir %s, which the task user can write", dir, taskDir)
+	}
 	fi, err := os.Stat(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -39,7 +39,7 @@ job "web-lb" {
           add_deadline     = "1m"
           remove_deadline  = "5s"
           recheck_interval = "10s"
-          # authkey_file = "/etc/singleton/lb-authkey"   # or SINGLETON_LB_AUTHKEY in the task env
+          # authkey_file = "secrets/lb.key"   # rendered by a template block; or SINGLETON_LB_AUTHKEY in the task env
         }
 
         health_check {

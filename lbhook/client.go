@@ -95,7 +95,7 @@ func NewClient(cfg Config, opts ClientOptions) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lb config: %w", err)
 	}
-	tr, err := newTransport(cfg.CAFile)
+	tr, err := newTransport(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("lb config: %w", err)
 	}
@@ -131,22 +131,23 @@ func stateURIFor(requestURI string) string {
 }
 
 func loadAuthKey(cfg Config, opts ClientOptions) (string, error) {
+	if cfg.AuthKey != "" {
+		return parseAuthKey(cfg.AuthKey, "authkey_file")
+	}
 	if cfg.AuthKeyFile != "" {
 		return readAuthKeyFile(cfg.AuthKeyFile)
 	}
 	return strings.TrimSpace(opts.Getenv(opts.AuthKeyEnv)), nil
 }
 
-func newTransport(caFile string) (*http.Transport, error) {
+func newTransport(cfg Config) (*http.Transport, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if caFile != "" {
-		pool, err := loadCAPool(caFile)
-		if err != nil {
-			return nil, err
-		}
-		tlsCfg.RootCAs = pool
+	pool, err := cfg.caPool()
+	if err != nil {
+		return nil, err
 	}
+	tlsCfg.RootCAs = pool
 	tr.TLSClientConfig = tlsCfg
 	return tr, nil
 }

@@ -75,6 +75,13 @@ type Config struct {
 	AuthKeyFile string
 	// CAFile is a PEM bundle that replaces the system roots for https.
 	CAFile string
+	// AuthKey and CAPEM are the contents of an auth key file and a CA
+	// bundle that the caller has read itself, for callers that must not
+	// open a path they were given (the driver, which runs as root, reads
+	// them from the task's secrets dir). They take the place of AuthKeyFile
+	// and CAFile.
+	AuthKey string
+	CAPEM   []byte
 }
 
 // WithDefaults returns c with zero durations replaced by the defaults.
@@ -121,11 +128,15 @@ func (c Config) Validate() error {
 	add(validateDuration("poll_interval", c.PollInterval))
 	add(validateDuration("add_deadline", c.AddDeadline))
 	add(validateDuration("remove_deadline", c.RemoveDeadline))
-	if c.AuthKeyFile != "" {
+	switch {
+	case c.AuthKey != "":
+		_, err := parseAuthKey(c.AuthKey, "authkey_file")
+		add(err)
+	case c.AuthKeyFile != "":
 		_, err := readAuthKeyFile(c.AuthKeyFile)
 		add(err)
 	}
-	add(validateCAFile(c.CAFile, c.URI))
+	add(c.validateCA())
 	return errors.Join(errs...)
 }
 
@@ -189,16 +200,16 @@ func validateDuration(name string, d time.Duration) error {
 	return nil
 }
 
-// validateCAFile checks that a set ca_file holds a certificate and is used with https.
-func validateCAFile(path, uri string) error {
-	if path == "" {
+// validateCA checks that a set CA bundle holds a certificate and is used with https.
+func (c Config) validateCA() error {
+	if c.CAFile == "" && len(c.CAPEM) == 0 {
 		return nil
 	}
-	if _, err := loadCAPool(path); err != nil {
+	if _, err := c.caPool(); err != nil {
 		return err
 	}
-	if u, err := url.Parse(uri); err == nil && u.Scheme == "http" {
-		return fmt.Errorf("ca_file %s is set but uri is plain http", path)
+	if u, err := url.Parse(c.URI); err == nil && u.Scheme == "http" {
+		return errors.New("ca_file is set but uri is plain http: use an https uri, or drop ca_file")
 	}
 	return nil
 }
@@ -210,24 +221,37 @@ func readAuthKeyFile(path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("authkey_file: %w", err)
 	}
-	key := strings.TrimSpace(string(b))
+	return parseAuthKey(string(b), "authkey_file "+path)
+}
+
+// parseAuthKey trims a key read from source and checks it is one line.
+func parseAuthKey(raw, source string) (string, error) {
+	key := strings.TrimSpace(raw)
 	if key == "" {
-		return "", fmt.Errorf("authkey_file %s is empty", path)
+		return "", fmt.Errorf("%s is empty", source)
 	}
 	if strings.ContainsAny(key, "\r\n") {
-		return "", fmt.Errorf("authkey_file %s holds more than one line", path)
+		return "", fmt.Errorf("%s holds more than one line", source)
 	}
 	return key, nil
 }
 
-func loadCAPool(path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("ca_file: %w", err)
+// caPool is the CA bundle of CAPEM or CAFile; nil means the system roots.
+func (c Config) caPool() (*x509.CertPool, error) {
+	pem, source := c.CAPEM, "ca_file"
+	if len(pem) == 0 {
+		if c.CAFile == "" {
+			return nil, nil
+		}
+		b, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ca_file: %w", err)
+		}
+		pem, source = b, "ca_file "+c.CAFile
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("ca_file %s holds no PEM certificate", path)
+		return nil, fmt.Errorf("%s holds no PEM certificate", source)
 	}
 	return pool, nil
 }

@@ -28,6 +28,11 @@ type LBSpec struct {
 	AuthKeyFile     string            `hcl:"authkey_file,optional" codec:"authkey_file"`
 	CAFile          string            `hcl:"ca_file,optional" codec:"ca_file"`
 	RecheckInterval string            `hcl:"recheck_interval,optional" codec:"recheck_interval"`
+
+	// AuthKey and CAPEM replace AuthKeyFile and CAFile with contents the
+	// caller read itself (see lbhook.Config). No jobspec or file sets them.
+	AuthKey string `codec:"-"`
+	CAPEM   []byte `codec:"-"`
 }
 
 // HealthSpec is the health_check block.
@@ -82,6 +87,8 @@ func BuildLoadBalancer(spec LBSpec, health HealthSpec, getenv func(string) strin
 			RemoveDeadline: dur("load_balancer", "remove_deadline", spec.RemoveDeadline),
 			AuthKeyFile:    spec.AuthKeyFile,
 			CAFile:         spec.CAFile,
+			AuthKey:        spec.AuthKey,
+			CAPEM:          spec.CAPEM,
 		},
 		Recheck: dur("load_balancer", "recheck_interval", spec.RecheckInterval),
 	}

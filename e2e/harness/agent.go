@@ -191,6 +191,11 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	if err != nil {
 		t.Fatalf("harness: %v", err)
 	}
+	// Searchable (not readable) by others, as a client's data_dir must be
+	// for tasks that run as an unprivileged user.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatalf("harness: %v", err)
+	}
 	a.dir = dir
 	t.Cleanup(a.cleanup)
 
@@ -241,6 +246,9 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 		a.client = a.clients[0]
 	}
 	for _, m := range a.members() {
+		if err := os.Mkdir(m.dataDir, 0o711); err != nil {
+			t.Fatalf("harness: data dir: %v", err)
+		}
 		if err := os.WriteFile(m.cfgPath, []byte(m.renderConfig()), 0o644); err != nil {
 			t.Fatalf("harness: write agent config: %v", err)
 		}

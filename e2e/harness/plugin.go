@@ -61,9 +61,29 @@ func PluginBin(t testing.TB) string {
 // SingletonPluginConfig is the agent config block that loads the plugin with
 // the given lock defaults (e.g. "10s", "1s"; "" leaves the plugin's default).
 // Nomad 1.11 loads a plugin from plugin_dir only if such a block names it.
+//
+// It opts in to root tasks (allow_root, default_user = "root"): most tests'
+// workloads write their records into the test's private (0700) temp dirs.
+// The security tests run the plugin with its safe defaults instead
+// (SingletonPluginConfigSafe).
 func SingletonPluginConfig(defaultTTL, defaultDelay string) string {
+	return singletonPluginConfig(defaultTTL, defaultDelay, "    allow_root    = true\n    default_user  = \"root\"\n")
+}
+
+// SingletonPluginConfigSafe loads the plugin with its defaults for who tasks
+// run as (default_user "nobody", allow_root false) plus extra config lines.
+func SingletonPluginConfigSafe(defaultTTL, defaultDelay string, extra ...string) string {
+	var lines strings.Builder
+	for _, l := range extra {
+		fmt.Fprintf(&lines, "    %s\n", l)
+	}
+	return singletonPluginConfig(defaultTTL, defaultDelay, lines.String())
+}
+
+func singletonPluginConfig(defaultTTL, defaultDelay, extra string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "plugin %q {\n  config {\n", PluginFileName)
+	b.WriteString(extra)
 	if defaultTTL != "" {
 		fmt.Fprintf(&b, "    default_ttl   = %q\n", defaultTTL)
 	}

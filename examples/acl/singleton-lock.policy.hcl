@@ -4,15 +4,22 @@
 # nomad/jobs/<job>/<group> and nomad/jobs/<job>/<group>/<task>: not on the lock
 # path below them, so without this policy even the first read gets a 403.
 #
-# Apply it to the job (replace web with your job ID; add -group/-task to narrow):
+# Grant write on the lock path alone, not on nomad/jobs/<job>/*: Nomad 1.11
+# shows the lock ID of a variable to any token with read and write on it (in
+# the 409 of a conflicting check-and-set write), and that ID releases the
+# lock. The driver's default path is nomad/jobs/<job>/<group>/<task>/lock;
+# `lock` uses the path you give it.
+#
+# Apply it to the job (replace the path and web with yours; add -group/-task
+# to narrow it to the one task that takes the lock):
 #
 #   nomad acl policy apply -namespace default -job web singleton-lock-web singleton-lock.policy.hcl
 #
 namespace "default" {
   variables {
-    # One lock per job under nomad/jobs/<job>/. "read" lets holders watch the
-    # lock for an instant loss notice and lets standbys report who holds it.
-    path "nomad/jobs/web/*" {
+    # "read" lets holders watch the lock for an instant loss notice and lets
+    # standbys report who holds it.
+    path "nomad/jobs/web/lock" {
       capabilities = ["write", "read"]
     }
   }

@@ -9,12 +9,18 @@ plugin_dir = "/opt/nomad/plugins"
 
 plugin "nomad-driver-singleton" {
   config {
-    # Task users that map to these host IDs are refused, e.g. to forbid
-    # tasks running as root (tasks without `user` run as the agent's user).
-    # denied_host_uids = "0"
     # Defaults for tasks whose lock block sets no ttl/delay.
     default_ttl   = "15s"
     default_delay = "5s"
+    # The plugin's own state: root-owned, 0700, made if missing.
+    state_dir = "/var/lib/nomad-driver-singleton"
+    # Tasks without `user` run as this user. A task that would run as root
+    # is refused unless allow_root = true: leave it off unless everyone who
+    # may submit jobs may have root on this client.
+    default_user = "nobody"
+    allow_root   = false
+    # Further host IDs a task user must not map to.
+    # denied_host_uids = "1-999"
   }
 }
 
