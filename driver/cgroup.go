@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/nomad/client/lib/cgroupslib"
 	cstructs "github.com/hashicorp/nomad/client/structs"
 	"github.com/hashicorp/nomad/plugins/drivers"
+	"golang.org/x/sys/unix"
 )
 
 // taskCgroup is where Nomad's wrangler put the task: the cgroups the
@@ -260,12 +261,52 @@ func readKV(path string) (map[string]uint64, error) {
 	return out, nil
 }
 
-// killAll SIGKILLs every process in the task cgroup and waits until it is
+// The task cgroup is the workload's shim.Tree: it holds every process of
+// the workload, daemons that called setsid included, and nothing else (the
+// supervisor stays out of it).
+
+// Alive reports whether any process is left in the task cgroup.
+func (c *taskCgroup) Alive() (bool, error) {
+	pids, err := c.pids()
+	return len(pids) > 0, err
+}
+
+// Signal sends sig to every process in the task cgroup. On v1 the cgroup is
+// frozen meanwhile, so no listed PID can exit and be reused before the
+// signal; on v2 each PID is held through a pidfd and checked to be in the
+// cgroup first.
+func (c *taskCgroup) Signal(sig syscall.Signal) error {
+	if c.mode == cgroupslib.CG1 {
+		return c.frozen(time.Now().Add(killWait), func(pids []int) {
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, sig)
+			}
+		})
+	}
+	pids, err := c.pids()
+	if err != nil {
+		return err
+	}
+	rel := "0::" + strings.TrimPrefix(c.path, cgroupslib.GetDefaultRoot())
+	for _, pid := range pids {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); err == nil && strings.TrimSpace(string(b)) == rel {
+			_ = unix.PidfdSendSignal(fd, sig, nil, 0)
+		}
+		unix.Close(fd)
+	}
+	return nil
+}
+
+// KillAll SIGKILLs every process in the task cgroup and waits until it is
 // empty. On v1 the freezer holds the cgroup still while its members are
 // listed and killed, so a fork loop cannot outrun the kill and a listed PID
 // cannot exit and be reused in between (frozen processes do not run); on v2
 // the kernel kills the whole cgroup in one write to cgroup.kill.
-func (c *taskCgroup) killAll(within time.Duration) error {
+func (c *taskCgroup) KillAll(within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for {
 		pids, err := c.pids()
@@ -293,6 +334,16 @@ func (c *taskCgroup) killAll(within time.Duration) error {
 // freezeAndKill freezes the v1 freezer cgroup, SIGKILLs every member, and
 // thaws it so the kills take effect.
 func (c *taskCgroup) freezeAndKill(deadline time.Time) error {
+	return c.frozen(deadline, func(pids []int) {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+}
+
+// frozen runs fn with the members of the frozen v1 freezer cgroup, then
+// thaws it.
+func (c *taskCgroup) frozen(deadline time.Time, fn func(pids []int)) error {
 	state := filepath.Join(c.path, "freezer.state")
 	if err := os.WriteFile(state, []byte("FROZEN"), 0o644); err != nil {
 		return err
@@ -312,9 +363,7 @@ func (c *taskCgroup) freezeAndKill(deadline time.Time) error {
 	if err != nil {
 		return err
 	}
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
+	fn(pids)
 	return nil
 }
 

@@ -86,7 +86,7 @@ func (h *taskHandle) killRemains(within time.Duration) error {
 	if h.cgroup == nil {
 		return errors.New("no task cgroup (cgroups are disabled on this client), so the task's processes cannot be proven dead")
 	}
-	return h.cgroup.killAll(within)
+	return h.cgroup.KillAll(within)
 }
 
 // removeAfterCrash takes a dead supervisor's upstream out of the load

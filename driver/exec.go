@@ -8,13 +8,17 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/creack/pty"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+	"golang.org/x/sys/unix"
 )
 
 // ExecCommand is the hidden argv[1] that runs a command inside a task's
@@ -22,55 +26,109 @@ import (
 // drops to the task user, changes to the task dir, then execs the command.
 const ExecCommand = "__singleton-exec"
 
+// WorkloadCommand is the same helper as the supervisor's way to start the
+// workload: the supervisor itself stays out of the task cgroup (so the
+// cgroup holds the workload's processes and nothing else, and a memory-cgroup
+// OOM kill cannot pick the supervisor), and the helper re-arms the
+// parent-death signal that dropping privileges clears.
+const WorkloadCommand = "__singleton-workload"
+
 // MaybeRunExec execs into the command and never returns if args ask for it.
 func MaybeRunExec(args []string) {
-	if len(args) < 5 || args[1] != ExecCommand || args[3] != "--" {
+	if len(args) < 5 || (args[1] != ExecCommand && args[1] != WorkloadCommand) || args[3] != "--" {
 		return
 	}
-	err := execInTask(args[2], args[4:])
-	fmt.Fprintf(os.Stderr, "singleton exec: %v\n", err)
-	os.Exit(127)
+	code, err := execInTask(args[2], args[4:], args[1] == WorkloadCommand)
+	fmt.Fprintf(os.Stderr, "singleton: cannot run %q: %v\n", args[4], err)
+	os.Exit(code)
 }
 
-func execInTask(path string, argv []string) error {
+// workloadArgv is how the supervisor starts argv through the helper.
+func workloadArgv(self, stateDir string, argv []string) []string {
+	return append([]string{self, WorkloadCommand, stateDir, "--"}, argv...)
+}
+
+// execInTask joins the task cgroup, drops to the task user and execs argv.
+// It returns only on failure, with the exit code to use: 127 when the
+// command is not found, 126 when it cannot be run.
+func execInTask(path string, argv []string, workload bool) (int, error) {
+	parent := os.Getppid()
 	dir, err := securefs.OpenPrivate(path, false)
 	if err != nil {
-		return err
+		return shim.ExitCannotExec, err
 	}
 	var spec supervisorSpec
 	err = readJSON(dir, specFile, &spec)
 	dir.Close()
 	if err != nil {
-		return err
+		return shim.ExitCannotExec, err
 	}
 	if err := joinCgroups(spec.CgroupProcs); err != nil {
-		return err
+		return shim.ExitCannotExec, err
 	}
 	if spec.WorkDir != "" {
 		if err := os.Chdir(spec.WorkDir); err != nil {
-			return err
+			return shim.ExitCannotExec, err
 		}
 	}
-	bin, err := exec.LookPath(argv[0])
-	if err != nil {
-		return err
-	}
+	env := workloadEnv(os.Environ(), spec.ShareNomadToken)
 	if spec.UID != nil {
 		groups := make([]int, len(spec.Groups))
 		for i, g := range spec.Groups {
 			groups[i] = int(g)
 		}
 		if err := syscall.Setgroups(groups); err != nil {
-			return fmt.Errorf("setgroups: %w", err)
+			return shim.ExitCannotExec, fmt.Errorf("setgroups: %w", err)
 		}
 		if err := syscall.Setgid(int(spec.GID)); err != nil {
-			return fmt.Errorf("setgid: %w", err)
+			return shim.ExitCannotExec, fmt.Errorf("setgid: %w", err)
 		}
 		if err := syscall.Setuid(int(*spec.UID)); err != nil {
-			return fmt.Errorf("setuid: %w", err)
+			return shim.ExitCannotExec, fmt.Errorf("setuid: %w", err)
 		}
 	}
-	return syscall.Exec(bin, argv, workloadEnv(os.Environ(), spec.ShareNomadToken))
+	if workload {
+		// A credential change clears the parent-death signal: set it again,
+		// then make sure the supervisor did not die in between.
+		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0, 0, 0); err != nil {
+			return shim.ExitCannotExec, fmt.Errorf("set the parent-death signal: %w", err)
+		}
+		if os.Getppid() != parent {
+			return shim.ExitCannotExec, errors.New("the supervisor is gone")
+		}
+	}
+	// The command is looked up as the task user, in the workload's PATH.
+	bin, err := lookPath(argv[0], env)
+	if err != nil {
+		return shim.ExitNotFound, err
+	}
+	err = syscall.Exec(bin, argv, env)
+	if errors.Is(err, syscall.ENOENT) {
+		return shim.ExitNotFound, err
+	}
+	return shim.ExitCannotExec, err
+}
+
+// lookPath resolves file like exec.LookPath, with PATH taken from env.
+func lookPath(file string, env []string) (string, error) {
+	if strings.Contains(file, "/") {
+		return exec.LookPath(file)
+	}
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, d := range filepath.SplitList(path) {
+		if d == "" {
+			d = "."
+		}
+		if p, err := exec.LookPath(filepath.Join(d, file)); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%q: %w", file, exec.ErrNotFound)
 }
 
 // execCmd builds the command that runs argv in the task's context.

@@ -98,9 +98,14 @@ type supervisorSpec struct {
 	LB     shim.LBSpec
 	Health shim.HealthSpec
 
-	// CgroupProcs are cgroup.procs files the supervisor writes its PID into
-	// before anything else, so it and the workload live in the task cgroup.
+	// CgroupProcs are the task cgroup's cgroup.procs files, which the
+	// workload helper joins before it execs the workload (the supervisor
+	// stays out). CgroupMode and CgroupPath name the cgroup that proves the
+	// workload dead (v1: the freezer cgroup; v2: the task's cgroup); an
+	// empty CgroupPath means there is none.
 	CgroupProcs []string
+	CgroupMode  int
+	CgroupPath  string
 	WorkDir     string
 	// UID/GID/Groups run the workload as the task's user; nil runs it as root.
 	UID    *uint32

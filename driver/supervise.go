@@ -9,8 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/client/lib/cgroupslib"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
@@ -56,10 +58,6 @@ func superviseTask(dir *securefs.Dir, log hclog.Logger) (int, string) {
 		log.Error("read supervisor spec", "error", err)
 		return shim.ExitConfig, err.Error()
 	}
-	if err := joinCgroups(spec.CgroupProcs); err != nil {
-		log.Error("join the task cgroup", "error", err)
-		return shim.ExitInfra, err.Error()
-	}
 
 	cfg := shim.DefaultConfig()
 	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
@@ -80,6 +78,11 @@ func superviseTask(dir *securefs.Dir, log hclog.Logger) (int, string) {
 		return shim.ExitConfig, err.Error()
 	}
 
+	self, err := os.Executable()
+	if err != nil {
+		log.Error("find own binary", "error", err)
+		return shim.ExitInfra, err.Error()
+	}
 	pub := &publisher{dir: dir, path: cfg.Path, log: log}
 	sup := &shim.Supervisor{
 		Config: cfg, Locker: locker, Logger: log, Observe: pub.observe,
@@ -104,9 +107,14 @@ func superviseTask(dir *securefs.Dir, log hclog.Logger) (int, string) {
 		Stdin: nil, Stdout: os.Stdout, Stderr: os.Stderr,
 		Dir: spec.WorkDir,
 		Env: workloadEnv(os.Environ(), spec.ShareNomadToken),
+		// The helper joins the task cgroup and drops to the task user.
+		Wrap:         func(argv []string) []string { return workloadArgv(self, dir.Path(), argv) },
+		Tree:         workloadTree(spec),
+		RequireGuard: true,
 	}
-	if spec.UID != nil {
-		sup.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
+	if spec.CgroupPath == "" {
+		pub.note("No task cgroup on this client (cgroups are disabled): nothing can prove every process of the task dead, " +
+			"so the lock is never released early; after each stop it expires on the server (2×TTL + delay)")
 	}
 
 	forward := make(chan os.Signal, 16)
@@ -115,6 +123,25 @@ func superviseTask(dir *securefs.Dir, log hclog.Logger) (int, string) {
 	go routeSignals(dir, log, forward, stops)
 
 	return sup.Run(context.Background(), forward), ""
+}
+
+// workloadTree is the task cgroup, which holds the workload's processes and
+// nothing else; without one, a tree that never proves anything dead.
+func workloadTree(spec supervisorSpec) shim.Tree {
+	if spec.CgroupPath == "" {
+		return noTree{}
+	}
+	return &taskCgroup{mode: cgroupslib.Mode(spec.CgroupMode), path: spec.CgroupPath}
+}
+
+// noTree stands for a task cgroup that does not exist: the lock is then
+// never released early.
+type noTree struct{}
+
+func (noTree) Signal(syscall.Signal) error { return nil }
+func (noTree) Alive() (bool, error)        { return false, nil }
+func (noTree) KillAll(time.Duration) error {
+	return errors.New("no task cgroup, so the task's processes cannot be proven dead")
 }
 
 // routeSignals turns stopSignal into a StopRequest from stop.json and passes
@@ -178,6 +205,13 @@ type publisher struct {
 	path string
 	log  hclog.Logger
 	last shim.Event
+}
+
+// note appends a task event that is not a state change.
+func (p *publisher) note(msg string) {
+	if err := appendJSONLine(p.dir, eventsFile, taskEventLine{Time: time.Now(), Message: msg}); err != nil {
+		p.log.Warn("write event", "error", err)
+	}
 }
 
 func (p *publisher) observe(ev shim.Event) {

@@ -119,6 +119,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, fmt.Errorf("task cgroup: %w", err)
 	}
 	spec.CgroupProcs = cg.procsFiles()
+	if cg != nil {
+		spec.CgroupMode, spec.CgroupPath = int(cg.mode), cg.path
+	}
 
 	dir, err := openTaskState(root, cfg)
 	if err != nil {
@@ -503,7 +506,7 @@ func (h *taskHandle) killTask() {
 	}
 	if h.cgroup != nil {
 		go func() {
-			if err := h.cgroup.killAll(killWait); err != nil {
+			if err := h.cgroup.KillAll(killWait); err != nil {
 				h.logger.Error("kill the task cgroup", "error", err)
 			}
 		}()

@@ -115,6 +115,19 @@ type Supervisor struct {
 	OnLBRemoved func()
 	// Getenv reads the task environment (LB auth key); nil means os.Getenv.
 	Getenv func(string) string
+	// Tree, if set, sees the workload's whole process tree, where the
+	// process group does not reach (a daemon that called setsid): stops
+	// signal it too, wait for it, and the lock is released only once it is
+	// proven empty.
+	Tree Tree
+	// Wrap, if set, rewrites the workload's argv before it is started (the
+	// driver starts it through a helper that joins the task cgroup and
+	// drops to the task user first).
+	Wrap func(argv []string) []string
+	// RequireGuard refuses to start the workload without its process-group
+	// guard (the driver: nothing else kills a workload whose supervisor was
+	// SIGKILLed before the watchdog's margin runs out).
+	RequireGuard bool
 
 	spawner *spawner
 	// state and message are the last emitted, repeated by renew heartbeats.
@@ -170,6 +183,11 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	}
 
 	g, err := startGuard(s.spawner)
+	if err != nil && s.RequireGuard {
+		log.Error("cannot start the process-group guard; not starting the workload", "error", err)
+		s.finish(lease, nil, nil)
+		return ExitInfra
+	}
 	if err != nil {
 		log.Warn("running without a process-group guard: descendants that outlive a killed supervisor are not cleaned up", "error", err)
 	}
@@ -354,6 +372,9 @@ func (s *Supervisor) startWorkload(lease *lockclient.Lease, g *group) (*exec.Cmd
 		}
 		argv = []string{sh, "-c", strings.Join(argv, " ")}
 	}
+	if s.Wrap != nil {
+		argv = s.Wrap(argv)
+	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		return nil, g, fmt.Errorf("command %q: %w", argv[0], err)
@@ -398,14 +419,19 @@ func (s *Supervisor) workloadEnv(lease *lockclient.Lease) []string {
 func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struct{}, sig syscall.Signal,
 	timeout time.Duration, held func(State, string) Event) {
 	if isClosed(exited) {
-		if left, err := g.members(); err == nil && len(left) == 0 {
+		if s.treeEmpty(g) {
 			return
 		}
-		s.Logger.Info("workload exited but left processes in its group, stopping them", "signal", sig)
+		s.Logger.Info("workload exited but left processes behind, stopping them", "signal", sig)
 	}
 	s.emit(held(StateStopping, "Stopping workload with "+signalName(sig)))
 	if err := g.signal(sig); err != nil {
 		s.Logger.Warn("signal workload group", "signal", sig, "error", err)
+	}
+	if s.Tree != nil {
+		if err := s.Tree.Signal(sig); err != nil {
+			s.Logger.Warn("signal the workload's process tree", "signal", sig, "error", err)
+		}
 	}
 	deadline := time.Now().Add(timeout)
 	if isClosed(lease.Lost()) {
@@ -426,17 +452,42 @@ func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struc
 			deadline = earliest(deadline, lease.StopDeadline())
 			grace.Reset(time.Until(deadline))
 		case <-lease.Renewed():
-			// Still ours: keep the guard from cutting a long kill_timeout short.
+			// Still ours: keep the guard, and the driver's watchdog (which
+			// reads the deadlines this event publishes), from cutting a long
+			// kill_timeout short.
 			g.arm(earliest(deadline.Add(2*time.Second), lease.StopDeadline()))
+			s.emit(held(s.state, s.message))
 		case <-poll.C:
-			if !isClosed(exited) {
-				continue
-			}
-			if left, err := g.members(); err == nil && len(left) == 0 {
+			if isClosed(exited) && s.treeEmpty(g) {
 				return
 			}
 		}
 	}
+}
+
+// treeEmpty reports whether no process of the workload is left: none in its
+// group, and none in its tree (when the supervisor has a view of it).
+func (s *Supervisor) treeEmpty(g *group) bool {
+	if left, err := g.members(); err != nil || len(left) > 0 {
+		return false
+	}
+	if s.Tree == nil {
+		return true
+	}
+	alive, err := s.Tree.Alive()
+	return err == nil && !alive
+}
+
+// Tree is a view of every process of the workload, wherever it went: the
+// driver's task cgroup, or the descendants of a subreaper.
+type Tree interface {
+	// Signal sends sig to every process of the workload.
+	Signal(sig syscall.Signal) error
+	// Alive reports whether any process of the workload is left.
+	Alive() (bool, error)
+	// KillAll SIGKILLs every process of the workload and returns nil only
+	// once none is left (within timeout).
+	KillAll(timeout time.Duration) error
 }
 
 // finish makes sure no process of the group survives, then releases. If the
@@ -446,6 +497,12 @@ func (s *Supervisor) finish(lease *lockclient.Lease, g *group, exited <-chan str
 	if g != nil {
 		if ok, err := g.killAll(confirmTimeout); !ok {
 			s.Logger.Error("not releasing the lock: the workload's processes could not be confirmed dead; it expires on its own", "error", err)
+			return
+		}
+	}
+	if s.Tree != nil {
+		if err := s.Tree.KillAll(confirmTimeout); err != nil {
+			s.Logger.Error("not releasing the lock: the workload's process tree could not be proven dead; it expires on its own", "error", err)
 			return
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,10 +125,15 @@ func requireBinary(t testing.TB, envVar, name string) string {
 	return abs
 }
 
-// testWorkloadDir is stable per machine, so repeated runs reuse one file
-// instead of leaving a temporary directory behind each time, and short, so it
-// can be mounted or referenced from task configs easily.
-var testWorkloadDir = filepath.Join(os.TempDir(), "nomad-singleton-e2e")
+// testWorkloadDir is stable per checkout, so repeated runs reuse one file
+// instead of leaving a temporary directory behind each time (two checkouts
+// on one machine never run each other's build), and short, so it can be
+// mounted or referenced from task configs easily.
+func testWorkloadDir(root string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(root))
+	return filepath.Join(os.TempDir(), fmt.Sprintf("nomad-singleton-e2e-%08x", h.Sum32()))
+}
 
 var (
 	workloadOnce sync.Once
@@ -150,14 +156,15 @@ func BuildTestWorkload(t testing.TB) string {
 }
 
 func buildTestWorkload(root string) (string, error) {
-	if err := os.MkdirAll(testWorkloadDir, 0o755); err != nil {
+	dir := testWorkloadDir(root)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	final := filepath.Join(testWorkloadDir, "testworkload")
+	final := filepath.Join(dir, "testworkload")
 	// Build to a unique name and rename, so concurrent test binaries never
 	// see (or execute) a half-written file.
 	tmp := fmt.Sprintf("%s.%d.tmp", final, os.Getpid())

@@ -33,6 +33,11 @@
 //	-exit N        exit with code N (after -after) instead of running until signalled
 //	-after D       delay before -exit takes effect (Go duration, default 0)
 //	-children N    start N grandchildren (this binary re-executed with -child)
+//	-daemon        start the grandchildren as daemons: each in a session of its
+//	               own (setsid), detached from our stdio, so they leave the
+//	               process group and outlive us
+//	-stop-after D  on SIGTERM/SIGINT, take D to "flush" before the stop record
+//	               and exit 0 (a slow graceful shutdown)
 //	-http ADDR     serve HTTP on ADDR (host:port) until stopped: every request is
 //	               answered 200 "alloc <NOMAD_ALLOC_ID>\n". The listener is open
 //	               before the start record is written; a listen error exits 2.
@@ -100,6 +105,8 @@ func main() {
 		children   = flag.Int("children", 0, "number of grandchildren to start")
 		child      = flag.Bool("child", false, "internal: run as a grandchild")
 		httpAddr   = flag.String("http", "", "serve HTTP on this host:port until stopped")
+		daemon     = flag.Bool("daemon", false, "start the grandchildren in their own sessions, detached")
+		stopAfter  = flag.Duration("stop-after", 0, "on SIGTERM/SIGINT, wait this long before the stop record and exit")
 	)
 	flag.Parse()
 
@@ -134,7 +141,7 @@ func main() {
 
 	if !*child {
 		for i := 0; i < *children; i++ {
-			if err := startChild(*recordPath, *ignoreTerm); err != nil {
+			if err := startChild(*recordPath, *ignoreTerm, *daemon); err != nil {
 				fmt.Fprintf(os.Stderr, "testworkload: start child: %v\n", err)
 				os.Exit(2)
 			}
@@ -157,6 +164,10 @@ func main() {
 			isTerm := sig == syscall.SIGTERM || sig == syscall.SIGINT
 			switch {
 			case isTerm && !*ignoreTerm:
+				if *stopAfter > 0 {
+					w.write(record{Event: "signal", Signal: name})
+					time.Sleep(*stopAfter)
+				}
 				code := 0
 				w.write(record{Event: "stop", Signal: name, Code: &code})
 				os.Exit(0)
@@ -189,7 +200,7 @@ func serveHTTP(addr string) error {
 // startChild re-executes this binary as a grandchild in the same process
 // group. The child is reaped in the background so that it never lingers as a
 // zombie while we live.
-func startChild(recordPath string, ignoreTerm bool) error {
+func startChild(recordPath string, ignoreTerm, daemon bool) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -202,8 +213,12 @@ func startChild(recordPath string, ignoreTerm bool) error {
 	args = append(args, "--")
 	args = append(args, os.Args[1:]...)
 	cmd := exec.Command(self, args...)
-	cmd.Stdout = os.Stdout
-	cmd.Stderr = os.Stderr
+	if daemon {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	} else {
+		cmd.Stdout = os.Stdout
+		cmd.Stderr = os.Stderr
+	}
 	if err := cmd.Start(); err != nil {
 		return err
 	}

@@ -1,0 +1,138 @@
+package e2e
+
+// "Never two at once" for workloads that misbehave as real ones do: a start
+// script that daemonizes (setsid) and exits, whose daemon ignores SIGTERM; and
+// a graceful shutdown that takes longer than two TTLs.
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+)
+
+func TestDriverProofOfDeath(t *testing.T) {
+	t.Parallel()
+	harness.BuildTestWorkload(t)
+	a := harness.StartAgent(t, drvAgentOptions(t, true))
+	runConcurrently(t, []subtest{
+		{"daemonizing_workload_never_twice", func(t *testing.T) { testDaemonNeverTwice(t, a) }},
+		{"slow_graceful_stop_gets_its_kill_timeout", func(t *testing.T) { testSlowGracefulStop(t, a) }},
+	})
+}
+
+// testDaemonNeverTwice: count = 2. Each run's main process starts a daemon
+// in its own session (which ignores SIGTERM), then exits 0 after 2 s, and
+// Nomad restarts the task. The supervisor must kill the daemon, proven
+// through the task cgroup, before it releases, so the other allocation's
+// copy never runs beside it: across exits and restarts, and an alloc stop.
+func testDaemonNeverTwice(t *testing.T, a *harness.Agent) {
+	j := newDrvJob(t, "daemon", 2)
+	j.args = []string{"-children", "1", "-daemon", "-ignore-term", "-exit", "0", "-after", "2s"}
+	j.groupExtra = "restart {\n      attempts = 20\n      interval = \"10m\"\n      delay = \"1s\"\n      mode = \"delay\"\n    }"
+	// Every process of the job, daemons included (they carry the marker).
+	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker})
+	j.run(t, a)
+
+	// Several handovers through workload exits and restarts.
+	const handovers = 4
+	deadline := time.Now().Add(3 * time.Minute)
+	for len(drvStarts(j.records(t))) < handovers+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d workload starts within 3m", len(drvStarts(j.records(t))))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Then an alloc stop of the current holder, while its daemon runs.
+	starts := drvStarts(j.records(t))
+	last := starts[len(starts)-1]
+	harness.WaitRecord(t, j.record, 30*time.Second, func(r harness.Record) bool {
+		return r.Event == harness.EventStart && r.Role == "child" && r.AllocID == last.AllocID && r.Fence == last.Fence
+	})
+	if err := a.StopAlloc(last.AllocID); err != nil {
+		t.Fatal(err)
+	}
+	j.waitStart(t, 60*time.Second, func(r harness.Record) bool { return r.AllocID != last.AllocID && r.Mono > last.Mono })
+	_ = a.Purge(j.id)
+	// The last holder's processes die with the purge: let the sampler see
+	// them go, so every life has a known end.
+	gone := time.Now().Add(60 * time.Second)
+	for procs, _ := harness.FindProcs(j.marker); len(procs) > 0; procs, _ = harness.FindProcs(j.marker) {
+		if time.Now().After(gone) {
+			t.Fatalf("processes of the job still alive 60s after its purge: %v", procs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sum := smp.Stop()
+
+	recs := j.records(t)
+	daemons := 0
+	for _, r := range recs {
+		if r.Event == "start" && r.Role == "child" {
+			daemons++
+		}
+	}
+	if daemons < handovers {
+		t.Fatalf("only %d daemons started: the test proves nothing", daemons)
+	}
+	// Each process's life (main and daemon alike; a SIGKILLed daemon's end
+	// comes from the sampler's pidfd), grouped by allocation run: no two
+	// runs of different allocations may overlap.
+	asMain := make([]harness.Record, len(recs))
+	for i, r := range recs {
+		r.Role = harness.RoleMain
+		asMain[i] = r
+	}
+	ivs := harness.Intervals(asMain, sum.GoneByPIDOr())
+	for _, iv := range ivs {
+		if !iv.Ended {
+			t.Errorf("no end known for %+v", iv)
+		}
+	}
+	for _, o := range harness.Overlaps(ivs) {
+		if o.A.AllocID != o.B.AllocID {
+			t.Errorf("processes of two allocations overlapped for %s: %+v and %+v", o.For, o.A, o.B)
+		}
+	}
+	if over := sum.Over(1); len(over) > 0 {
+		t.Errorf("the sampler saw two allocations' processes at once in %d samples: %s", len(over), sum)
+	}
+	t.Logf("%d workload runs, %d daemons, no two at once; sampler: %s", len(drvStarts(recs)), daemons, sum)
+}
+
+// testSlowGracefulStop: TTL 10 s, kill_timeout 30 s, kill_signal SIGINT,
+// and a workload that needs 25 s to flush on SIGINT. A stop while the lock
+// is healthy must give it all of that: it exits 0 with its stop record, and
+// nothing says the lock was lost.
+func testSlowGracefulStop(t *testing.T, a *harness.Agent) {
+	j := newDrvJob(t, "slowstop", 1)
+	j.args = []string{"-stop-after", "25s"}
+	j.groupExtra = "" // kill_timeout below replaces the job's default
+	j.configExtra = ""
+	hcl := strings.Replace(j.hcl(t), fmt.Sprintf("kill_timeout = %q", drvKillTimeout), "kill_timeout = \"30s\"\n      kill_signal  = \"SIGINT\"", 1)
+	a.RunJobHCL(t, hcl)
+	t.Cleanup(func() { _ = a.Purge(j.id) })
+	start := j.waitStart(t, 60*time.Second, func(harness.Record) bool { return true })
+	stopped := time.Now()
+	if err := a.StopAlloc(start.AllocID); err != nil {
+		t.Fatal(err)
+	}
+	end := j.waitEnd(t, start.Instance, 90*time.Second)
+	if end.Event != "stop" {
+		t.Fatalf("the workload ended with %q, want its own clean stop after the 25 s flush: %+v", end.Event, end)
+	}
+	if took := time.Since(stopped); took < 20*time.Second {
+		t.Fatalf("stop finished after %s, before the workload's 25 s flush", took)
+	}
+	a.WaitAllocs(t, j.id, 1, api.AllocClientStatusComplete, 60*time.Second)
+	evs := drvEvents(t, a, start.AllocID)
+	for _, bad := range []string{"Lock lost", "watchdog", "Exit Code: 137"} {
+		if m := drvMatching(evs, bad); len(m) > 0 {
+			t.Errorf("a graceful stop within kill_timeout shows %q: %s", bad, drvFormatEvents(m))
+		}
+	}
+}
