@@ -1,8 +1,10 @@
 package driver
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
@@ -136,15 +138,57 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	})),
 })
 
-// DefaultLockPath is the lock of a task when its lock block names none. The
-// job is the parent job for periodic and dispatched children, so every
-// instance of a periodic job competes for one lock.
+// DefaultLockPath is the lock of a task when its lock block names none:
+// nomad/jobs/<job>/<group>/<task>/lock. The job is the parent job for
+// periodic and dispatched children, so every instance of a periodic job
+// competes for one lock. Nomad allows names that its variable paths do not
+// (a "." in "api.v2"), so each name is escaped (see escapePathName); a path
+// that would be longer than Nomad's 128 characters keeps a readable prefix
+// of the job and a hash of all three names.
 func DefaultLockPath(cfg *drivers.TaskConfig) string {
 	job := cfg.JobID
 	if cfg.ParentJobID != "" {
 		job = cfg.ParentJobID
 	}
-	return fmt.Sprintf("nomad/jobs/%s/%s/%s/lock", job, cfg.TaskGroupName, cfg.Name)
+	ej, eg, et := escapePathName(job), escapePathName(cfg.TaskGroupName), escapePathName(cfg.Name)
+	path := fmt.Sprintf("nomad/jobs/%s/%s/%s/lock", ej, eg, et)
+	if len(path) <= maxVariablePath {
+		return path
+	}
+	sum := sha256.Sum256([]byte(job + "\x00" + cfg.TaskGroupName + "\x00" + cfg.Name))
+	return fmt.Sprintf("nomad/jobs/%s/%x/lock", truncateEscaped(ej, 64), sum[:12])
+}
+
+// maxVariablePath is Nomad's limit on a variable path.
+const maxVariablePath = 128
+
+// escapePathName makes one name fit Nomad's variable path alphabet
+// (a-z A-Z 0-9 - _ ~): every other byte, and "~" itself, becomes "~" and two
+// hex digits, so different names never share a lock.
+func escapePathName(name string) string {
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c == '-' || c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "~%02x", c)
+	}
+	return b.String()
+}
+
+// truncateEscaped cuts an escaped name to at most n bytes without splitting
+// an escape.
+func truncateEscaped(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	if i := strings.LastIndexByte(s, '~'); i >= 0 && i > len(s)-3 {
+		s = s[:i]
+	}
+	return s
 }
 
 // shimConfig turns a task's config into the supervisor's, validated. Every

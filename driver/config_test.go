@@ -23,6 +23,38 @@ func TestDefaultLockPath(t *testing.T) {
 	}
 }
 
+// Names Nomad allows but its variable paths do not still get a valid,
+// distinct default lock path.
+func TestDefaultLockPathEscapes(t *testing.T) {
+	long := strings.Repeat("j", 100)
+	cases := []struct{ job, group, task, want string }{
+		{"api.v2", "g", "t", "nomad/jobs/api~2ev2/g/t/lock"},
+		{"api~2ev2", "g", "t", "nomad/jobs/api~7e2ev2/g/t/lock"},
+		{"web", "front end", "nginx:1", "nomad/jobs/web/front~20end/nginx~3a1/lock"},
+	}
+	for _, c := range cases {
+		got := DefaultLockPath(&drivers.TaskConfig{JobID: c.job, TaskGroupName: c.group, Name: c.task})
+		if got != c.want {
+			t.Errorf("%s/%s/%s: got %q, want %q", c.job, c.group, c.task, got, c.want)
+		}
+	}
+	seen := map[string]string{}
+	for _, task := range []string{"a", "b"} {
+		got := DefaultLockPath(&drivers.TaskConfig{JobID: long + ".x", TaskGroupName: "group", Name: task})
+		if len(got) > 128 || !strings.HasPrefix(got, "nomad/jobs/jjjj") {
+			t.Errorf("long names: %q (%d characters)", got, len(got))
+		}
+		if other, dup := seen[got]; dup {
+			t.Errorf("tasks %s and %s share the lock %s", other, task, got)
+		}
+		seen[got] = task
+		c := TaskConfig{Command: "/bin/true"}
+		if _, err := c.shimConfig(&drivers.TaskConfig{JobID: long + ".x", TaskGroupName: "group", Name: task}, 15*time.Second, 5*time.Second); err != nil {
+			t.Errorf("the default lock path of a long, dotted job is refused: %v", err)
+		}
+	}
+}
+
 func TestShimConfig(t *testing.T) {
 	cfg := &drivers.TaskConfig{JobID: "web", TaskGroupName: "g", Name: "t", Namespace: "prod"}
 	cases := []struct {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/drivers/shared/eventer"
-	"github.com/hashicorp/nomad/drivers/shared/validators"
 	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/hashicorp/nomad/plugins/drivers/fsisolation"
@@ -109,11 +108,10 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	if err != nil {
 		return err
 	}
-	v, err := validators.NewValidator(d.logger, pc.DeniedHostUIDs, pc.DeniedHostGIDs)
+	users, err := newUserPolicy(d.logger, pc)
 	if err != nil {
-		return fmt.Errorf("plugin config denied_host_uids/denied_host_gids: %w", err)
+		return err
 	}
-	users := userPolicy{defaultUser: cmp.Or(pc.DefaultUser, DefaultUser), allowRoot: pc.AllowRoot, deniedUIDs: v}
 	root, err := securefs.OpenPrivate(cmp.Or(pc.StateDir, DefaultStateDir), true)
 	if err != nil {
 		return fmt.Errorf("plugin config state_dir: %w", err)

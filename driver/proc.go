@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,6 +20,15 @@ type supervisorProc struct {
 	pid   int
 	cmd   *exec.Cmd // set when this plugin started it (and so must reap it)
 	pidfd int       // set for a recovered process; -1 otherwise
+	// ticks is the start time of a recovered process without a pidfd: it
+	// is then checked before every signal and polled for its end.
+	ticks uint64
+}
+
+// same reports whether the recovered process without a pidfd still lives.
+func (p *supervisorProc) same() bool {
+	t, err := startTicks(p.pid)
+	return err == nil && t == p.ticks
 }
 
 // startTicks is field 22 of /proc/<pid>/stat: when the process started, in
@@ -82,6 +92,12 @@ func (p *supervisorProc) signal(sig syscall.Signal) error {
 		}
 		return err
 	}
+	if p.pidfd < 0 {
+		if !p.same() {
+			return nil
+		}
+		return syscall.Kill(p.pid, sig)
+	}
 	err := unix.PidfdSendSignal(p.pidfd, sig, nil, 0)
 	if errors.Is(err, unix.ESRCH) {
 		return nil
@@ -100,6 +116,12 @@ func (p *supervisorProc) wait() (state *os.ProcessState, err error) {
 			err = nil
 		}
 		return p.cmd.ProcessState, err
+	}
+	if p.pidfd < 0 {
+		for p.same() {
+			time.Sleep(100 * time.Millisecond)
+		}
+		return nil, nil
 	}
 	defer unix.Close(p.pidfd)
 	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}

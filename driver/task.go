@@ -297,6 +297,13 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	tail.restore()
 
 	proc, err := findSupervisor(st.PID, st.StartTicks)
+	if err != nil && !errors.Is(err, errSupervisorGone) {
+		// No pidfd (say EMFILE), but the supervisor may live: Nomad would
+		// otherwise start a second one beside it. Watch it by PID and start
+		// time instead.
+		h.logger.Warn("recover task: no pidfd on the supervisor; watching it by PID and start time", "pid", st.PID, "error", err)
+		proc, err = &supervisorProc{pid: st.PID, pidfd: -1, ticks: st.StartTicks}, nil
+	}
 	switch {
 	case errors.Is(err, errSupervisorGone):
 		h.logger.Warn("supervisor exited while the plugin was down", "pid", st.PID)
@@ -419,7 +426,7 @@ func (d *Driver) exitResult(h *taskHandle, ps *os.ProcessState, waitErr error) *
 	if ps != nil {
 		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			return &drivers.ExitResult{ExitCode: 128 + int(ws.Signal()), Signal: int(ws.Signal()),
-				Err: fmt.Errorf("supervisor killed by %s", ws.Signal())}
+				Err: fmt.Errorf("the supervisor was killed by %s", unix.SignalName(ws.Signal()))}
 		}
 		return &drivers.ExitResult{ExitCode: ps.ExitCode()}
 	}

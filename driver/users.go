@@ -1,12 +1,15 @@
 package driver
 
 import (
+	"cmp"
 	"fmt"
 	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/drivers/shared/validators"
 	"golang.org/x/sys/unix"
 )
@@ -17,6 +20,55 @@ type userPolicy struct {
 	defaultUser string
 	allowRoot   bool
 	deniedUIDs  *validators.Validator
+	deniedGIDs  idRanges
+}
+
+// newUserPolicy checks the plugin options that decide who tasks run as.
+// Group IDs are checked here rather than by Nomad's validator, which in
+// 1.11.2 counts every user as a member of group 0.
+func newUserPolicy(log hclog.Logger, pc PluginConfig) (userPolicy, error) {
+	uids, err := validators.NewValidator(log, pc.DeniedHostUIDs, "")
+	if err != nil {
+		return userPolicy{}, fmt.Errorf("plugin config denied_host_uids: %w", err)
+	}
+	gids, err := parseIDRanges(pc.DeniedHostGIDs)
+	if err != nil {
+		return userPolicy{}, fmt.Errorf("plugin config denied_host_gids: %w", err)
+	}
+	return userPolicy{defaultUser: cmp.Or(pc.DefaultUser, DefaultUser), allowRoot: pc.AllowRoot, deniedUIDs: uids, deniedGIDs: gids}, nil
+}
+
+// idRanges is a list of ID ranges such as "0-999,65534".
+type idRanges [][2]uint64
+
+func parseIDRanges(s string) (idRanges, error) {
+	var out idRanges
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(part, "-")
+		if !isRange {
+			hi = lo
+		}
+		a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 32)
+		b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 32)
+		if err1 != nil || err2 != nil || a > b {
+			return nil, fmt.Errorf("%q is not an ID or a range like \"1000-1999\"", part)
+		}
+		out = append(out, [2]uint64{a, b})
+	}
+	return out, nil
+}
+
+func (r idRanges) contains(id uint32) bool {
+	for _, rg := range r {
+		if uint64(id) >= rg[0] && uint64(id) <= rg[1] {
+			return true
+		}
+	}
+	return false
 }
 
 // taskIdentity is a resolved task user.
@@ -66,7 +118,12 @@ func (p userPolicy) resolve(taskUser string) (taskIdentity, error) {
 	}
 	if p.deniedUIDs != nil {
 		if err := p.deniedUIDs.HasValidIDs(name); err != nil {
-			return id, fmt.Errorf("task user %q is not allowed on this client (plugin config denied_host_uids/denied_host_gids): %w", name, err)
+			return id, fmt.Errorf("task user %q is not allowed on this client (plugin config denied_host_uids): %w", name, err)
+		}
+	}
+	for _, g := range append([]uint32{id.gid}, id.groups...) {
+		if p.deniedGIDs.contains(g) {
+			return id, fmt.Errorf("task user %q is not allowed on this client: it is in group %d, which the plugin config denied_host_gids refuses", name, g)
 		}
 	}
 	return id, nil

@@ -213,11 +213,18 @@ func groupMembers(pgid, except int) ([]int, error) {
 			continue // exited meanwhile
 		}
 		state, pg, ok := parseStat(stat)
-		if ok && pg == pgid && state != 'Z' && state != 'X' {
+		if ok && pg == pgid && (state != 'Z' && state != 'X' || threadsLeft(pid)) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids, nil
+}
+
+// threadsLeft reports whether a zombie thread-group leader still has live
+// threads: its main thread exited (pthread_exit), the process did not.
+func threadsLeft(pid int) bool {
+	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
+	return err == nil && len(tasks) > 1
 }
 
 // parseStat reads state and pgrp from /proc/<pid>/stat. The comm field may
