@@ -22,7 +22,91 @@ func TestDriverProofOfDeath(t *testing.T) {
 	runConcurrently(t, []subtest{
 		{"daemonizing_workload_never_twice", func(t *testing.T) { testDaemonNeverTwice(t, a) }},
 		{"slow_graceful_stop_gets_its_kill_timeout", func(t *testing.T) { testSlowGracefulStop(t, a) }},
+		{"lock_daemonizing_workload_never_twice", func(t *testing.T) { testLockDaemonNeverTwice(t, a) }},
 	})
+}
+
+// daemonArgs make the testworkload a start script that daemonizes: one
+// grandchild in its own session that ignores SIGTERM, and a main process
+// that exits 0 after 2 s.
+var daemonArgs = []string{"-children", "1", "-daemon", "-ignore-term", "-exit", "0", "-after", "2s"}
+
+// daemonRestart restarts the task quickly after each exit, many times.
+const daemonRestart = "restart {\n      attempts = 20\n      interval = \"10m\"\n      delay = \"1s\"\n      mode = \"delay\"\n    }"
+
+// testLockDaemonNeverTwice: the same daemonizing workload under `lock` with
+// raw_exec, count = 2. lock is a child subreaper, so the daemon stays its
+// descendant and is proven dead before the release. Nomad does not kill a
+// raw_exec task's cgroup between restarts, so nothing else would.
+func testLockDaemonNeverTwice(t *testing.T, a *harness.Agent) {
+	s := newScenario(t, "daemon")
+	g := s.lockGroup(t, 2, nil, daemonArgs)
+	g.extra = daemonRestart
+	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker, Filter: func(p harness.Proc) bool { return !isLockExe(p) }})
+	a.RunJobHCL(t, jobHCL(s.job, "service", g))
+	t.Cleanup(func() { _ = a.Purge(s.job) })
+	const runs = 5
+	deadline := time.Now().Add(3 * time.Minute)
+	for countStarts(readRecords(t, s.record), harness.RoleMain) < runs {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d workload starts within 3m", countStarts(readRecords(t, s.record), harness.RoleMain))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_ = a.Purge(s.job)
+	checkNoTwoAllocs(t, s.marker, s.record, smp, runs-1)
+}
+
+func countStarts(recs []harness.Record, role string) int {
+	n := 0
+	for _, r := range recs {
+		if r.Event == harness.EventStart && r.Role == role {
+			n++
+		}
+	}
+	return n
+}
+
+// checkNoTwoAllocs waits until the job's processes are gone, then fails the
+// test if processes (main and daemons alike) of two allocations ever ran at
+// once: by their records, with a SIGKILLed daemon's end from the sampler's
+// pidfd, and by the sampler's scans. At least minDaemons daemons must have
+// started, or the check proves nothing.
+func checkNoTwoAllocs(t *testing.T, marker, record string, smp *harness.Sampler, minDaemons int) {
+	t.Helper()
+	gone := time.Now().Add(60 * time.Second)
+	for procs, _ := harness.FindProcs(marker); len(procs) > 0; procs, _ = harness.FindProcs(marker) {
+		if time.Now().After(gone) {
+			t.Fatalf("processes of the job still alive 60s after its purge: %v", procs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sum := smp.Stop()
+	recs := readRecords(t, record)
+	if n := countStarts(recs, "child"); n < minDaemons {
+		t.Fatalf("only %d daemons started: the test proves nothing", n)
+	}
+	asMain := make([]harness.Record, len(recs))
+	for i, r := range recs {
+		r.Role = harness.RoleMain
+		asMain[i] = r
+	}
+	ivs := harness.Intervals(asMain, sum.GoneByPIDOr())
+	for _, iv := range ivs {
+		if !iv.Ended {
+			t.Errorf("no end known for %+v", iv)
+		}
+	}
+	for _, o := range harness.Overlaps(ivs) {
+		if o.A.AllocID != o.B.AllocID {
+			t.Errorf("processes of two allocations overlapped for %s: %+v and %+v", o.For, o.A, o.B)
+		}
+	}
+	if over := sum.Over(1); len(over) > 0 {
+		t.Errorf("the sampler saw two allocations' processes at once in %d samples: %s", len(over), sum)
+	}
+	t.Logf("%d workload runs, %d daemons, no two allocations at once; sampler: %s",
+		countStarts(recs, harness.RoleMain), countStarts(recs, "child"), sum)
 }
 
 // testDaemonNeverTwice: count = 2. Each run's main process starts a daemon
@@ -32,8 +116,8 @@ func TestDriverProofOfDeath(t *testing.T) {
 // copy never runs beside it: across exits and restarts, and an alloc stop.
 func testDaemonNeverTwice(t *testing.T, a *harness.Agent) {
 	j := newDrvJob(t, "daemon", 2)
-	j.args = []string{"-children", "1", "-daemon", "-ignore-term", "-exit", "0", "-after", "2s"}
-	j.groupExtra = "restart {\n      attempts = 20\n      interval = \"10m\"\n      delay = \"1s\"\n      mode = \"delay\"\n    }"
+	j.args = daemonArgs
+	j.groupExtra = daemonRestart
 	// Every process of the job, daemons included (they carry the marker).
 	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker})
 	j.run(t, a)
@@ -58,50 +142,7 @@ func testDaemonNeverTwice(t *testing.T, a *harness.Agent) {
 	}
 	j.waitStart(t, 60*time.Second, func(r harness.Record) bool { return r.AllocID != last.AllocID && r.Mono > last.Mono })
 	_ = a.Purge(j.id)
-	// The last holder's processes die with the purge: let the sampler see
-	// them go, so every life has a known end.
-	gone := time.Now().Add(60 * time.Second)
-	for procs, _ := harness.FindProcs(j.marker); len(procs) > 0; procs, _ = harness.FindProcs(j.marker) {
-		if time.Now().After(gone) {
-			t.Fatalf("processes of the job still alive 60s after its purge: %v", procs)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	sum := smp.Stop()
-
-	recs := j.records(t)
-	daemons := 0
-	for _, r := range recs {
-		if r.Event == "start" && r.Role == "child" {
-			daemons++
-		}
-	}
-	if daemons < handovers {
-		t.Fatalf("only %d daemons started: the test proves nothing", daemons)
-	}
-	// Each process's life (main and daemon alike; a SIGKILLed daemon's end
-	// comes from the sampler's pidfd), grouped by allocation run: no two
-	// runs of different allocations may overlap.
-	asMain := make([]harness.Record, len(recs))
-	for i, r := range recs {
-		r.Role = harness.RoleMain
-		asMain[i] = r
-	}
-	ivs := harness.Intervals(asMain, sum.GoneByPIDOr())
-	for _, iv := range ivs {
-		if !iv.Ended {
-			t.Errorf("no end known for %+v", iv)
-		}
-	}
-	for _, o := range harness.Overlaps(ivs) {
-		if o.A.AllocID != o.B.AllocID {
-			t.Errorf("processes of two allocations overlapped for %s: %+v and %+v", o.For, o.A, o.B)
-		}
-	}
-	if over := sum.Over(1); len(over) > 0 {
-		t.Errorf("the sampler saw two allocations' processes at once in %d samples: %s", len(over), sum)
-	}
-	t.Logf("%d workload runs, %d daemons, no two at once; sampler: %s", len(drvStarts(recs)), daemons, sum)
+	checkNoTwoAllocs(t, j.marker, j.record, smp, handovers)
 }
 
 // testSlowGracefulStop: TTL 10 s, kill_timeout 30 s, kill_signal SIGINT,

@@ -117,6 +117,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		Config: cfg, Locker: locker, Logger: log,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 		Observe: func(ev Event) { log.Debug("state", "state", ev.State, "message", ev.Message) },
+		// Daemons the workload starts stay lock's descendants, and are
+		// proven dead before the release.
+		Subreaper: true,
 	}
 	return sup.Run(context.Background(), forwardable)
 }

@@ -230,16 +230,26 @@ func threadsLeft(pid int) bool {
 // parseStat reads state and pgrp from /proc/<pid>/stat. The comm field may
 // hold spaces and parentheses, so fields are counted after the last ')'.
 func parseStat(stat []byte) (state byte, pgrp int, ok bool) {
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 || i+2 >= len(stat) {
-		return 0, 0, false
-	}
-	fields := bytes.Fields(stat[i+2:])
-	if len(fields) < 3 || len(fields[0]) != 1 {
+	fields, ok := statFields(stat)
+	if !ok || len(fields) < 3 {
 		return 0, 0, false
 	}
 	pgrp, err := strconv.Atoi(string(fields[2]))
 	return fields[0][0], pgrp, err == nil
+}
+
+// statFields splits /proc/<pid>/stat after the comm field: fields[0] is the
+// state (field 3 in proc(5)), fields[1] the ppid, fields[2] the pgrp.
+func statFields(stat []byte) ([][]byte, bool) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 || i+2 >= len(stat) {
+		return nil, false
+	}
+	fields := bytes.Fields(stat[i+2:])
+	if len(fields) < 1 || len(fields[0]) != 1 {
+		return nil, false
+	}
+	return fields, true
 }
 
 // killAll SIGKILLs the whole group, guard included, and waits until no

@@ -124,6 +124,10 @@ type Supervisor struct {
 	// driver starts it through a helper that joins the task cgroup and
 	// drops to the task user first).
 	Wrap func(argv []string) []string
+	// Subreaper makes the supervisor a child subreaper whose descendants
+	// are all the workload's (the `lock` binary, which has no cgroup): they
+	// become its Tree.
+	Subreaper bool
 	// RequireGuard refuses to start the workload without its process-group
 	// guard (the driver: nothing else kills a workload whose supervisor was
 	// SIGKILLed before the watchdog's margin runs out).
@@ -172,6 +176,12 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 		s.Logger = hclog.NewNullLogger()
 	}
 	s.spawner = newSpawner()
+	if s.Subreaper {
+		if err := becomeSubreaper(); err != nil {
+			s.Logger.Warn("cannot become a child subreaper: processes that leave the workload's process group are not tracked", "error", err)
+			s.Subreaper = false
+		}
+	}
 
 	lease, code, done := s.acquire(ctx, sigs)
 	if done {
@@ -198,6 +208,13 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 		return startErrorCode(err)
 	}
 	log.Info("workload started", "pid", cmd.Process.Pid, "pgid", g.pgid)
+	if s.Subreaper && s.Tree == nil {
+		guard := 0
+		if g.guard != nil {
+			guard = g.guard.Process.Pid
+		}
+		s.Tree = guardedTree{newSubreaperTree(cmd.Process.Pid, guard), guard}
+	}
 	g.arm(s.guardDeadline(lease))
 	held := func(state State, msg string) Event {
 		return Event{State: state, Fence: lease.Fence, Message: msg,

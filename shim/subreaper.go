@@ -1,0 +1,163 @@
+package shim
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// subreaperTree is the `lock` binary's view of the workload's whole tree
+// where it has no cgroup: lock is a child subreaper (PR_SET_CHILD_SUBREAPER),
+// so a process that daemonizes (setsid, double fork) is re-parented to lock
+// instead of to init, and stays its descendant. Every descendant but the
+// group guard belongs to the workload. lock reaps the orphans that die, and
+// leaves the workload and the guard to their own Wait.
+type subreaperTree struct {
+	self int
+	// own are the children whose exit status the supervisor collects itself.
+	own map[int]bool
+}
+
+// becomeSubreaper makes this process the reaper of its orphaned descendants.
+func becomeSubreaper() error {
+	return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+}
+
+func newSubreaperTree(own ...int) *subreaperTree {
+	t := &subreaperTree{self: os.Getpid(), own: map[int]bool{}}
+	for _, pid := range own {
+		t.own[pid] = true
+	}
+	return t
+}
+
+// descendants lists our live descendants other than the guard, and reaps
+// orphans of ours that are zombies.
+func (t *subreaperTree) descendants(guard int) ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list /proc: %w", err)
+	}
+	type info struct {
+		ppid  int
+		state byte
+	}
+	procs := map[int]info{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		state, ppid, ok := parseStatPPID(stat)
+		if ok {
+			procs[pid] = info{ppid: ppid, state: state}
+		}
+	}
+	var out []int
+	for pid, p := range procs {
+		if pid == guard {
+			continue
+		}
+		isOurs := false
+		for cur, hops := p.ppid, 0; cur > 1 && hops < 4096; hops++ {
+			if cur == t.self {
+				isOurs = true
+				break
+			}
+			next, ok := procs[cur]
+			if !ok {
+				break
+			}
+			cur = next.ppid
+		}
+		if !isOurs {
+			continue
+		}
+		if p.state == 'Z' || p.state == 'X' {
+			if p.ppid == t.self && !t.own[pid] {
+				var ws syscall.WaitStatus
+				_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+			}
+			if !threadsLeft(pid) {
+				continue
+			}
+		}
+		out = append(out, pid)
+	}
+	return out, nil
+}
+
+// signalAll sends sig to every descendant, each through a pidfd opened
+// before its parent is checked again, so a reused PID is never hit.
+func (t *subreaperTree) signalAll(sig syscall.Signal, guard int) (int, error) {
+	pids, err := t.descendants(guard)
+	if err != nil {
+		return 0, err
+	}
+	for _, pid := range pids {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue
+		}
+		if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+			if _, ppid, ok := parseStatPPID(stat); ok && ppid > 1 {
+				_ = unix.PidfdSendSignal(fd, sig, nil, 0)
+			}
+		}
+		unix.Close(fd)
+	}
+	return len(pids), nil
+}
+
+// guardedTree binds the tree to the group's guard, which is a descendant
+// too but not the workload's.
+type guardedTree struct {
+	*subreaperTree
+	guard int
+}
+
+func (g guardedTree) Signal(sig syscall.Signal) error {
+	_, err := g.signalAll(sig, g.guard)
+	return err
+}
+
+func (g guardedTree) Alive() (bool, error) {
+	pids, err := g.descendants(g.guard)
+	return len(pids) > 0, err
+}
+
+func (g guardedTree) KillAll(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		n, err := g.signalAll(syscall.SIGKILL, g.guard)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d descendant process(es) still alive %s after SIGKILL", n, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// parseStatPPID reads state and ppid from /proc/<pid>/stat.
+func parseStatPPID(stat []byte) (state byte, ppid int, ok bool) {
+	fields, ok := statFields(stat)
+	if !ok || len(fields) < 2 {
+		return 0, 0, false
+	}
+	ppid, err := strconv.Atoi(string(fields[1]))
+	return fields[0][0], ppid, err == nil
+}

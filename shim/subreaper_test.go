@@ -1,0 +1,65 @@
+package shim
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// With lock as a child subreaper, a daemon that its workload started (and
+// that ignores SIGTERM) stays lock's descendant after the workload exits:
+// the tree sees it, and KillAll proves it dead and reaps it.
+func TestSubreaperTreeKeepsDaemons(t *testing.T) {
+	if err := becomeSubreaper(); err != nil {
+		t.Fatalf("PR_SET_CHILD_SUBREAPER: %v", err)
+	}
+	pidFile := t.TempDir() + "/daemon.pid"
+	sh := exec.Command("/bin/sh", "-c", `setsid sh -c 'trap "" TERM; echo $$ > "$1"; while :; do sleep 1; done' sh "$1" & exit 0`, "sh", pidFile)
+	if err := sh.Run(); err != nil {
+		t.Fatal(err)
+	}
+	tree := guardedTree{newSubreaperTree(sh.Process.Pid), 0}
+	var daemon int
+	deadline := time.Now().Add(30 * time.Second)
+	for daemon == 0 {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			daemon, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon never wrote its pid")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(daemon, syscall.SIGKILL) })
+	if alive, err := tree.Alive(); !alive || err != nil {
+		t.Fatalf("the tree does not see the daemon %d: %v %v", daemon, alive, err)
+	}
+	if err := tree.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if alive, _ := tree.Alive(); !alive {
+		t.Fatal("the daemon ignores SIGTERM, yet the tree is empty")
+	}
+	if err := tree.KillAll(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if alive, err := tree.Alive(); alive || err != nil {
+		t.Fatalf("after KillAll: %v %v", alive, err)
+	}
+	// Reaped, not left a zombie.
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(daemon)); os.IsNotExist(err) {
+			break
+		}
+		_, _ = tree.descendants(0)
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon %d not reaped", daemon)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
