@@ -136,7 +136,36 @@ func chaosCheck(t *testing.T, tr *chaosTrial, recs []harness.Record, sum harness
 	// workloads alive counts as one overlap if the records missed it.
 	tr.Overlaps += max(len(harness.Overlaps(ivs)), min(1, len(sum.Over(1))))
 	tr.Fences += len(harness.FenceViolations(ivs))
+	tr.Overlaps += chaosDaemonOverlaps(t, recs, sum, known...)
 	return ivs
+}
+
+// chaosDaemonOverlaps fails the test for every daemon (a workload's
+// grandchild) whose life overlapped a process of another allocation; a
+// SIGKILLed daemon's end comes from the sampler. Rows without daemons have
+// none.
+func chaosDaemonOverlaps(t *testing.T, recs []harness.Record, sum harness.SampleSummary, known ...harness.KnownEnd) int {
+	t.Helper()
+	var all []harness.Record
+	daemons := map[string]bool{}
+	for _, r := range recs {
+		if r.Role == "child" {
+			daemons[r.Instance] = true
+			r.Role = harness.RoleMain
+		}
+		all = append(all, r)
+	}
+	if len(daemons) == 0 {
+		return 0
+	}
+	n := 0
+	for _, o := range harness.Overlaps(harness.Intervals(all, sum.GoneByPIDOr(known...))) {
+		if o.A.AllocID != o.B.AllocID && (daemons[o.A.Instance] || daemons[o.B.Instance]) {
+			t.Errorf("a daemon overlapped a process of another allocation for %s: %+v and %+v", o.For, o.A, o.B)
+			n++
+		}
+	}
+	return n
 }
 
 // TestChaos runs the fault matrix. Rows that only disturb their own job
@@ -172,7 +201,7 @@ func TestChaos(t *testing.T) {
 				chaosRunTrials(t, row, trials, trial)
 			}})
 		}
-		for _, v := range []string{"driver", "lock"} {
+		for _, v := range []string{"driver", "lock", chaosDaemon} {
 			for _, target := range []string{"workload", "supervisor", "both"} {
 				row := chaosRow{ID: fmt.Sprintf("1-%s-%s", target, v), Variant: chaosVariantName(v),
 					Fault: "SIGKILL of the " + map[string]string{"workload": "workload", "supervisor": "supervisor", "both": "supervisor and the workload together"}[target],
@@ -184,6 +213,9 @@ func TestChaos(t *testing.T) {
 						}[v],
 						"both": "no orphan, no overlap; the standby takes over",
 					}[target]}
+				if v == chaosDaemon {
+					row.Proves = "the workload's daemon (its own session, SIGTERM ignored) is in the task cgroup: it is killed, and proven dead, before the lock is released; no process of the old allocation runs beside the new one"
+				}
 				add(row, func(t *testing.T, n int, tr *chaosTrial) { chaosKillTrial(t, a, v, target, n, tr) })
 			}
 			row := chaosRow{ID: "2-sigstop-" + v, Variant: chaosVariantName(v),
@@ -192,6 +224,9 @@ func TestChaos(t *testing.T) {
 					"driver": "the plugin's watchdog kills the workload by the fence deadline, before the server can expire the lock; after SIGCONT the old holder never runs again",
 					"lock":   "the process-group guard kills the workload at the stop deadline (before server expiry); after SIGCONT the old holder never runs again",
 				}[v]}
+			if v == chaosDaemon {
+				row.Proves = "the plugin's watchdog kills everything in the task cgroup, the workload's daemon included, by the fence deadline; after SIGCONT no process of the old holder runs again"
+			}
 			add(row, func(t *testing.T, n int, tr *chaosTrial) { chaosStopTrial(t, a, v, n, tr) })
 		}
 		for _, f := range chaosLBFaults {
@@ -257,7 +292,14 @@ func TestChaos(t *testing.T) {
 	})
 }
 
+// chaosDaemon is the driver running a workload that daemonizes: its main
+// process starts a grandchild in a session of its own that ignores SIGTERM.
+const chaosDaemon = "driver-daemon"
+
 func chaosVariantName(v string) string {
+	if v == chaosDaemon {
+		return "singleton driver, daemonizing workload"
+	}
 	if v == "lock" {
 		return "`lock` under raw_exec"
 	}
@@ -305,8 +347,11 @@ func newChaosSubject(t *testing.T, a *harness.Agent, variant, name string, lockB
 // (group-level HCL, e.g. a disconnect block) in its group.
 func startChaosSubject(t *testing.T, a *harness.Agent, variant, name string, count int, groupExtra string, lockBlock ...string) *chaosSubject {
 	s := &chaosSubject{variant: variant, a: a}
-	if variant == "driver" {
+	if variant == "driver" || variant == chaosDaemon {
 		s.drv = newDrvJob(t, name, count)
+		if variant == chaosDaemon {
+			s.drv.args = []string{"-children", "1", "-daemon", "-ignore-term"}
+		}
 		s.drv.groupExtra = groupExtra
 		if len(lockBlock) > 0 {
 			s.drv.lockBlock = lockBlock[0]
@@ -350,6 +395,9 @@ func (s *chaosSubject) lockPath() string {
 func (s *chaosSubject) records(t *testing.T) []harness.Record { return readRecords(t, s.recordPath()) }
 
 func (s *chaosSubject) sampler(t *testing.T) *harness.Sampler {
+	if s.variant == chaosDaemon { // daemons too: two allocations' processes must never run at once
+		return harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker(), Filter: harness.Proc.IsTestWorkload})
+	}
 	return harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker(), Filter: harness.Proc.IsMainWorkload})
 }
 
@@ -421,6 +469,9 @@ func (s *chaosSubject) purge(t *testing.T) {
 }
 
 func chaosName(prefix, v string, n int) string {
+	if v == chaosDaemon {
+		return fmt.Sprintf("c%s-x%d", prefix, n)
+	}
 	return fmt.Sprintf("c%s-%s%d", prefix, v[:1], n)
 }
 
