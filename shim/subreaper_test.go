@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"strconv"
@@ -8,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
 // With lock as a child subreaper, a daemon that its workload started (and
@@ -61,5 +64,18 @@ func TestSubreaperTreeKeepsDaemons(t *testing.T) {
 			t.Fatalf("daemon %d not reaped", daemon)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestReleaseFailedMessageNamesTheCause(t *testing.T) {
+	cfg := lockclient.Config{Timing: lockclient.Timing{TTL: 10 * time.Second, LockDelay: time.Second}}
+	purged := releaseFailedMessage(errors.New("Unexpected response code: 500 (Server error authenticating request)"), cfg)
+	for _, want := range []string{"Lock not released", "21s", "stop -purge", "stop the job first"} {
+		if !strings.Contains(purged, want) {
+			t.Errorf("%q lacks %q", purged, want)
+		}
+	}
+	if other := releaseFailedMessage(errors.New("connection refused"), cfg); strings.Contains(other, "purge") {
+		t.Errorf("a transport error blamed on a purge: %q", other)
 	}
 }

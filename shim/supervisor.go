@@ -550,10 +550,24 @@ func (s *Supervisor) release(lease *lockclient.Lease) {
 			s.Logger.Info("nothing to release: the lock was already gone", "reason", err)
 		} else {
 			s.Logger.Warn("release failed; the lock expires on its own", "error", err)
+			s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config())})
 		}
 		return
 	}
 	s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: "Released lock"})
+}
+
+// releaseFailedMessage says that the lock was not released, when it will be
+// free, and, when the token no longer authenticates, the likely cause.
+func releaseFailedMessage(err error, cfg lockclient.Config) string {
+	msg := fmt.Sprintf("Lock not released (%v); it expires on the server within 2×TTL + delay (%s)",
+		err, 2*cfg.Timing.TTL+cfg.Timing.LockDelay)
+	var pe *lockclient.PermissionError
+	if errors.As(err, &pe) || strings.Contains(err.Error(), "authenticating") {
+		msg += ". The task's workload identity no longer authenticates: `nomad job stop -purge` removes the allocation, " +
+			"and its identity with it, before the task can release; stop the job first and purge it once its tasks are dead"
+	}
+	return msg
 }
 
 func exitCode(ps *os.ProcessState) int {
