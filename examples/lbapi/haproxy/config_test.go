@@ -52,6 +52,7 @@ func TestConfigRenderRefuses(t *testing.T) {
 		{"twice", func(c *haproxy.Config) { c.Services = append(c.Services, c.Services[0]) }, "listed twice"},
 		{"prefix with brace", func(c *haproxy.Config) { c.Services[0].PathPrefix = "/x}" }, "brace"},
 		{"unknown default", func(c *haproxy.Config) { c.Default = "other" }, "default backend"},
+		{"negative slots", func(c *haproxy.Config) { c.Slots = -1 }, "slots -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok
@@ -87,7 +88,9 @@ func TestConfigAcceptedByHAProxy(t *testing.T) {
 		"use_backend web if { path /web } || { path_beg /web/ }",
 		"use_backend api if { path /api } || { path_beg /api/ }",
 		"default_backend root",
-		"backend api\n    balance roundrobin",
+		"backend api\n    balance roundrobin\n    server-template slot 1-8 127.0.0.1:1 disabled",
+		"option redispatch 1",
+		"retries 3",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("config lacks %q:\n%s", want, text)
