@@ -1,6 +1,7 @@
 package haproxy_test
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -98,5 +99,19 @@ func TestConfigAcceptedByHAProxy(t *testing.T) {
 	}
 	if strings.Contains(text, "use_backend root") {
 		t.Errorf("a \"/\" prefix must route only as the default:\n%s", text)
+	}
+}
+
+// TestDemoConfigMatches: the HAProxy configuration scripts/demo.sh writes
+// (a shell heredoc) carries the same defaults and slots as Config.
+func TestDemoConfigMatches(t *testing.T) {
+	demo, err := os.ReadFile(filepath.Join("..", "..", "..", "scripts", "demo.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{haproxy.Defaults, "backend web\n" + haproxy.BackendLines(haproxy.DefaultSlots)} {
+		if !strings.Contains(string(demo), want+"\n") {
+			t.Errorf("scripts/demo.sh lacks\n%s", want)
+		}
 	}
 }
