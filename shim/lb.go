@@ -238,10 +238,12 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 				return nil
 			}
 			var oe *lbhook.OutcomeError
-			if errors.As(ev.err, &oe) && oe.State == lbhook.StateInvalidRequestNoop {
-				// Baragon refused the request before applying anything, and
-				// a REMOVE for the same service would be refused the same
-				// way: nothing to deregister, here or by the driver.
+			if errors.As(ev.err, &oe) {
+				// The ADD reached a final state other than SUCCESS (FAILED,
+				// CANCELED or INVALID_REQUEST_NOOP): Baragon applied nothing
+				// or reverted it. Like Singularity, send no REMOVE, here or
+				// from the driver: one would only make the service appear in
+				// Baragon's state with no upstream.
 				lb.posted.Store(false)
 				if s.OnLBRemoved != nil {
 					s.OnLBRemoved()
