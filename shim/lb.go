@@ -152,14 +152,15 @@ func (s *Supervisor) startLB(lease *lockclient.Lease) (*lbSession, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	lb := &lbSession{
 		cfg: cfg, client: client, hook: hook,
-		self: lbhook.UpstreamInfo{Upstream: cfg.Upstream},
+		self: client.Self(cfg.Upstream),
 		ctx:  ctx, cancel: cancel,
 		events:  make(chan lbEvent, 4),
 		recheck: time.NewTicker(max(cfg.Recheck, time.Second)),
 		busy:    true, attempt: 1,
 	}
 	if up := lease.Previous.Upstream; up != "" {
-		lb.prev = []lbhook.UpstreamInfo{{Upstream: up}}
+		// The previous holder ran the same task: its upstream is in our group.
+		lb.prev = []lbhook.UpstreamInfo{{Upstream: up, Group: cfg.Group}}
 	}
 	go lb.healthThenAdd(s)
 	return lb, nil
