@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/nomad/helper/pluginutils/hclspecutils"
 	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
+	"github.com/hashicorp/nomad/jobspec2"
 	"github.com/hashicorp/nomad/plugins/drivers"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
@@ -154,33 +156,30 @@ func TestReadKV(t *testing.T) {
 // any JSON type (lists such as nginxExtraConfigs, numbers, maps), and the
 // fields Singularity can set (template_name, domains, additional_paths,
 // the upstream's group and rack_id), decoded the way a Nomad client does
-// (the job's config → the hclspec → msgpack → TaskConfig), and they reach
-// the wire.
+// (jobspec → the hclspec → msgpack → TaskConfig), and they reach the wire.
 func TestLoadBalancerBaragonFields(t *testing.T) {
-	var tc TaskConfig
-	// As the jobs API carries it (HCL2 jobspecs arrive the same way; the
-	// e2e test TestLB/baragon_fields runs one through a real agent).
-	hclutils.NewConfigParser(taskConfigSpec).ParseJson(t, `{"Config": {
-  "command": "/bin/true",
-  "load_balancer": [{
-    "uri": "http://127.0.0.1:1/baragon/v2/request",
-    "service_id": "web",
-    "base_path": "/web",
-    "groups": ["prod-lb"],
-    "port": "http",
-    "options": {
-      "nginxExtraConfigs": ["proxy_read_timeout 5s;"],
-      "workers": 4,
-      "nested": {"a": "b", "list": [1, "two"]},
-      "plain": "x"
-    },
-    "template_name": "custom",
-    "domains": ["example.com"],
-    "additional_paths": ["/web2"],
-    "group": "blue",
-    "rack_id": "us_east_1a"
-  }]
-}}`, &tc)
+	tc := decodeJobspecConfig(t, `
+      config {
+        command = "/bin/true"
+        load_balancer {
+          uri        = "http://127.0.0.1:1/baragon/v2/request"
+          service_id = "web"
+          base_path  = "/web"
+          groups     = ["prod-lb"]
+          port       = "http"
+          options = {
+            nginxExtraConfigs = ["proxy_read_timeout 5s;"]
+            workers           = 4
+            nested            = { a = "b", list = [1, "two"] }
+            plain             = "x"
+          }
+          template_name    = "custom"
+          domains          = ["example.com"]
+          additional_paths = ["/web2"]
+          group            = "blue"
+          rack_id          = "us_east_1a"
+        }
+      }`)
 	cfg := &drivers.TaskConfig{ID: "a/t/1", JobID: "j", JobName: "j", TaskGroupName: "g", Name: "t", Env: map[string]string{"NOMAD_HOST_ADDR_http": "127.0.0.1:8080"}}
 	sc, err := tc.shimConfig(cfg, 10*time.Second, time.Second)
 	if err != nil {
@@ -234,4 +233,33 @@ func TestLoadBalancerBaragonFields(t *testing.T) {
 	if err := json.Unmarshal(spec, &back); err != nil || !reflect.DeepEqual(back.Options, wantOpts) {
 		t.Errorf("options through spec.json: %#v %v", back.Options, err)
 	}
+}
+
+// decodeJobspecConfig takes a task's config block the way a Nomad agent
+// does: the jobspec parser (which hands a map attribute over as a list of
+// one map), the driver's hclspec, msgpack to the plugin, TaskConfig.
+func decodeJobspecConfig(t *testing.T, config string) TaskConfig {
+	t.Helper()
+	src := "job \"j\" {\n  group \"g\" {\n    task \"t\" {\n      driver = \"singleton\"\n" + config + "\n    }\n  }\n}\n"
+	job, err := jobspec2.ParseWithConfig(&jobspec2.ParseConfig{Path: "j.nomad.hcl", Body: []byte(src), Strict: true})
+	if err != nil {
+		t.Fatalf("jobspec: %v", err)
+	}
+	spec, diags := hclspecutils.Convert(taskConfigSpec)
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	val, diags, errs := hclutils.ParseHclInterface(job.TaskGroups[0].Tasks[0].Config, spec, nil)
+	if diags.HasErrors() {
+		t.Fatalf("hclspec: %v", errs)
+	}
+	raw := &drivers.TaskConfig{}
+	if err := raw.EncodeDriverConfig(val); err != nil {
+		t.Fatal(err)
+	}
+	var tc TaskConfig
+	if err := raw.DecodeDriverConfig(&tc); err != nil {
+		t.Fatalf("decode task config: %v", err)
+	}
+	return tc
 }

@@ -26,10 +26,12 @@ type LBSpec struct {
 	Groups    []string `hcl:"groups,optional" codec:"groups"`
 	Port      string   `hcl:"port,optional" codec:"port"`
 	Owners    []string `hcl:"owners,optional" codec:"owners"`
-	// Options are any JSON values (Baragon's templates read lists such as
-	// nginxExtraConfigs, and numbers). The -config file's value arrives in
-	// FileOptions and is turned into this by BuildLoadBalancer.
-	Options map[string]any `codec:"options"`
+	// Options map names to any JSON values (Baragon's templates read lists
+	// such as nginxExtraConfigs, and numbers). It is `any` because Nomad's
+	// jobspec parser hands a map attribute of a task config over as a list
+	// of one map; specOptions unwraps it. The -config file's value arrives
+	// in FileOptions instead.
+	Options any `codec:"options"`
 	// FileOptions is `options` as the -config file's HCL decoder gives it.
 	FileOptions     cty.Value `hcl:"options,optional" codec:"-" json:"-"`
 	TemplateName    string    `hcl:"template_name,optional" codec:"template_name"`
@@ -72,7 +74,7 @@ type HealthSpec struct {
 // IsZero reports whether no field of the block was set.
 func (s LBSpec) IsZero() bool {
 	return s.URI == "" && s.ServiceID == "" && s.BasePath == "" && len(s.Groups) == 0 && s.Port == "" &&
-		len(s.Owners) == 0 && len(s.Options) == 0 && s.FileOptions.IsNull() && s.TemplateName == "" &&
+		len(s.Owners) == 0 && s.Options == nil && s.FileOptions.IsNull() && s.TemplateName == "" &&
 		len(s.Domains) == 0 && len(s.AdditionalPaths) == 0 && s.Group == "" && s.RackID == "" &&
 		s.RequestTimeout == "" && s.PollInterval == "" && s.AddDeadline == "" && s.RemoveDeadline == "" &&
 		s.AuthKeyFile == "" && s.CAFile == "" && s.RecheckInterval == ""
@@ -175,10 +177,7 @@ func lbFlags(fs *flag.FlagSet, spec *LBSpec, health *HealthSpec) {
 		if !ok || k == "" {
 			return fmt.Errorf("-lb-option %q: use key=value (a string; -lb-options-json for lists and numbers)", v)
 		}
-		if spec.Options == nil {
-			spec.Options = map[string]any{}
-		}
-		spec.Options[k] = val
+		flagOptions(spec)[k] = val
 		return nil
 	})
 	fs.Func("lb-options-json", "", func(v string) error {
@@ -188,10 +187,7 @@ func lbFlags(fs *flag.FlagSet, spec *LBSpec, health *HealthSpec) {
 		if err := d.Decode(&m); err != nil || m == nil {
 			return fmt.Errorf("-lb-options-json: want a JSON object, e.g. '{\"nginxExtraConfigs\":[\"…\"]}': %v", err)
 		}
-		if spec.Options == nil {
-			spec.Options = map[string]any{}
-		}
-		maps.Copy(spec.Options, m)
+		maps.Copy(flagOptions(spec), m)
 		return nil
 	})
 	fs.StringVar(&spec.TemplateName, "lb-template-name", "", "")
@@ -251,7 +247,7 @@ func mergeLB(file, flags LBSpec) LBSpec {
 	if len(flags.Owners) > 0 {
 		out.Owners = flags.Owners
 	}
-	if len(flags.Options) > 0 {
+	if flags.Options != nil {
 		out.Options, out.FileOptions = flags.Options, cty.NilVal
 	}
 	return out
@@ -285,18 +281,33 @@ func specOptions(spec LBSpec) (map[string]any, error) {
 		}
 		return m, nil
 	}
-	if len(spec.Options) == 0 {
+	v := spec.Options
+	if l, ok := v.([]any); ok && len(l) == 1 {
+		v = l[0] // a map attribute as Nomad's jobspec parser gives it
+	} else if l, ok := v.([]map[string]any); ok && len(l) == 1 {
+		v = l[0]
+	}
+	jv, err := jsonValue(v)
+	if err != nil {
+		return nil, err
+	}
+	switch m := jv.(type) {
+	case nil:
 		return nil, nil
+	case map[string]any:
+		return m, nil
 	}
-	out := make(map[string]any, len(spec.Options))
-	for k, v := range spec.Options {
-		jv, err := jsonValue(v)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", k, err)
-		}
-		out[k] = jv
+	return nil, fmt.Errorf("want a map such as { nginxExtraConfigs = [\"…\"] }, got %T", spec.Options)
+}
+
+// flagOptions is the map the -lb-option flags fill in.
+func flagOptions(spec *LBSpec) map[string]any {
+	m, ok := spec.Options.(map[string]any)
+	if !ok {
+		m = map[string]any{}
+		spec.Options = m
 	}
-	return out, nil
+	return m
 }
 
 // jsonValue turns a decoded value into one encoding/json can write.
@@ -327,6 +338,16 @@ func jsonValue(v any) (any, error) {
 		}
 		return out, nil
 	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			j, err := jsonValue(e)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = j
+		}
+		return out, nil
+	case []map[string]any:
 		out := make([]any, len(x))
 		for i, e := range x {
 			j, err := jsonValue(e)
