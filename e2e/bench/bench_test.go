@@ -98,7 +98,13 @@ func TestBench(t *testing.T) {
 	if t.Failed() {
 		b.rep.Note("Some runs failed (the test log names them); their rows have fewer values than planned.")
 	}
-	written, err := WriteDoc(b.rep, cfg.Out)
+	var written []string
+	if cfg.Merge && !cfg.AllEnabled() {
+		err = MergeIntoDoc(b.rep, cfg.Out)
+		written = []string{cfg.Out}
+	} else {
+		written, err = WriteDoc(b.rep, cfg.Out)
+	}
 	fmt.Printf("\nResults (median, min, max over runs; \"vs (a)\" = median / median of nomad var lock):\n%s\n", b.rep.Text())
 	fmt.Println("Goals:")
 	for _, l := range b.rep.GoalLines() {
