@@ -259,9 +259,15 @@ func loadReport(t *testing.T, fos []failover, all []harness.ProbeResult) {
 		if k+1 < len(fos) {
 			end = fos[k+1].at
 		}
+		// From the last answer before the failover, so that a gap that
+		// begins with it is measured.
 		var window []harness.ProbeResult
 		for _, r := range all {
-			if !r.Start.Before(f.at) && r.Start.Before(end) {
+			switch {
+			case r.Start.Before(f.at) && r.OK():
+				window = append(window[:0], r)
+			case r.Start.Before(f.at):
+			case r.Start.Before(end):
 				window = append(window, r)
 			}
 		}
