@@ -171,6 +171,9 @@ func (b *bench) haproxyHandovers(t *testing.T, j *job, url string, rows [2][4]*R
 		add(wrong, bad)
 		b.progress("HAProxy %s %s run %d/%d: %d of %d requests failed, longest stretch with no backend %s, stop or kill → new holder answers %s",
 			j.variant, kind, run, b.cfg.Runs, sum.Failed, sum.Requests, Seconds.Format(sum.LongestGap.Seconds()), Seconds.Format(firstNew.Sub(stopAt).Seconds()))
+		if next.AllocID == holder.AllocID {
+			t.Fatalf("%s run %d: the killed allocation took the lock back; its answers cannot be told from the dead holder's", kind, run)
+		}
 		holder = next
 	}
 }
@@ -232,8 +235,11 @@ func (b *bench) haproxyHCL(j *job) string {
 	w := func(format string, a ...any) { fmt.Fprintf(&s, format, a...) }
 	w("job %q {\n  type = \"service\"\n  group \"g\" {\n    count = %d\n", j.id, j.count)
 	w("    network {\n      port \"http\" {}\n    }\n")
-	// A task whose supervisor was SIGKILLed comes back soon, as a standby.
-	w("    restart {\n      attempts = 100\n      interval = \"30m\"\n      delay    = \"1s\"\n      mode     = \"delay\"\n    }\n")
+	// A task whose supervisor was SIGKILLed comes back as a standby, but
+	// only once the other allocation has taken over (for (b), when the
+	// server expires the lock): were it to win the lock itself, its answers
+	// would carry the same alloc ID as the dead holder's.
+	w("    restart {\n      attempts = 100\n      interval = \"30m\"\n      delay    = %q\n      mode     = \"delay\"\n    }\n", (2*TTL + LockDelay + 5*time.Second).String())
 	w("    task %q {\n      driver = %q\n", taskName, driver)
 	w("      identity {\n        env = true\n      }\n")
 	w("      config {\n        command = %q\n        args    = %s\n%s      }\n", command, harness.HCLList(args...), blocks)
