@@ -99,10 +99,14 @@ func TestBench(t *testing.T) {
 		b.rep.Note("Some runs failed (the test log names them); their rows have fewer values than planned.")
 	}
 	var written []string
-	if cfg.Merge && !cfg.AllEnabled() {
+	switch {
+	case cfg.Merge && !cfg.AllEnabled() && t.Failed():
+		// Runs failed: keep the sections the report already has.
+		err = fmt.Errorf("runs failed: %s left as it was (nothing merged)", cfg.Out)
+	case cfg.Merge && !cfg.AllEnabled():
 		err = MergeIntoDoc(b.rep, cfg.Out)
 		written = []string{cfg.Out}
-	} else {
+	default:
 		written, err = WriteDoc(b.rep, cfg.Out)
 	}
 	fmt.Printf("\nResults (median, min, max over runs; \"vs (a)\" = median / median of nomad var lock):\n%s\n", b.rep.Text())

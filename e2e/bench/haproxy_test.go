@@ -239,7 +239,7 @@ func (b *bench) haproxyHCL(j *job) string {
 	// only once the other allocation has taken over (for (b), when the
 	// server expires the lock): were it to win the lock itself, its answers
 	// would carry the same alloc ID as the dead holder's.
-	w("    restart {\n      attempts = 100\n      interval = \"30m\"\n      delay    = %q\n      mode     = \"delay\"\n    }\n", (2*TTL + LockDelay + 5*time.Second).String())
+	w("    restart {\n      attempts = 20\n      interval = \"30m\"\n      delay    = %q\n      mode     = \"delay\"\n    }\n", (2*TTL + LockDelay + 5*time.Second).String())
 	w("    task %q {\n      driver = %q\n", taskName, driver)
 	w("      identity {\n        env = true\n      }\n")
 	w("      config {\n        command = %q\n        args    = %s\n%s      }\n", command, harness.HCLList(args...), blocks)
