@@ -225,7 +225,7 @@ func testHAProxyCrash(t *testing.T, a *harness.Agent) {
 }
 
 // testHAProxyRestart (scenario 4): HAProxy is restarted under the LB API and
-// comes back without its dynamic servers. With reconcile > 0 the LB API's
+// comes back with every server slot in maintenance. With reconcile > 0 the LB API's
 // reconcile loop puts the holder back; with reconcile < 0 the loop is off
 // and the holder's next re-check (GET /state, which repairs what it reads)
 // does. Either way HAProxy then serves exactly the holder, and still does

@@ -217,7 +217,7 @@ func TestHAProxyRefusalFailsTheRequest(t *testing.T) {
 
 // TestHAProxyStateIsWhatHAProxyServes: GET /state reports what HAProxy
 // serves, not what was asked: 503 while HAProxy is down; after a restart
-// (which drops every dynamic server) or an operator's changes on the admin
+// (which puts every slot back in maintenance) or an operator's changes on the admin
 // socket, reading the state puts the upstreams back first (the periodic
 // reconcile is off here).
 func TestHAProxyStateIsWhatHAProxyServes(t *testing.T) {

@@ -17,7 +17,7 @@ const (
 
 // Administrative state bits (srv_admin_state); 0 is ready.
 const (
-	AdminForcedMaint    = 0x01 // set server … state maint, disable server, or a fresh dynamic server
+	AdminForcedMaint    = 0x01 // set server … state maint, or a slot declared `disabled`
 	AdminInheritedMaint = 0x02 // tracks a server in maintenance
 	AdminConfigMaint    = 0x04 // `disabled` in the configuration; stays set once the server is made ready
 	AdminForcedDrain    = 0x08
