@@ -52,7 +52,16 @@ cleanup() {
   echo
   echo "stopping the demo job, the LB API, HAProxy and the agent..."
   # The job first: its holder removes itself from the LB on the way out.
-  [ -n "$agent" ] && "$bin/nomad" job stop -purge web >/dev/null 2>&1 || true
+  # Its supervisors outlive an agent by design, so wait (up to 20 s) until
+  # no allocation runs before the agent goes.
+  if [ -n "$agent" ]; then
+    "$bin/nomad" job stop web >/dev/null 2>&1 || true
+    for _ in $(seq 1 100); do
+      "$bin/nomad" job allocs -t '{{range .}}{{if eq .ClientStatus "running"}}running {{end}}{{end}}' web 2>/dev/null | grep -q running || break
+      sleep 0.2
+    done
+    "$bin/nomad" job stop -purge web >/dev/null 2>&1 || true
+  fi
   stop_pid "$lbapi_pid"
   stop_pid "$haproxy_pid"
   if [ -n "$agent" ]; then
