@@ -113,13 +113,21 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		"kill_timeout": hclspec.NewAttr("kill_timeout", "string", false),
 	})),
 	"load_balancer": hclspec.NewBlock("load_balancer", false, hclspec.NewObject(map[string]*hclspec.Spec{
-		"uri":              hclspec.NewAttr("uri", "string", false),
-		"service_id":       hclspec.NewAttr("service_id", "string", false),
-		"base_path":        hclspec.NewAttr("base_path", "string", false),
-		"groups":           hclspec.NewAttr("groups", "list(string)", false),
-		"port":             hclspec.NewAttr("port", "string", false),
-		"owners":           hclspec.NewAttr("owners", "list(string)", false),
-		"options":          hclspec.NewAttr("options", "map(string)", false),
+		"uri":        hclspec.NewAttr("uri", "string", false),
+		"service_id": hclspec.NewAttr("service_id", "string", false),
+		"base_path":  hclspec.NewAttr("base_path", "string", false),
+		"groups":     hclspec.NewAttr("groups", "list(string)", false),
+		"port":       hclspec.NewAttr("port", "string", false),
+		"owners":     hclspec.NewAttr("owners", "list(string)", false),
+		// Any JSON values (lists such as nginxExtraConfigs, numbers, maps):
+		// "any" keeps the value's own type, which reaches the plugin as a
+		// msgpack map. ("map(any)" would make every value one type.)
+		"options":          hclspec.NewAttr("options", "any", false),
+		"template_name":    hclspec.NewAttr("template_name", "string", false),
+		"domains":          hclspec.NewAttr("domains", "list(string)", false),
+		"additional_paths": hclspec.NewAttr("additional_paths", "list(string)", false),
+		"group":            hclspec.NewAttr("group", "string", false),
+		"rack_id":          hclspec.NewAttr("rack_id", "string", false),
 		"request_timeout":  hclspec.NewAttr("request_timeout", "string", false),
 		"poll_interval":    hclspec.NewAttr("poll_interval", "string", false),
 		"add_deadline":     hclspec.NewAttr("add_deadline", "string", false),

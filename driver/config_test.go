@@ -1,15 +1,23 @@
 package driver
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/nomad/helper/pluginutils/hclspecutils"
+	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
+	"github.com/hashicorp/nomad/jobspec2"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
 func TestDefaultLockPath(t *testing.T) {
@@ -179,4 +187,116 @@ func TestReadKV(t *testing.T) {
 	if err != nil || kv["usage_usec"] != 1500 || kv["system_usec"] != 500 || len(kv) != 3 {
 		t.Fatalf("readKV = %v, %v", kv, err)
 	}
+}
+
+// TestLoadBalancerBaragonFields: the load_balancer block takes options of
+// any JSON type (lists such as nginxExtraConfigs, numbers, maps), and the
+// fields Singularity can set (template_name, domains, additional_paths,
+// the upstream's group and rack_id), decoded the way a Nomad client does
+// (jobspec → the hclspec → msgpack → TaskConfig), and they reach the wire.
+func TestLoadBalancerBaragonFields(t *testing.T) {
+	tc := decodeJobspecConfig(t, `
+      config {
+        command = "/bin/true"
+        load_balancer {
+          uri        = "http://127.0.0.1:1/baragon/v2/request"
+          service_id = "web"
+          base_path  = "/web"
+          groups     = ["prod-lb"]
+          port       = "http"
+          options = {
+            nginxExtraConfigs = ["proxy_read_timeout 5s;"]
+            workers           = 4
+            nested            = { a = "b", list = [1, "two"] }
+            plain             = "x"
+          }
+          template_name    = "custom"
+          domains          = ["example.com"]
+          additional_paths = ["/web2"]
+          group            = "blue"
+          rack_id          = "us_east_1a"
+        }
+      }`)
+	cfg := &drivers.TaskConfig{ID: "a/t/1", JobID: "j", JobName: "j", TaskGroupName: "g", Name: "t", Env: map[string]string{"NOMAD_HOST_ADDR_http": "127.0.0.1:8080"}}
+	sc, err := tc.shimConfig(cfg, 10*time.Second, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := lbhook.NewClient(sc.LB.Config, lbhook.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := client.NewRequest("a-ADD-1", []lbhook.UpstreamInfo{client.Self(sc.LB.Upstream)}, nil)
+	b, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Service struct {
+			Options         map[string]any `json:"options"`
+			TemplateName    string         `json:"templateName"`
+			Domains         []string       `json:"domains"`
+			AdditionalPaths []string       `json:"additionalPaths"`
+		} `json:"loadBalancerService"`
+		Add []struct {
+			Upstream, Group, RackID string
+		} `json:"addUpstreams"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	wantOpts := map[string]any{
+		"nginxExtraConfigs": []any{"proxy_read_timeout 5s;"},
+		"workers":           float64(4),
+		"nested":            map[string]any{"a": "b", "list": []any{float64(1), "two"}},
+		"plain":             "x",
+	}
+	if !reflect.DeepEqual(got.Service.Options, wantOpts) {
+		t.Errorf("options on the wire %#v, want %#v (from %s)", got.Service.Options, wantOpts, b)
+	}
+	if got.Service.TemplateName != "custom" || !slices.Equal(got.Service.Domains, []string{"example.com"}) ||
+		!slices.Equal(got.Service.AdditionalPaths, []string{"/web2"}) {
+		t.Errorf("service %+v", got.Service)
+	}
+	if len(got.Add) != 1 || got.Add[0].Upstream != "127.0.0.1:8080" || got.Add[0].Group != "blue" || got.Add[0].RackID != "us_east_1a" {
+		t.Errorf("upstreams %+v, want 127.0.0.1:8080 in group blue, rack us_east_1a", got.Add)
+	}
+	// The driver hands the block to its supervisor as JSON.
+	spec, err := json.Marshal(tc.LoadBalancer)
+	if err != nil {
+		t.Fatalf("spec.json: %v", err)
+	}
+	var back shim.LBSpec
+	if err := json.Unmarshal(spec, &back); err != nil || !reflect.DeepEqual(back.Options, wantOpts) {
+		t.Errorf("options through spec.json: %#v %v", back.Options, err)
+	}
+}
+
+// decodeJobspecConfig takes a task's config block the way a Nomad agent
+// does: the jobspec parser (which hands a map attribute over as a list of
+// one map), the driver's hclspec, msgpack to the plugin, TaskConfig.
+func decodeJobspecConfig(t *testing.T, config string) TaskConfig {
+	t.Helper()
+	src := "job \"j\" {\n  group \"g\" {\n    task \"t\" {\n      driver = \"singleton\"\n" + config + "\n    }\n  }\n}\n"
+	job, err := jobspec2.ParseWithConfig(&jobspec2.ParseConfig{Path: "j.nomad.hcl", Body: []byte(src), Strict: true})
+	if err != nil {
+		t.Fatalf("jobspec: %v", err)
+	}
+	spec, diags := hclspecutils.Convert(taskConfigSpec)
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	val, diags, errs := hclutils.ParseHclInterface(job.TaskGroups[0].Tasks[0].Config, spec, nil)
+	if diags.HasErrors() {
+		t.Fatalf("hclspec: %v", errs)
+	}
+	raw := &drivers.TaskConfig{}
+	if err := raw.EncodeDriverConfig(val); err != nil {
+		t.Fatal(err)
+	}
+	var tc TaskConfig
+	if err := raw.DecodeDriverConfig(&tc); err != nil {
+		t.Fatalf("decode task config: %v", err)
+	}
+	return tc
 }

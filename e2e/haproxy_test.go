@@ -40,6 +40,7 @@ func TestHAProxy(t *testing.T) {
 		{"crash_swaps_upstream", func(t *testing.T) { testHAProxyCrash(t, a) }},
 		{"restart_reconciled_by_lbapi", func(t *testing.T) { testHAProxyRestart(t, a, lbapi.DefaultReconcileInterval) }},
 		{"restart_repaired_by_recheck", func(t *testing.T) { testHAProxyRestart(t, a, -1) }},
+		{"failovers_under_load", func(t *testing.T) { testHAProxyFailoversUnderLoad(t, a) }},
 	})
 }
 
@@ -66,14 +67,14 @@ func newHAJob(t *testing.T, name string, count int, reconcile time.Duration) *ha
 // url is the service behind HAProxy's frontend.
 func (j *haJob) url() string { return j.lb.HAProxy.URL + j.basePath() + "/" }
 
-// waitServing waits until HAProxy serves exactly the upstream up (all its
-// servers ready) and a request through it is answered by allocID.
+// waitServing waits until HAProxy serves exactly the upstream up (one ready
+// slot) and a request through it is answered by allocID.
 func (j *haJob) waitServing(t *testing.T, up, allocID string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		ready, all := j.lb.Servers(t, j.service)
-		if all && slices.Equal(ready, []string{up}) {
+		ready := j.lb.Servers(t, j.service)
+		if slices.Equal(ready, []string{up}) {
 			rs := harness.Probe(context.Background(), j.url(), harness.ProbeOptions{Max: 1})
 			if len(rs) == 1 && rs[0].OK() && rs[0].Body == "alloc "+allocID {
 				return
@@ -81,8 +82,8 @@ func (j *haJob) waitServing(t *testing.T, up, allocID string, timeout time.Durat
 		}
 		if time.Now().After(deadline) {
 			rs := harness.Probe(context.Background(), j.url(), harness.ProbeOptions{Max: 1})
-			t.Fatalf("HAProxy backend of %s: ready servers %q (all ready %v) after %s, want exactly [%s] answering alloc %s; a request got %+v; LB requests:\n%s",
-				j.service, ready, all, timeout, up, drvShort(allocID), rs, lbFormatRequests(j.lb.Requests(j.service)))
+			t.Fatalf("HAProxy backend of %s: ready servers %q after %s, want exactly [%s] answering alloc %s; a request got %+v; LB requests:\n%s",
+				j.service, ready, timeout, up, drvShort(allocID), rs, lbFormatRequests(j.lb.Requests(j.service)))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -125,8 +126,8 @@ func testHAProxyHolder(t *testing.T, a *harness.Agent) {
 			t.Errorf("standby %s answered through HAProxy", drvShort(s))
 		}
 	}
-	if ready, all := j.lb.Servers(t, j.service); !all || !slices.Equal(ready, []string{up}) {
-		t.Errorf("HAProxy backend has %q (all ready %v), want exactly [%s]", ready, all, up)
+	if ready := j.lb.Servers(t, j.service); !slices.Equal(ready, []string{up}) {
+		t.Errorf("HAProxy backend has %q, want exactly [%s]", ready, up)
 	}
 }
 
@@ -214,8 +215,8 @@ func testHAProxyCrash(t *testing.T, a *harness.Agent) {
 	harness.Measure(t, "haproxy_crash_to_new_holder_served", time.Since(killed))
 	// A re-check interval later, still exactly the new holder.
 	time.Sleep(lbRecheck + 500*time.Millisecond)
-	if ready, all := j.lb.Servers(t, j.service); !all || !slices.Equal(ready, []string{up2}) {
-		t.Errorf("HAProxy backend has %q (all ready %v), want exactly the new holder [%s]", ready, all, up2)
+	if ready := j.lb.Servers(t, j.service); !slices.Equal(ready, []string{up2}) {
+		t.Errorf("HAProxy backend has %q, want exactly the new holder [%s]", ready, up2)
 	}
 	rs := harness.Probe(context.Background(), j.url(), harness.ProbeOptions{Interval: 10 * time.Millisecond, Max: 20})
 	if sum := harness.Summarize(rs); sum.Failed != 0 || !slices.Equal(sum.Answers, []string{"alloc " + next.AllocID}) {
@@ -224,7 +225,7 @@ func testHAProxyCrash(t *testing.T, a *harness.Agent) {
 }
 
 // testHAProxyRestart (scenario 4): HAProxy is restarted under the LB API and
-// comes back without its dynamic servers. With reconcile > 0 the LB API's
+// comes back with every server slot in maintenance. With reconcile > 0 the LB API's
 // reconcile loop puts the holder back; with reconcile < 0 the loop is off
 // and the holder's next re-check (GET /state, which repairs what it reads)
 // does. Either way HAProxy then serves exactly the holder, and still does
@@ -240,7 +241,7 @@ func testHAProxyRestart(t *testing.T, a *harness.Agent, reconcile time.Duration)
 
 	restarted := time.Now()
 	j.lb.HAProxy.Restart(t)
-	if ready, _ := j.lb.Servers(t, j.service); slices.Contains(ready, up) {
+	if ready := j.lb.Servers(t, j.service); slices.Contains(ready, up) {
 		t.Logf("HAProxy already served %s again when the restart returned", up)
 	}
 	// The loop runs every second; a supervisor re-check every lbRecheck.
@@ -254,8 +255,8 @@ func testHAProxyRestart(t *testing.T, a *harness.Agent, reconcile time.Duration)
 
 	// The next re-check leaves HAProxy correct.
 	time.Sleep(lbRecheck + time.Second)
-	if ready, all := j.lb.Servers(t, j.service); !all || !slices.Equal(ready, []string{up}) {
-		t.Errorf("after a re-check HAProxy has %q (all ready %v), want exactly [%s]", ready, all, up)
+	if ready := j.lb.Servers(t, j.service); !slices.Equal(ready, []string{up}) {
+		t.Errorf("after a re-check HAProxy has %q, want exactly [%s]", ready, up)
 	}
 	_, _, names := lbHTTPState(t, j.lb.LB, j.service)
 	if !slices.Equal(names, []string{up}) {

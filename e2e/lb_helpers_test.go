@@ -25,6 +25,8 @@ import (
 const (
 	// lbGroup is the load balancer group every LB server here has.
 	lbGroup = "web-lb"
+	// lbDomain is a domain lbGroup serves.
+	lbDomain = "example.com"
 	// lbRecheck is the jobs' recheck_interval.
 	lbRecheck    = 2 * time.Second
 	lbRecheckHCL = "2s"
@@ -36,7 +38,8 @@ const (
 // worker and CLOCK_MONOTONIC request stamps, closed at cleanup.
 func lbStartServer(t *testing.T) *harness.LB {
 	return harness.StartLB(t, lbapi.Options{
-		Groups:         []lbapi.Group{{Name: lbGroup}},
+		// The domain lets a request name it (testLBBaragonFields).
+		Groups:         []lbapi.Group{{Name: lbGroup, Domains: []string{lbDomain}}},
 		WorkerInterval: lbWorkerInterval,
 	})
 }
@@ -56,6 +59,8 @@ type lbJob struct {
 	// by a template into secrets/lb.key, which the load_balancer block names
 	// as its authkey_file ("" for none): the key is in no jobspec or log.
 	authkey string
+	// lbExtra is added to the load_balancer block as is.
+	lbExtra string
 }
 
 func newLBJob(t *testing.T, lb *harness.LB, name string, count int) *lbJob {
@@ -109,6 +114,9 @@ func (j *lbJob) hcl(t *testing.T) string {
 	line("          recheck_interval = %q", lbRecheckHCL)
 	if j.authkey != "" {
 		line("          authkey_file     = \"secrets/lb.key\"")
+	}
+	if j.lbExtra != "" {
+		line("%s", j.lbExtra)
 	}
 	line("        }")
 	line("        health_check {\n          type     = \"http\"\n          interval = \"200ms\"\n        }")

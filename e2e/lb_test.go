@@ -13,12 +13,14 @@ package e2e
 //	go test ./e2e/ -run 'TestLB' -count=1 -v | grep MEASURE
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"syscall"
@@ -52,6 +54,7 @@ func TestLB(t *testing.T) {
 		{"invalid_request_stops_task", func(t *testing.T) { testLBInvalid(t, a, lb) }},
 		{"out_of_band_removal_repaired", func(t *testing.T) { testLBOutOfBand(t, a, lb) }},
 		{"plain_lock_binary", func(t *testing.T) { testLBPlainLock(t, a, lb) }},
+		{"baragon_fields", func(t *testing.T) { testLBBaragonFields(t, a, lb) }},
 	})
 }
 
@@ -492,5 +495,53 @@ func testLBPlainLock(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	lbCheckUpstreams(t, lb, service)
 	if !strings.Contains(p.Stderr(), "removed from the load balancer") {
 		t.Errorf("lock's log does not mention the removal:\n%s", p.Stderr())
+	}
+}
+
+// testLBBaragonFields: a jobspec's load_balancer block with options of
+// every JSON type (a list such as nginxExtraConfigs, a number, a map),
+// template_name, domains, additional_paths, the upstream's group and
+// rack_id, run through a real agent (HCL2 jobspec → the driver's hclspec →
+// the plugin → the supervisor), reaches the LB as Baragon's fields.
+func testLBBaragonFields(t *testing.T, a *harness.Agent, lb *harness.LB) {
+	j := newLBJob(t, lb, "fields", 1)
+	j.lbExtra = `          options = {
+            nginxExtraConfigs = ["proxy_read_timeout 5s;"]
+            workers           = 4
+            nested            = { a = "b" }
+          }
+          template_name    = "custom"
+          domains          = ["example.com"]
+          additional_paths = ["/extra"]
+          group            = "blue"
+          rack_id          = "us_east_1a"`
+	j.run(t, a)
+	first := j.waitStart(t, 60*time.Second, nil)
+	up := lbUpstreamOf(t, a, first.AllocID)
+	add := lbWaitSuccess(t, lb, lbAddID(first.AllocID, drvFence(t, first)), 30*time.Second)
+	var body struct {
+		Service struct {
+			Options         map[string]any `json:"options"`
+			TemplateName    string         `json:"templateName"`
+			Domains         []string       `json:"domains"`
+			AdditionalPaths []string       `json:"additionalPaths"`
+		} `json:"loadBalancerService"`
+		Add []struct {
+			Upstream, Group, RackID string
+		} `json:"addUpstreams"`
+	}
+	if err := json.Unmarshal(add.Body, &body); err != nil {
+		t.Fatalf("ADD body %s: %v", add.Body, err)
+	}
+	want := map[string]any{"nginxExtraConfigs": []any{"proxy_read_timeout 5s;"}, "workers": float64(4), "nested": map[string]any{"a": "b"}}
+	if !reflect.DeepEqual(body.Service.Options, want) {
+		t.Errorf("options %#v, want %#v; body %s", body.Service.Options, want, add.Body)
+	}
+	if body.Service.TemplateName != "custom" || !slices.Equal(body.Service.Domains, []string{"example.com"}) ||
+		!slices.Equal(body.Service.AdditionalPaths, []string{"/extra"}) {
+		t.Errorf("service fields %+v; body %s", body.Service, add.Body)
+	}
+	if len(body.Add) != 1 || body.Add[0].Upstream != up || body.Add[0].Group != "blue" || body.Add[0].RackID != "us_east_1a" {
+		t.Errorf("added %+v, want %s in group blue, rack us_east_1a", body.Add, up)
 	}
 }

@@ -162,7 +162,7 @@ func (c *Client) Close() { c.transport.CloseIdleConnections() }
 // carries the state the failure counts as (UNKNOWN or FAILED) and the error
 // text as its message, and the error is a *CallError.
 func (c *Client) Post(ctx context.Context, req BaragonRequest) (BaragonResponse, error) {
-	target := c.requestURL("")
+	target := c.requestURL("", true)
 	body, err := json.Marshal(req)
 	if err != nil {
 		return c.failure(req.LoadBalancerRequestID, &CallError{
@@ -174,16 +174,18 @@ func (c *Client) Post(ctx context.Context, req BaragonRequest) (BaragonResponse,
 }
 
 // Get reads the state of request id (GET {uri}/{id}). A 404 gives a
-// *CallError that matches ErrNotFound.
+// *CallError that matches ErrNotFound. Baragon serves it without auth
+// (@NoAuth), so the auth key is not sent: it would only end up in access
+// logs at every poll.
 func (c *Client) Get(ctx context.Context, id string) (BaragonResponse, error) {
-	return c.callRequest(ctx, http.MethodGet, id, c.requestURL(id), nil)
+	return c.callRequest(ctx, http.MethodGet, id, c.requestURL(id, false), nil)
 }
 
 // Cancel asks Baragon to cancel request id (DELETE {uri}/{id}). Baragon
 // answers CANCELING if it could cancel, the current state if the request is
 // already final, and CANCELED "Request {id} does not exist" for an unknown id.
 func (c *Client) Cancel(ctx context.Context, id string) (BaragonResponse, error) {
-	return c.callRequest(ctx, http.MethodDelete, id, c.requestURL(id), nil)
+	return c.callRequest(ctx, http.MethodDelete, id, c.requestURL(id, true), nil)
 }
 
 // ServiceState reads the configured service's state
@@ -209,10 +211,10 @@ func (c *Client) ServiceState(ctx context.Context) (BaragonServiceState, error) 
 	return st, nil
 }
 
-// requestURL is {uri} or {uri}/{id}, with the query parameters and the auth
-// key. The id is path-escaped, which leaves every Baragon-valid id unchanged
-// except for '?', '#' and '%'.
-func (c *Client) requestURL(id string) string {
+// requestURL is {uri} or {uri}/{id}, with the query parameters and, when
+// auth is set, the auth key. The id is path-escaped, which leaves every
+// Baragon-valid id unchanged except for '?', '#' and '%'.
+func (c *Client) requestURL(id string, auth bool) string {
 	target := c.requestURI
 	if id != "" {
 		target += "/" + url.PathEscape(id)
@@ -221,7 +223,7 @@ func (c *Client) requestURL(id string) string {
 	for k, v := range c.opts.QueryParams {
 		q.Set(k, v)
 	}
-	if c.authKey != "" {
+	if auth && c.authKey != "" {
 		q.Set(authKeyParam, c.authKey)
 	}
 	if len(q) > 0 {

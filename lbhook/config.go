@@ -2,6 +2,7 @@ package lbhook
 
 import (
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -42,8 +43,9 @@ const (
 var idPattern = regexp.MustCompile(`^[^\s/|]+$`)
 
 // Config is the LB block of a task: where Baragon is and what to register.
-// Field names follow the issue (uri, service_id, base_path, groups,
-// port_label, owners, options, request_timeout, poll_interval, add_deadline,
+// Field names follow the block (uri, service_id, base_path, groups,
+// port_label, owners, options, template_name, domains, additional_paths,
+// group, rack_id, request_timeout, poll_interval, add_deadline,
 // remove_deadline, authkey_file, ca_file). Zero durations take the defaults.
 type Config struct {
 	// URI is the full URL of Baragon's request collection, e.g.
@@ -60,8 +62,22 @@ type Config struct {
 	PortLabel string
 	// Owners are the service owners (may be empty).
 	Owners []string
-	// Options feeds Baragon's templates (may be nil: omitted on the wire).
+	// Options feeds Baragon's templates: any JSON values, e.g. the list
+	// nginxExtraConfigs or numbers (may be nil: omitted on the wire).
 	Options map[string]any
+	// TemplateName selects a Baragon template (templateName; "" omits it).
+	TemplateName string
+	// Domains are the service's domains (Singularity's
+	// loadBalancerDomains).
+	Domains []string
+	// AdditionalPaths are routes besides BasePath (Singularity's
+	// loadBalancerAdditionalRoutes).
+	AdditionalPaths []string
+	// Group is our upstream's group ("" sends none: Baragon's "default";
+	// Singularity's loadBalancerUpstreamGroup).
+	Group string
+	// RackID is our upstream's rackId ("" omits it).
+	RackID string
 	// RequestTimeout bounds each HTTP call (default 2s).
 	RequestTimeout time.Duration
 	// PollInterval is the wait between polls (default 500ms).
@@ -123,6 +139,13 @@ func (c Config) Validate() error {
 		if strings.TrimSpace(o) == "" {
 			add(fmt.Errorf("owners[%d] is empty", i))
 		}
+	}
+	add(validateStrings("domains", c.Domains))
+	add(validateStrings("additional_paths", c.AdditionalPaths))
+	add(validateTag("group", c.Group))
+	add(validateTag("rack_id", c.RackID))
+	if _, err := json.Marshal(c.Options); err != nil {
+		add(fmt.Errorf("options cannot be sent as JSON: %w", err))
 	}
 	add(validateDuration("request_timeout", c.RequestTimeout))
 	add(validateDuration("poll_interval", c.PollInterval))
@@ -189,6 +212,28 @@ func validateGroups(groups []string) error {
 			return fmt.Errorf("groups[%d] %q is listed twice", i, g)
 		}
 		seen[g] = true
+	}
+	return nil
+}
+
+// validateStrings refuses empty entries.
+func validateStrings(name string, list []string) error {
+	for i, v := range list {
+		if strings.TrimSpace(v) == "" {
+			return fmt.Errorf("%s[%d] is empty", name, i)
+		}
+	}
+	return nil
+}
+
+// validateTag checks an upstream's group or rackId as Baragon does: at
+// most 100 characters, no whitespace, no '|'.
+func validateTag(name, v string) error {
+	switch {
+	case len(v) > 100:
+		return fmt.Errorf("%s %q is longer than 100 characters", name, v)
+	case strings.ContainsAny(v, " \t\r\n|"):
+		return fmt.Errorf("%s %q cannot contain whitespace or '|'", name, v)
 	}
 	return nil
 }

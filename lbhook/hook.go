@@ -36,18 +36,25 @@ func RequestID(allocID string, kind RequestKind, fence uint64, attempt int) stri
 
 // Service returns the BaragonService described by the client's Config, in
 // Singularity's shape: owners, additionalPaths, domains and edgeCacheDomains
-// always present, options only when set.
+// always present, options and templateName only when set.
 func (c *Client) Service() BaragonService {
 	return BaragonService{
 		ServiceID:          c.cfg.ServiceID,
 		Owners:             append([]string{}, c.cfg.Owners...),
 		ServiceBasePath:    c.cfg.BasePath,
-		AdditionalPaths:    []string{},
+		AdditionalPaths:    append([]string{}, c.cfg.AdditionalPaths...),
 		LoadBalancerGroups: append([]string{}, c.cfg.Groups...),
 		Options:            c.cfg.Options,
-		Domains:            []string{},
+		TemplateName:       c.cfg.TemplateName,
+		Domains:            append([]string{}, c.cfg.Domains...),
 		EdgeCacheDomains:   []string{},
 	}
+}
+
+// Self is our upstream at addr ("host:port"), with the configured group
+// and rackId.
+func (c *Client) Self(addr string) UpstreamInfo {
+	return UpstreamInfo{Upstream: addr, Group: c.cfg.Group, RackID: c.cfg.RackID}
 }
 
 // NewRequest returns an UPDATE request for the configured service that adds

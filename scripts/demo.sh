@@ -52,7 +52,16 @@ cleanup() {
   echo
   echo "stopping the demo job, the LB API, HAProxy and the agent..."
   # The job first: its holder removes itself from the LB on the way out.
-  [ -n "$agent" ] && "$bin/nomad" job stop -purge web >/dev/null 2>&1 || true
+  # Its supervisors outlive an agent by design, so wait (up to 20 s) until
+  # no allocation runs before the agent goes.
+  if [ -n "$agent" ]; then
+    "$bin/nomad" job stop web >/dev/null 2>&1 || true
+    for _ in $(seq 1 100); do
+      "$bin/nomad" job allocs -t '{{range .}}{{if eq .ClientStatus "running"}}running {{end}}{{end}}' web 2>/dev/null | grep -q running || break
+      sleep 0.2
+    done
+    "$bin/nomad" job stop -purge web >/dev/null 2>&1 || true
+  fi
   stop_pid "$lbapi_pid"
   stop_pid "$haproxy_pid"
   if [ -n "$agent" ]; then
@@ -71,8 +80,10 @@ echo "starting nomad agent -dev on $NOMAD_ADDR (log: $work/agent.log)"
 if [ -n "$haproxy_bin" ]; then
   front=$(free_port) lbport=$(free_port)
   sock=$work/haproxy.sock
-  # One frontend; the backend "web" gets its servers from the LB API at run
-  # time (what examples/lbapi/haproxy.Config renders).
+  # One frontend; the backend "web" has a fixed pool of server slots that
+  # the LB API points at the holder at run time (what
+  # examples/lbapi/haproxy.Config renders). Retries with redispatch carry a
+  # request whose server died over to the successor.
   cat >"$work/haproxy.cfg" <<CFG
 global
     stats socket $sock level admin mode 600
@@ -80,9 +91,13 @@ global
 
 defaults
     mode http
+    option redispatch 1
+    retries 3
     timeout connect 1s
+    timeout queue 5s
     timeout client 30s
     timeout server 30s
+    timeout http-keep-alive 5s
 
 frontend lbapi
     bind 127.0.0.1:$front
@@ -91,6 +106,7 @@ frontend lbapi
 
 backend web
     balance roundrobin
+    server-template slot 1-8 127.0.0.1:1 disabled
 CFG
   "$haproxy_bin" -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 &
   haproxy_pid=$!
@@ -179,7 +195,8 @@ server of HAProxy's backend "web". In another shell:
       # loop shows the new alloc ID (and a 503 or two while no one is in)
   kill -9 \$(pgrep -f "__singleton-supervise .*/$holder/")
       # crash of the holder's supervisor: the plugin removes the dead upstream
-      # and releases the lock; the next holder's request swaps itself in
+      # and releases the lock; the next holder's request swaps itself in;
+      # requests caught on the dead holder are retried on the successor
 
   echo "show servers state web" | python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect("$sock"); s.sendall(sys.stdin.read().encode()); print(s.makefile().read())'
   curl -s ${lb_uri%/request}/state/web      # the LB API's view: what HAProxy actually serves

@@ -53,7 +53,11 @@ health_check blocks of -config):
   -lb-uri URL          the LB API's request collection, e.g. http://lb:8080/baragon/v2/request
   -lb-service-id ID    -lb-base-path PATH    -lb-groups G1,G2    -lb-owners O1,O2
   -lb-port LABEL       Nomad port label whose host:port is registered
-  -lb-option K=V       service option (repeatable)
+  -lb-option K=V       service option with a string value (repeatable)
+  -lb-options-json J   service options as a JSON object: lists, numbers, maps
+  -lb-template-name T  -lb-domains D1,D2    -lb-additional-paths P1,P2
+  -lb-group G          our upstream's group (default "default")
+  -lb-rack-id R        our upstream's rackId
   -lb-request-timeout, -lb-poll-interval, -lb-add-deadline, -lb-remove-deadline,
   -lb-recheck-interval DURATION
   -lb-authkey-file F   auth key file (else $SINGLETON_LB_AUTHKEY); never on the command line

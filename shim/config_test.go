@@ -1,10 +1,12 @@
 package shim
 
 import (
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -178,6 +180,77 @@ func TestParseStat(t *testing.T) {
 		state, pgrp, ok := parseStat([]byte(tc.stat))
 		if state != tc.state || pgrp != tc.pgrp || ok != tc.ok {
 			t.Errorf("parseStat(%q) = %c %d %v", tc.stat, state, pgrp, ok)
+		}
+	}
+}
+
+// TestLBConfigBaragonFields: the -config file's load_balancer block takes
+// options of any JSON type and the fields Singularity can set; -lb-* flags
+// set them too and win over the file.
+func TestLBConfigBaragonFields(t *testing.T) {
+	t.Setenv("NOMAD_HOST_ADDR_http", "127.0.0.1:8080")
+	file := filepath.Join(t.TempDir(), "lock.hcl")
+	src := `
+command = "/bin/sleep"
+lock {
+  path = "nomad/jobs/web/lock"
+}
+load_balancer {
+  uri        = "http://127.0.0.1:1/baragon/v2/request"
+  service_id = "web"
+  base_path  = "/web"
+  groups     = ["prod-lb"]
+  port       = "http"
+  options = {
+    nginxExtraConfigs = ["proxy_read_timeout 5s;"]
+    workers           = 4
+  }
+  template_name    = "custom"
+  domains          = ["example.com"]
+  additional_paths = ["/web2"]
+  group            = "blue"
+  rack_id          = "us_east_1a"
+}
+`
+	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseRunArgs([]string{"-config", file, "-lb-rack-id", "us_east_1b"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb := got.LB.Config
+	wantOpts := map[string]any{"nginxExtraConfigs": []any{"proxy_read_timeout 5s;"}, "workers": json.Number("4")}
+	if !reflect.DeepEqual(lb.Options, wantOpts) {
+		t.Errorf("options %#v, want %#v", lb.Options, wantOpts)
+	}
+	if lb.TemplateName != "custom" || !slices.Equal(lb.Domains, []string{"example.com"}) || !slices.Equal(lb.AdditionalPaths, []string{"/web2"}) ||
+		lb.Group != "blue" || lb.RackID != "us_east_1b" {
+		t.Errorf("config %+v", lb)
+	}
+
+	got, err = parseRunArgs([]string{"-lb-uri", "http://127.0.0.1:1/baragon/v2/request", "-lb-service-id", "web",
+		"-lb-base-path", "/web", "-lb-groups", "g", "-lb-port", "http", "-lb-option", "plain=1",
+		"-lb-options-json", `{"nginxExtraConfigs":["a"],"n":2.5}`, "-lb-template-name", "t", "-lb-domains", "a.example,b.example",
+		"-lb-additional-paths", "/x,/y", "-lb-group", "green", "nomad/jobs/web/lock", "/bin/sleep", "1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb = got.LB.Config
+	wantOpts = map[string]any{"plain": "1", "nginxExtraConfigs": []any{"a"}, "n": json.Number("2.5")}
+	if !reflect.DeepEqual(lb.Options, wantOpts) || lb.TemplateName != "t" || !slices.Equal(lb.Domains, []string{"a.example", "b.example"}) ||
+		!slices.Equal(lb.AdditionalPaths, []string{"/x", "/y"}) || lb.Group != "green" {
+		t.Errorf("from flags: %+v", lb)
+	}
+
+	for _, bad := range []struct{ args []string }{
+		{[]string{"-lb-options-json", `["not an object"]`}},
+		{[]string{"-lb-group", "a b"}},
+	} {
+		args := append([]string{"-lb-uri", "http://127.0.0.1:1/baragon/v2/request", "-lb-service-id", "web",
+			"-lb-base-path", "/web", "-lb-groups", "g", "-lb-port", "http"}, bad.args...)
+		if _, err := parseRunArgs(append(args, "nomad/jobs/web/lock", "/bin/sleep", "1"), io.Discard); err == nil {
+			t.Errorf("%v: accepted", bad.args)
 		}
 	}
 }

@@ -152,14 +152,15 @@ func (s *Supervisor) startLB(lease *lockclient.Lease) (*lbSession, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	lb := &lbSession{
 		cfg: cfg, client: client, hook: hook,
-		self: lbhook.UpstreamInfo{Upstream: cfg.Upstream},
+		self: client.Self(cfg.Upstream),
 		ctx:  ctx, cancel: cancel,
 		events:  make(chan lbEvent, 4),
 		recheck: time.NewTicker(max(cfg.Recheck, time.Second)),
 		busy:    true, attempt: 1,
 	}
 	if up := lease.Previous.Upstream; up != "" {
-		lb.prev = []lbhook.UpstreamInfo{{Upstream: up}}
+		// The previous holder ran the same task: its upstream is in our group.
+		lb.prev = []lbhook.UpstreamInfo{{Upstream: up, Group: cfg.Group}}
 	}
 	go lb.healthThenAdd(s)
 	return lb, nil
@@ -238,10 +239,12 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 				return nil
 			}
 			var oe *lbhook.OutcomeError
-			if errors.As(ev.err, &oe) && oe.State == lbhook.StateInvalidRequestNoop {
-				// Baragon refused the request before applying anything, and
-				// a REMOVE for the same service would be refused the same
-				// way: nothing to deregister, here or by the driver.
+			if errors.As(ev.err, &oe) {
+				// The ADD reached a final state other than SUCCESS (FAILED,
+				// CANCELED or INVALID_REQUEST_NOOP): Baragon applied nothing
+				// or reverted it. Like Singularity, send no REMOVE, here or
+				// from the driver: one would only make the service appear in
+				// Baragon's state with no upstream.
 				lb.posted.Store(false)
 				if s.OnLBRemoved != nil {
 					s.OnLBRemoved()

@@ -113,7 +113,7 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 		return ExitConfig
 	}
 	statePath := filepath.Join(allocDir, lbStateFile)
-	self := lbhook.UpstreamInfo{Upstream: lb.Upstream}
+	self := client.Self(lb.Upstream)
 
 	if verb == "remove" {
 		var st lbCmdState
@@ -126,7 +126,7 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "lock lb remove: %v\n", err)
 			return ExitConfig
 		}
-		if _, err := hook.Remove(ctx, lbhook.UpstreamInfo{Upstream: st.Upstream}); err != nil {
+		if _, err := hook.Remove(ctx, client.Self(st.Upstream)); err != nil {
 			fmt.Fprintf(stderr, "lock lb remove: %v\n", err)
 			return lbErrorCode(err)
 		}
@@ -178,7 +178,7 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 	}
 	var previous []lbhook.UpstreamInfo
 	if up := held.Holder.PreviousUpstream; up != "" {
-		previous = append(previous, lbhook.UpstreamInfo{Upstream: up})
+		previous = append(previous, lbhook.UpstreamInfo{Upstream: up, Group: lb.Group})
 	}
 	if _, err := hook.Add(ctx, self, previous); err != nil {
 		fmt.Fprintf(stderr, "lock lb add: %v\n", err)

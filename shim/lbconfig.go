@@ -1,12 +1,18 @@
 package shim
 
 import (
+	"bytes"
 	"cmp"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
+
+	"github.com/zclconf/go-cty/cty"
+	ctyjson "github.com/zclconf/go-cty/cty/json"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 )
@@ -14,25 +20,50 @@ import (
 // LBSpec is the load_balancer block as users write it: in the -config file,
 // in the driver's task config, and (field by field) as -lb-* flags.
 type LBSpec struct {
-	URI             string            `hcl:"uri,optional" codec:"uri"`
-	ServiceID       string            `hcl:"service_id,optional" codec:"service_id"`
-	BasePath        string            `hcl:"base_path,optional" codec:"base_path"`
-	Groups          []string          `hcl:"groups,optional" codec:"groups"`
-	Port            string            `hcl:"port,optional" codec:"port"`
-	Owners          []string          `hcl:"owners,optional" codec:"owners"`
-	Options         map[string]string `hcl:"options,optional" codec:"options"`
-	RequestTimeout  string            `hcl:"request_timeout,optional" codec:"request_timeout"`
-	PollInterval    string            `hcl:"poll_interval,optional" codec:"poll_interval"`
-	AddDeadline     string            `hcl:"add_deadline,optional" codec:"add_deadline"`
-	RemoveDeadline  string            `hcl:"remove_deadline,optional" codec:"remove_deadline"`
-	AuthKeyFile     string            `hcl:"authkey_file,optional" codec:"authkey_file"`
-	CAFile          string            `hcl:"ca_file,optional" codec:"ca_file"`
-	RecheckInterval string            `hcl:"recheck_interval,optional" codec:"recheck_interval"`
+	URI       string   `hcl:"uri,optional" codec:"uri"`
+	ServiceID string   `hcl:"service_id,optional" codec:"service_id"`
+	BasePath  string   `hcl:"base_path,optional" codec:"base_path"`
+	Groups    []string `hcl:"groups,optional" codec:"groups"`
+	Port      string   `hcl:"port,optional" codec:"port"`
+	Owners    []string `hcl:"owners,optional" codec:"owners"`
+	// Options map names to any JSON values (Baragon's templates read lists
+	// such as nginxExtraConfigs, and numbers). It is `any` because Nomad's
+	// jobspec parser hands a map attribute of a task config over as a list
+	// of one map; specOptions unwraps it. The -config file's value arrives
+	// in FileOptions instead.
+	Options any `codec:"options"`
+	// FileOptions is `options` as the -config file's HCL decoder gives it.
+	FileOptions     cty.Value `hcl:"options,optional" codec:"-" json:"-"`
+	TemplateName    string    `hcl:"template_name,optional" codec:"template_name"`
+	Domains         []string  `hcl:"domains,optional" codec:"domains"`
+	AdditionalPaths []string  `hcl:"additional_paths,optional" codec:"additional_paths"`
+	Group           string    `hcl:"group,optional" codec:"group"`
+	RackID          string    `hcl:"rack_id,optional" codec:"rack_id"`
+	RequestTimeout  string    `hcl:"request_timeout,optional" codec:"request_timeout"`
+	PollInterval    string    `hcl:"poll_interval,optional" codec:"poll_interval"`
+	AddDeadline     string    `hcl:"add_deadline,optional" codec:"add_deadline"`
+	RemoveDeadline  string    `hcl:"remove_deadline,optional" codec:"remove_deadline"`
+	AuthKeyFile     string    `hcl:"authkey_file,optional" codec:"authkey_file"`
+	CAFile          string    `hcl:"ca_file,optional" codec:"ca_file"`
+	RecheckInterval string    `hcl:"recheck_interval,optional" codec:"recheck_interval"`
 
 	// AuthKey and CAPEM replace AuthKeyFile and CAFile with contents the
 	// caller read itself (see lbhook.Config). No jobspec or file sets them.
 	AuthKey string `codec:"-"`
 	CAPEM   []byte `codec:"-"`
+}
+
+// MarshalJSON writes the block with its options as plain JSON values,
+// whichever decoder filled them in (the driver hands the block to its
+// supervisor as JSON).
+func (s LBSpec) MarshalJSON() ([]byte, error) {
+	type plain LBSpec
+	opts, err := specOptions(s)
+	if err != nil {
+		return nil, fmt.Errorf("load_balancer.options: %w", err)
+	}
+	s.Options, s.FileOptions = opts, cty.NilVal
+	return json.Marshal(plain(s))
 }
 
 // HealthSpec is the health_check block.
@@ -48,8 +79,10 @@ type HealthSpec struct {
 // IsZero reports whether no field of the block was set.
 func (s LBSpec) IsZero() bool {
 	return s.URI == "" && s.ServiceID == "" && s.BasePath == "" && len(s.Groups) == 0 && s.Port == "" &&
-		len(s.Owners) == 0 && len(s.Options) == 0 && s.RequestTimeout == "" && s.PollInterval == "" &&
-		s.AddDeadline == "" && s.RemoveDeadline == "" && s.AuthKeyFile == "" && s.CAFile == "" && s.RecheckInterval == ""
+		len(s.Owners) == 0 && s.Options == nil && s.FileOptions.IsNull() && s.TemplateName == "" &&
+		len(s.Domains) == 0 && len(s.AdditionalPaths) == 0 && s.Group == "" && s.RackID == "" &&
+		s.RequestTimeout == "" && s.PollInterval == "" && s.AddDeadline == "" && s.RemoveDeadline == "" &&
+		s.AuthKeyFile == "" && s.CAFile == "" && s.RecheckInterval == ""
 }
 
 // IsZero reports whether no field of the block was set.
@@ -81,6 +114,8 @@ func BuildLoadBalancer(spec LBSpec, health HealthSpec, getenv func(string) strin
 		Config: lbhook.Config{
 			URI: spec.URI, ServiceID: spec.ServiceID, BasePath: spec.BasePath,
 			Groups: spec.Groups, PortLabel: spec.Port, Owners: spec.Owners,
+			TemplateName: spec.TemplateName, Domains: spec.Domains, AdditionalPaths: spec.AdditionalPaths,
+			Group: spec.Group, RackID: spec.RackID,
 			RequestTimeout: dur("load_balancer", "request_timeout", spec.RequestTimeout),
 			PollInterval:   dur("load_balancer", "poll_interval", spec.PollInterval),
 			AddDeadline:    dur("load_balancer", "add_deadline", spec.AddDeadline),
@@ -95,12 +130,11 @@ func BuildLoadBalancer(spec LBSpec, health HealthSpec, getenv func(string) strin
 	if lb.Recheck == 0 {
 		lb.Recheck = DefaultLBRecheck
 	}
-	if len(spec.Options) > 0 {
-		lb.Options = make(map[string]any, len(spec.Options))
-		for k, v := range spec.Options {
-			lb.Options[k] = v
-		}
+	opts, err := specOptions(spec)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("%sload_balancer.options: %w", prefix, err))
 	}
+	lb.Options = opts
 	if spec.Port != "" {
 		addr, err := PortAddress(spec.Port, getenv)
 		if err != nil {
@@ -148,14 +182,26 @@ func lbFlags(fs *flag.FlagSet, spec *LBSpec, health *HealthSpec) {
 	fs.Func("lb-option", "", func(v string) error {
 		k, val, ok := strings.Cut(v, "=")
 		if !ok || k == "" {
-			return fmt.Errorf("-lb-option %q: use key=value", v)
+			return fmt.Errorf("-lb-option %q: use key=value (a string; -lb-options-json for lists and numbers)", v)
 		}
-		if spec.Options == nil {
-			spec.Options = map[string]string{}
-		}
-		spec.Options[k] = val
+		flagOptions(spec)[k] = val
 		return nil
 	})
+	fs.Func("lb-options-json", "", func(v string) error {
+		var m map[string]any
+		d := json.NewDecoder(strings.NewReader(v))
+		d.UseNumber()
+		if err := d.Decode(&m); err != nil || m == nil {
+			return fmt.Errorf("-lb-options-json: want a JSON object, e.g. '{\"nginxExtraConfigs\":[\"…\"]}': %v", err)
+		}
+		maps.Copy(flagOptions(spec), m)
+		return nil
+	})
+	fs.StringVar(&spec.TemplateName, "lb-template-name", "", "")
+	fs.Func("lb-domains", "", listFlag(&spec.Domains))
+	fs.Func("lb-additional-paths", "", listFlag(&spec.AdditionalPaths))
+	fs.StringVar(&spec.Group, "lb-group", "", "")
+	fs.StringVar(&spec.RackID, "lb-rack-id", "", "")
 	fs.StringVar(&spec.RequestTimeout, "lb-request-timeout", "", "")
 	fs.StringVar(&spec.PollInterval, "lb-poll-interval", "", "")
 	fs.StringVar(&spec.AddDeadline, "lb-add-deadline", "", "")
@@ -191,7 +237,16 @@ func mergeLB(file, flags LBSpec) LBSpec {
 		AddDeadline: cmp.Or(flags.AddDeadline, file.AddDeadline), RemoveDeadline: cmp.Or(flags.RemoveDeadline, file.RemoveDeadline),
 		AuthKeyFile: cmp.Or(flags.AuthKeyFile, file.AuthKeyFile), CAFile: cmp.Or(flags.CAFile, file.CAFile),
 		RecheckInterval: cmp.Or(flags.RecheckInterval, file.RecheckInterval),
-		Groups:          file.Groups, Owners: file.Owners, Options: file.Options,
+		TemplateName:    cmp.Or(flags.TemplateName, file.TemplateName),
+		Group:           cmp.Or(flags.Group, file.Group), RackID: cmp.Or(flags.RackID, file.RackID),
+		Groups: file.Groups, Owners: file.Owners, Options: file.Options, FileOptions: file.FileOptions,
+		Domains: file.Domains, AdditionalPaths: file.AdditionalPaths,
+	}
+	if len(flags.Domains) > 0 {
+		out.Domains = flags.Domains
+	}
+	if len(flags.AdditionalPaths) > 0 {
+		out.AdditionalPaths = flags.AdditionalPaths
 	}
 	if len(flags.Groups) > 0 {
 		out.Groups = flags.Groups
@@ -199,8 +254,8 @@ func mergeLB(file, flags LBSpec) LBSpec {
 	if len(flags.Owners) > 0 {
 		out.Owners = flags.Owners
 	}
-	if len(flags.Options) > 0 {
-		out.Options = flags.Options
+	if flags.Options != nil {
+		out.Options, out.FileOptions = flags.Options, cty.NilVal
 	}
 	return out
 }
@@ -210,4 +265,110 @@ func mergeHealth(file, flags HealthSpec) HealthSpec {
 		Type: cmp.Or(flags.Type, file.Type), Path: cmp.Or(flags.Path, file.Path), Port: cmp.Or(flags.Port, file.Port),
 		Interval: cmp.Or(flags.Interval, file.Interval), Timeout: cmp.Or(flags.Timeout, file.Timeout), Grace: cmp.Or(flags.Grace, file.Grace),
 	}
+}
+
+// specOptions returns the block's options as JSON-ready values: from the
+// -config file's HCL value, or from the driver's task config (decoded from
+// msgpack, where nested maps may come with interface{} keys) or flags.
+func specOptions(spec LBSpec) (map[string]any, error) {
+	if !spec.FileOptions.IsNull() {
+		v := spec.FileOptions
+		if !v.Type().IsObjectType() && !v.Type().IsMapType() {
+			return nil, fmt.Errorf("want a map such as { nginxExtraConfigs = [\"…\"] }, got %s", v.Type().FriendlyName())
+		}
+		b, err := ctyjson.Marshal(v, v.Type())
+		if err != nil {
+			return nil, err
+		}
+		var m map[string]any
+		d := json.NewDecoder(bytes.NewReader(b))
+		d.UseNumber()
+		if err := d.Decode(&m); err != nil {
+			return nil, err
+		}
+		return m, nil
+	}
+	v := spec.Options
+	if l, ok := v.([]any); ok && len(l) == 1 {
+		v = l[0] // a map attribute as Nomad's jobspec parser gives it
+	} else if l, ok := v.([]map[string]any); ok && len(l) == 1 {
+		v = l[0]
+	}
+	jv, err := jsonValue(v)
+	if err != nil {
+		return nil, err
+	}
+	switch m := jv.(type) {
+	case nil:
+		return nil, nil
+	case map[string]any:
+		return m, nil
+	}
+	return nil, fmt.Errorf("want a map such as { nginxExtraConfigs = [\"…\"] }, got %T", spec.Options)
+}
+
+// flagOptions is the map the -lb-option flags fill in.
+func flagOptions(spec *LBSpec) map[string]any {
+	m, ok := spec.Options.(map[string]any)
+	if !ok {
+		m = map[string]any{}
+		spec.Options = m
+	}
+	return m
+}
+
+// jsonValue turns a decoded value into one encoding/json can write.
+func jsonValue(v any) (any, error) {
+	switch x := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			j, err := jsonValue(e)
+			if err != nil {
+				return nil, err
+			}
+			out[k] = j
+		}
+		return out, nil
+	case map[any]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			ks, ok := k.(string)
+			if !ok {
+				return nil, fmt.Errorf("map key %v is not a string", k)
+			}
+			j, err := jsonValue(e)
+			if err != nil {
+				return nil, err
+			}
+			out[ks] = j
+		}
+		return out, nil
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			j, err := jsonValue(e)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = j
+		}
+		return out, nil
+	case []map[string]any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			j, err := jsonValue(e)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = j
+		}
+		return out, nil
+	case []byte:
+		return string(x), nil
+	}
+	if _, err := json.Marshal(v); err != nil {
+		return nil, err
+	}
+	return v, nil
 }

@@ -98,7 +98,17 @@ func TestBench(t *testing.T) {
 	if t.Failed() {
 		b.rep.Note("Some runs failed (the test log names them); their rows have fewer values than planned.")
 	}
-	written, err := WriteDoc(b.rep, cfg.Out)
+	var written []string
+	switch {
+	case cfg.Merge && !cfg.AllEnabled() && t.Failed():
+		// Runs failed: keep the sections the report already has.
+		err = fmt.Errorf("runs failed: %s left as it was (nothing merged)", cfg.Out)
+	case cfg.Merge && !cfg.AllEnabled():
+		err = MergeIntoDoc(b.rep, cfg.Out)
+		written = []string{cfg.Out}
+	default:
+		written, err = WriteDoc(b.rep, cfg.Out)
+	}
 	fmt.Printf("\nResults (median, min, max over runs; \"vs (a)\" = median / median of nomad var lock):\n%s\n", b.rep.Text())
 	fmt.Println("Goals:")
 	for _, l := range b.rep.GoalLines() {

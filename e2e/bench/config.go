@@ -39,6 +39,7 @@ const (
 	EnvOut            = "BENCH_OUT"              // Markdown report path
 	EnvCommand        = "BENCH_COMMAND"          // the command line shown in the report
 	EnvScenarios      = "BENCH_SCENARIOS"        // comma-separated subset of AllScenarios
+	EnvMerge          = "BENCH_MERGE"            // "1": put a subset's sections into the existing report
 )
 
 // Lease timing of every scenario, as the issue fixes it.
@@ -70,6 +71,9 @@ type Config struct {
 	Out             string
 	Command         string
 	Scenarios       []string
+	// Merge puts the sections of a run of some scenarios into the report
+	// already at Out instead of writing a report of its own (MergeIntoDoc).
+	Merge bool
 }
 
 // Defaults of a full run and of quick (smoke) mode.
@@ -153,6 +157,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if v := getenv(EnvOut); v != "" {
 		cfg.Out = v
 	}
+	cfg.Merge = isTrue(getenv(EnvMerge))
 	if v := getenv(EnvCommand); v != "" {
 		cfg.Command = v
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,19 +34,28 @@ func (b *bench) haproxy(t *testing.T) {
 		return
 	}
 	type rows struct{ failed, gap, first, wrong *Row }
-	rs := map[string]*rows{}
-	for _, v := range haproxyVariants {
-		rs[v] = &rows{failed: b.row(TitleHAProxy, prefix+"failed requests", v, Count, AggStats, nil)}
+	phases := []struct {
+		crash       bool
+		prefix, act string
+		rs          map[string]*rows
+	}{
+		{false, prefix, "stop call", map[string]*rows{}},
+		{true, "SIGKILL to the holder's supervisor in a count = 2 group: ", "SIGKILL", map[string]*rows{}},
 	}
-	for _, v := range haproxyVariants {
-		rs[v].gap = b.row(TitleHAProxy, prefix+"longest stretch with no backend", v, Seconds, AggStats, nil)
-	}
-	for _, v := range haproxyVariants {
-		rs[v].first = b.row(TitleHAProxy, prefix+"stop call → first answer from the new holder", v, Seconds, AggStats, nil)
-	}
-	for _, v := range haproxyVariants {
-		rs[v].wrong = b.row(TitleHAProxy, prefix+"runs with a wrong answer (not the holder or its successor, or the old after the new)",
-			v, Count, AggSum, Zero("a standby's workload does not run; the old holder is removed before it is signalled"))
+	for _, ph := range phases {
+		for _, v := range haproxyVariants {
+			ph.rs[v] = &rows{failed: b.row(TitleHAProxy, ph.prefix+"failed requests", v, Count, AggStats, nil)}
+		}
+		for _, v := range haproxyVariants {
+			ph.rs[v].gap = b.row(TitleHAProxy, ph.prefix+"longest stretch with no backend", v, Seconds, AggStats, nil)
+		}
+		for _, v := range haproxyVariants {
+			ph.rs[v].first = b.row(TitleHAProxy, ph.prefix+ph.act+" → first answer from the new holder", v, Seconds, AggStats, nil)
+		}
+		for _, v := range haproxyVariants {
+			ph.rs[v].wrong = b.row(TitleHAProxy, ph.prefix+"runs with a wrong answer (not the holder or its successor, or the old after the new)",
+				v, Count, AggSum, Zero("a standby's workload does not run; the old holder is removed before it is signalled, or dies with its supervisor"))
+		}
 	}
 
 	jobs := map[string]*job{}
@@ -62,15 +72,27 @@ func (b *bench) haproxy(t *testing.T) {
 	}
 	b.progress("HAProxy on %s, driven by the LB API (worker every %s)", lb.HAProxy.URL, haproxyWorker)
 
-	// One variant at a time: sub-second gaps on 2 cores.
+	// One variant at a time: sub-second gaps on 2 cores. Graceful runs,
+	// then crash runs, on one job.
+	pid := lb.HAProxy.PID()
 	for _, v := range haproxyVariants {
 		t.Run(slug(v), func(t *testing.T) {
-			b.haproxyHandovers(t, jobs[v], lb.HAProxy.URL+"/"+jobs[v].lbService+"/", rs[v].failed, rs[v].gap, rs[v].first, rs[v].wrong)
+			g, c := phases[0].rs[v], phases[1].rs[v]
+			b.haproxyHandovers(t, jobs[v], lb.HAProxy.URL+"/"+jobs[v].lbService+"/",
+				[2][4]*Row{{g.failed, g.gap, g.first, g.wrong}, {c.failed, c.gap, c.first, c.wrong}})
 		})
+	}
+	if got := lb.HAProxy.PID(); got != pid {
+		b.rep.Note("HAProxy scenario: HAProxy's pid changed from %d to %d: it crashed and was restarted.", pid, got)
+		t.Errorf("HAProxy pid %d, was %d", got, pid)
 	}
 }
 
-func (b *bench) haproxyHandovers(t *testing.T, j *job, url string, failed, gap, first, wrong *Row) {
+// haproxyHandovers runs b.cfg.Runs graceful handovers (alloc stop), then
+// as many crashes (SIGKILL to the holder's supervisor), each with a client
+// loop through HAProxy; rows[0] and rows[1] are their failed, gap, first and
+// wrong rows.
+func (b *bench) haproxyHandovers(t *testing.T, j *job, url string, rows [2][4]*Row) {
 	hcl := b.haproxyHCL(j)
 	parsed, err := b.a.API().Jobs().ParseHCL(hcl, true)
 	if err != nil {
@@ -83,14 +105,23 @@ func (b *bench) haproxyHandovers(t *testing.T, j *job, url string, failed, gap, 
 	holder := waitStart(t, j.record, 0, 90*time.Second)
 	waitAnswer(t, url, "alloc "+holder.AllocID, 60*time.Second)
 
-	for run := 1; run <= b.cfg.Runs; run++ {
+	for i := 0; i < 2*b.cfg.Runs; i++ {
+		crash, run := i >= b.cfg.Runs, i%b.cfg.Runs+1
+		failed, gap, first, wrong := rows[0][0], rows[0][1], rows[0][2], rows[0][3]
+		kind := "graceful"
+		if crash {
+			failed, gap, first, wrong = rows[1][0], rows[1][1], rows[1][2], rows[1][3]
+			kind = "crash"
+		}
 		b.waitStandbys(t, j, holder.AllocID, 1, 1500*time.Millisecond, 90*time.Second)
 		old := "alloc " + holder.AllocID
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		done := make(chan []harness.ProbeResult, 1)
 		go func() {
 			// Until 200 answers in a row (1 s) came from someone else.
-			done <- harness.Probe(ctx, url, harness.ProbeOptions{Max: 18_000, Until: func(rs []harness.ProbeResult) bool {
+			// A request caught on a dead holder is retried by HAProxy for up
+			// to ~3 s: the client waits for it, as a real one would.
+			done <- harness.Probe(ctx, url, harness.ProbeOptions{Max: 18_000, Timeout: 10 * time.Second, Until: func(rs []harness.ProbeResult) bool {
 				n := 0
 				for i := len(rs) - 1; i >= 0 && rs[i].OK() && rs[i].Body != old; i-- {
 					n++
@@ -98,39 +129,51 @@ func (b *bench) haproxyHandovers(t *testing.T, j *job, url string, failed, gap, 
 				return n >= 200
 			}})
 		}()
+		sup := 0
+		if crash {
+			sup = b.supervisorPID(t, j, holder.AllocID)
+		}
 		time.Sleep(300 * time.Millisecond)
 		stopAt, stopMono := time.Now(), harness.MonoNow()
-		if err := b.a.StopAlloc(holder.AllocID); err != nil {
+		if crash {
+			if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
+				cancel()
+				t.Fatalf("SIGKILL supervisor %d: %v", sup, err)
+			}
+		} else if err := b.a.StopAlloc(holder.AllocID); err != nil {
 			cancel()
 			t.Fatalf("stop alloc %s: %v", holder.AllocID, err)
 		}
 		results := <-done
 		cancel()
 		sum := harness.Summarize(results)
-		next := waitStart(t, j.record, stopMono, 30*time.Second)
+		// (b)'s crash waits for the server to expire the lock: 2×TTL + delay.
+		next := waitStart(t, j.record, stopMono, 2*TTL+LockDelay+30*time.Second)
 		successor := "alloc " + next.AllocID
-		var firstNew time.Time
+		var firstNew time.Time // when the client first got the new holder's answer
 		for _, r := range results {
-			if r.OK() && r.Body == successor {
-				firstNew = r.Start
-				break
+			if r.OK() && r.Body == successor && (firstNew.IsZero() || r.End.Before(firstNew)) {
+				firstNew = r.End
 			}
 		}
 		if firstNew.IsZero() {
-			t.Fatalf("run %d: the client never reached the new holder %s (%d requests, %d failed, answers %q)",
-				run, next.AllocID, sum.Requests, sum.Failed, sum.Answers)
+			t.Fatalf("%s run %d: the client never reached the new holder %s (%d requests, %d failed, answers %q)",
+				kind, run, next.AllocID, sum.Requests, sum.Failed, sum.Answers)
 		}
 		bad := 0.0
 		if sum.Switches != 1 || len(sum.Answers) != 2 || sum.Answers[0] != old || sum.Answers[1] != successor {
 			bad = 1
-			t.Errorf("run %d: answers %q with %d switches, want %q then %q", run, sum.Answers, sum.Switches, old, successor)
+			t.Errorf("%s run %d: answers %q with %d switches, want %q then %q", kind, run, sum.Answers, sum.Switches, old, successor)
 		}
 		add(failed, float64(sum.Failed))
 		add(gap, sum.LongestGap.Seconds())
 		add(first, firstNew.Sub(stopAt).Seconds())
 		add(wrong, bad)
-		b.progress("HAProxy %s run %d/%d: %d of %d requests failed, longest stretch with no backend %s, stop call → new holder answers %s",
-			j.variant, run, b.cfg.Runs, sum.Failed, sum.Requests, Seconds.Format(sum.LongestGap.Seconds()), Seconds.Format(firstNew.Sub(stopAt).Seconds()))
+		b.progress("HAProxy %s %s run %d/%d: %d of %d requests failed, longest stretch with no backend %s, stop or kill → new holder answers %s",
+			j.variant, kind, run, b.cfg.Runs, sum.Failed, sum.Requests, Seconds.Format(sum.LongestGap.Seconds()), Seconds.Format(firstNew.Sub(stopAt).Seconds()))
+		if next.AllocID == holder.AllocID {
+			t.Fatalf("%s run %d: the killed allocation took the lock back; its answers cannot be told from the dead holder's", kind, run)
+		}
 		holder = next
 	}
 }
@@ -192,6 +235,11 @@ func (b *bench) haproxyHCL(j *job) string {
 	w := func(format string, a ...any) { fmt.Fprintf(&s, format, a...) }
 	w("job %q {\n  type = \"service\"\n  group \"g\" {\n    count = %d\n", j.id, j.count)
 	w("    network {\n      port \"http\" {}\n    }\n")
+	// A task whose supervisor was SIGKILLed comes back as a standby, but
+	// only once the other allocation has taken over (for (b), when the
+	// server expires the lock): were it to win the lock itself, its answers
+	// would carry the same alloc ID as the dead holder's.
+	w("    restart {\n      attempts = 20\n      interval = \"30m\"\n      delay    = %q\n      mode     = \"delay\"\n    }\n", (2*TTL + LockDelay + 5*time.Second).String())
 	w("    task %q {\n      driver = %q\n", taskName, driver)
 	w("      identity {\n        env = true\n      }\n")
 	w("      config {\n        command = %q\n        args    = %s\n%s      }\n", command, harness.HCLList(args...), blocks)

@@ -17,7 +17,7 @@ const (
 	TitleFootprint = "4. Footprint"
 	TitleScale     = "5. Scale"
 	TitleLB        = "6. LB registration"
-	TitleHAProxy   = "7. Graceful handover through HAProxy"
+	TitleHAProxy   = "7. Handover and crash through HAProxy"
 )
 
 // Image file names, next to the Markdown file.
@@ -134,24 +134,34 @@ requests on its own tick: once with a 1 s worker, as Baragon runs it, which
 then dominates; once with a 50 ms worker, which shows our side's share. Both
 variants and both servers of one run go concurrently. (a) has no LB
 integration.`,
-	TitleHAProxy: `What a client sees of a graceful handover through a real load balancer.
-HAProxy (Debian's 2.6, started by the bench with one backend per job) is
-driven by the reference LB API (examples/lbapi with its HAProxy backend, in
-the bench process, worker every 50 ms: a request takes three worker runs,
-so Baragon's 1 s worker would stretch the REMOVE and the ADD to 2–3 s each). (b) ` + "`lock`" + ` with -lb-* and -health-* flags under raw_exec and (c) the
+	TitleHAProxy: `What a client sees of a graceful handover and of a crash through a real load balancer.
+HAProxy (Debian's 2.6.12, started by the bench with one backend per job, each
+a pool of server slots that the LB API re-points at run time, with
+` + "`retries 3`" + ` and ` + "`option redispatch 1`" + `) is driven by the
+reference LB API (examples/lbapi with its HAProxy backend, in the bench
+process, worker every 50 ms: a request takes three worker runs, so
+Baragon's 1 s worker would stretch the REMOVE and the ADD to 2–3 s each). (b) ` + "`lock`" + ` with -lb-* and -health-* flags under raw_exec and (c) the
 driver with load_balancer and health_check blocks run the testworkload, which
 answers every HTTP request with its allocation ID, in a count = 2 group.
 Once the standby has waited 1.5 s, a client loop on loopback starts sending
 GET requests through HAProxy's frontend, one at a time, every 5 ms, and
-300 ms later ` + "`nomad alloc stop`" + ` stops the holder; the loop ends after
-200 answers in a row from someone else. The old holder's REMOVE lands
-before its workload is signalled, so HAProxy answers 503 (no server) until
-the next holder (the standby, or Nomad's replacement allocation) has the
-lock, passes its health check (every 200 ms) and its ADD has landed: those
-are the failed requests. The longest stretch with no backend is the time
-from the end of the last answer before failures to the start of the first
-answer after them (an upper bound within the 5 ms pacing). The variants run
-one after another.`,
+300 ms later either ` + "`nomad alloc stop`" + ` stops the holder (graceful, the
+first runs) or its supervisor gets SIGKILL (crash, the next runs, on the
+same job); the loop ends after 200 answers in a row from someone else.
+Graceful: the old holder's REMOVE lands before its workload is signalled, so
+HAProxy answers 503 (no server) until the next holder has the lock, passes
+its health check (every 200 ms) and its ADD has landed: those are the failed
+requests. Crash: the workload dies with its supervisor while still in
+HAProxy; a request sent to it is refused and HAProxy retries it (1 s apart,
+on another server if there is one) until the new holder's ADD swaps the
+dead upstream out, so requests wait rather than fail when the takeover is
+fast ((c): the plugin releases the lock for the dead supervisor), and fail
+after three retries when it is slow ((b): the server expires the lock after
+2×TTL + delay). The longest stretch with no backend is the time from the end
+of the last answer before failures to the start of the first answer after
+them (an upper bound within the 5 ms pacing); "→ first answer" ends when the
+client received it. HAProxy's process must be the same at the end. The
+variants run one after another.`,
 }
 
 // WriteDoc writes the Markdown report to mdPath, with its two pictures next

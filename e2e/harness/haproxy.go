@@ -60,19 +60,16 @@ func StartHAProxyLB(t testing.TB, opts lbapi.Options, services ...haproxy.Servic
 	return &HAProxyLB{LB: StartLB(t, opts), HAProxy: h, Backend: be}
 }
 
-// Servers lists the service's HAProxy servers as "ip:port", ready ones
-// only, and reports whether every server is ready.
-func (l *HAProxyLB) Servers(t testing.TB, serviceID string) (ready []string, allReady bool) {
+// Servers lists the service's ready HAProxy server slots as "ip:port": what
+// it serves (the other slots are its free pool, in maintenance).
+func (l *HAProxyLB) Servers(t testing.TB, serviceID string) (ready []string) {
 	t.Helper()
-	allReady = true
 	for _, s := range l.HAProxy.Servers(t, l.Backend.BackendFor(serviceID)) {
 		if s.Ready() {
 			ready = append(ready, s.Address())
-		} else {
-			allReady = false
 		}
 	}
-	return ready, allReady
+	return ready
 }
 
 // ProbeResult is one request of a Probe.

@@ -13,12 +13,14 @@
 // A real load balancer can stand behind the API instead (Options.Backend):
 // HAProxyBackend drives a running HAProxy through its Runtime API (package
 // haproxy), as Baragon's agents drive nginx or HAProxy. Each request's
-// upstream changes become dynamic servers in the service's HAProxy backend;
-// the request reaches SUCCESS only once HAProxy reports the change, and a
-// change HAProxy refuses is reverted and ends FAILED with HAProxy's error in
-// the message. GET /state reports what HAProxy actually serves, repairing it
-// first where it lost servers (a restart drops every dynamic server), and a
-// reconcile loop does the same every Options.ReconcileInterval.
+// upstream changes re-point server slots of the service's HAProxy backend
+// (never adding or deleting a server, which HAProxy 2.6 cannot do safely
+// under traffic); the request reaches SUCCESS only once HAProxy reports the
+// change, and a change HAProxy refuses is reverted and ends FAILED with
+// HAProxy's error in the message. GET /state reports what HAProxy actually
+// serves, repairing it first where it lost changes (a restart puts every
+// slot back in maintenance), and a reconcile loop does the same every
+// Options.ReconcileInterval.
 //
 // Faults (latency, 5xx answers, dropped connections, garbage bodies) can be
 // injected at run time; their sequence is reproducible from a seed.

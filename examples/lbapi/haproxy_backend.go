@@ -4,21 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi/haproxy"
 )
 
-// DefaultDrainTimeout is how long a removed HAProxy server may keep
-// connections before they are shut.
+// DefaultDrainTimeout is how long a change waits for the streams of a
+// server it took out of rotation to end.
 const DefaultDrainTimeout = 2 * time.Second
 
 // HAProxyOptions configure an HAProxyBackend.
@@ -28,33 +26,40 @@ type HAProxyOptions struct {
 	Socket string
 	// Backends maps a serviceId to its HAProxy backend; a service not listed
 	// uses haproxy.Name(serviceId). The backend must exist in HAProxy's
-	// configuration (see haproxy.Config).
+	// configuration with its server slots (see haproxy.Config).
 	Backends map[string]string
 	// Timeout bounds each Runtime API command (default haproxy.DefaultTimeout).
 	Timeout time.Duration
-	// DrainTimeout is how long a removed server (already out of the
-	// load-balancing rotation) may keep connections before they are shut
-	// (default DefaultDrainTimeout).
+	// DrainTimeout is how long a change waits for the streams of the
+	// servers it took out of rotation to end, so that a REMOVE succeeds
+	// once the requests in flight got their answers (default
+	// DefaultDrainTimeout). Streams still running then are left to finish.
 	DrainTimeout time.Duration
 	// Resolver resolves upstreams given by host name (default
-	// net.DefaultResolver): HAProxy's dynamic servers take addresses only.
+	// net.DefaultResolver): HAProxy servers take addresses only.
 	Resolver *net.Resolver
 }
 
 // HAProxyBackend is a Backend that drives a running HAProxy through its
-// Runtime API: each upstream is a dynamic server (`add server`, `enable`,
-// `set … state maint`, `del server`) in the service's backend, and every
+// Runtime API. Each service's backend has a fixed pool of server slots
+// (haproxy.Config writes them with `server-template`); an upstream is a
+// slot pointed at its address (`set server … addr`) and made ready, and
+// removing it puts the slot in maintenance, where its streams run to their
+// end. A slot is pointed elsewhere only once no stream refers to it, and no
+// server is ever added or deleted at run time: HAProxy 2.6 can crash when
+// `del server` removes a server a stream still refers to (one retrying or
+// being redispatched, say), which a failover under traffic does. Every
 // change is read back with `show servers state`.
 type HAProxyBackend struct {
 	opts   HAProxyOptions
 	client *haproxy.Client
 
 	mu    sync.Mutex
-	known map[string]map[string]server // backend → server name → what it stands for
+	known map[string]map[string]slot // backend → slot name → what it serves
 }
 
-// server is a server this backend created.
-type server struct {
+// slot is a server slot this backend pointed at an upstream.
+type slot struct {
 	target Target
 	addr   string // resolved ip:port
 }
@@ -82,7 +87,7 @@ func NewHAProxyBackend(opts HAProxyOptions) (*HAProxyBackend, error) {
 	return &HAProxyBackend{
 		opts:   opts,
 		client: &haproxy.Client{Socket: opts.Socket, Timeout: opts.Timeout},
-		known:  map[string]map[string]server{},
+		known:  map[string]map[string]slot{},
 	}, nil
 }
 
@@ -106,93 +111,176 @@ func (h *HAProxyBackend) BackendFor(serviceID string) string {
 	return haproxy.Name(serviceID)
 }
 
-// ServerName is the HAProxy server name of an upstream: the upstream itself
-// when HAProxy accepts it as a name (e.g. "127.0.0.1:31005"), sanitised
-// otherwise; a group other than "default" adds a hash, since (upstream,
-// group) is what identifies an upstream.
-func ServerName(t Target) string {
-	name := haproxy.Name(t.Upstream)
-	if t.Group != defaultGroup {
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(t.Upstream + "|" + t.Group))
-		name = fmt.Sprintf("%s-%08x", name, h.Sum32())
-	}
-	return name
-}
-
-// Sync makes the service's backend hold exactly want, each server ready:
-// new servers are added and enabled first, then the others are taken out of
-// rotation, drained (up to DrainTimeout) and deleted, so that swapping one
-// upstream for another never leaves the backend empty. It then reads the
-// backend back and fails unless it holds exactly want.
+// Sync makes the service's backend serve exactly want: a slot already
+// serving an upstream keeps it; a missing upstream gets a free slot (in
+// maintenance, no stream), pointed at it and made ready; only then are the
+// other ready slots put in maintenance, so that swapping one upstream for
+// another never leaves the backend empty. It waits up to DrainTimeout for
+// their streams to end, then reads the backend back and fails unless
+// exactly want is ready.
 func (h *HAProxyBackend) Sync(ctx context.Context, serviceID string, want []Target) error {
 	be := h.BackendFor(serviceID)
-	desired := map[string]server{}
+	desired := map[Target]string{} // target → resolved ip:port
 	for _, t := range want {
 		addr, err := h.resolve(ctx, t.Upstream)
 		if err != nil {
 			return fmt.Errorf("upstream %s: %w", t.Upstream, err)
 		}
-		desired[ServerName(t)] = server{target: t, addr: addr}
+		desired[t] = addr
 	}
-	cur, err := h.client.ServersState(ctx, be)
+	states, err := h.client.ServersState(ctx, be)
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", be, err)
 	}
-	byName := map[string]haproxy.ServerState{}
-	for _, s := range cur {
-		byName[s.Name] = s
+	if len(states) == 0 {
+		return fmt.Errorf("backend %s has no server slots: give it `%s` (haproxy.BackendLines)", be,
+			strings.TrimSpace(strings.Split(haproxy.BackendLines(haproxy.DefaultSlots), "\n")[1]))
 	}
-	for _, name := range slices.Sorted(maps.Keys(desired)) {
-		d := desired[name]
-		s, ok := byName[name]
-		if ok && s.Address() != d.addr {
-			if err := h.remove(ctx, be, name); err != nil {
-				return err
-			}
-			ok = false
-		}
-		if !ok {
-			if err := h.client.AddServer(ctx, be, name, d.addr); err != nil {
-				return err
-			}
-		}
-		if !ok || !s.Ready() {
-			if err := h.client.EnableServer(ctx, be, name); err != nil {
-				return err
-			}
-		}
-		h.remember(be, name, d)
+	loads, err := h.client.Loads(ctx, be)
+	if err != nil {
+		return fmt.Errorf("backend %s: %w", be, err)
 	}
-	for _, name := range slices.Sorted(maps.Keys(byName)) {
-		if _, ok := desired[name]; !ok {
-			if err := h.remove(ctx, be, name); err != nil {
+	served := h.match(be, states, desired)
+	for _, t := range sortedTargets(desired) {
+		if _, ok := served[t]; ok {
+			continue
+		}
+		name, err := h.fill(ctx, be, states, loads, served, t, desired[t])
+		if err != nil {
+			return err
+		}
+		served[t] = name
+	}
+	inUse := map[string]bool{}
+	for _, name := range served {
+		inUse[name] = true
+	}
+	var removed []string
+	for _, s := range states {
+		if s.Ready() && !inUse[s.Name] {
+			if err := h.client.SetMaint(ctx, be, s.Name); err != nil {
 				return err
+			}
+			removed = append(removed, s.Name)
+		}
+		if !inUse[s.Name] {
+			h.forget(be, s.Name)
+		}
+	}
+	h.drain(ctx, be, removed)
+	return h.check(ctx, be, desired)
+}
+
+// match finds the ready slots that already serve a desired target: those
+// this backend pointed at it, then (after the LB API restarted, say) any
+// ready slot at its address.
+func (h *HAProxyBackend) match(be string, states []haproxy.ServerState, desired map[Target]string) map[Target]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	served := map[Target]string{}
+	taken := map[string]bool{}
+	for _, s := range states {
+		k, ok := h.known[be][s.Name]
+		if addr, want := desired[k.target]; ok && want && s.Ready() && k.addr == s.Address() && addr == k.addr && served[k.target] == "" {
+			served[k.target], taken[s.Name] = s.Name, true
+		}
+	}
+	for _, t := range sortedTargets(desired) {
+		if served[t] != "" {
+			continue
+		}
+		for _, s := range states {
+			if s.Ready() && !taken[s.Name] && s.Address() == desired[t] {
+				served[t], taken[s.Name] = s.Name, true
+				h.rememberLocked(be, s.Name, slot{target: t, addr: desired[t]})
+				break
 			}
 		}
 	}
-	// A request succeeds only once HAProxy reports the change.
+	return served
+}
+
+// fill points a free slot (not ready, no stream) at addr and makes it
+// ready.
+func (h *HAProxyBackend) fill(ctx context.Context, be string, states []haproxy.ServerState, loads map[string]haproxy.Load,
+	served map[Target]string, t Target, addr string) (string, error) {
+	taken := map[string]bool{}
+	for _, name := range served {
+		taken[name] = true
+	}
+	for _, s := range states {
+		l, ok := loads[s.Name]
+		if s.Ready() || taken[s.Name] || !ok || !l.Idle() {
+			continue
+		}
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return "", err
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil {
+			return "", fmt.Errorf("upstream %s: port %q: %w", t.Upstream, port, err)
+		}
+		if err := h.client.SetAddr(ctx, be, s.Name, host, p); err != nil {
+			return "", err
+		}
+		if err := h.client.SetReady(ctx, be, s.Name); err != nil {
+			return "", err
+		}
+		h.mu.Lock()
+		h.rememberLocked(be, s.Name, slot{target: t, addr: addr})
+		h.mu.Unlock()
+		return s.Name, nil
+	}
+	return "", fmt.Errorf("backend %s: no free server slot for %s: all %d are serving or still have streams (give it more slots)", be, t.Upstream, len(states))
+}
+
+// drain waits up to DrainTimeout until no stream refers to the slots
+// named; what still runs then is left to finish, and the slots are not
+// reused until it has.
+func (h *HAProxyBackend) drain(ctx context.Context, be string, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.opts.DrainTimeout)
+	defer cancel()
+	for {
+		loads, err := h.client.Loads(ctx, be)
+		if err == nil && !slices.ContainsFunc(names, func(n string) bool { return !loads[n].Idle() }) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// check reads the backend back: exactly the desired addresses are ready.
+func (h *HAProxyBackend) check(ctx context.Context, be string, desired map[Target]string) error {
 	after, err := h.client.ServersState(ctx, be)
 	if err != nil {
 		return fmt.Errorf("backend %s: read back: %w", be, err)
 	}
-	var problems []string
-	seen := map[string]bool{}
-	for _, s := range after {
-		seen[s.Name] = true
-		d, ok := desired[s.Name]
-		switch {
-		case !ok:
-			problems = append(problems, fmt.Sprintf("unexpected server %s (%s)", s.Name, s.Address()))
-		case s.Address() != d.addr:
-			problems = append(problems, fmt.Sprintf("server %s at %s, want %s", s.Name, s.Address(), d.addr))
-		case !s.Ready():
-			problems = append(problems, fmt.Sprintf("server %s not ready (op state %d, admin state %#x)", s.Name, s.OpState, s.AdminState))
-		}
+	want := map[string]int{}
+	for _, addr := range desired {
+		want[addr]++
 	}
-	for _, name := range slices.Sorted(maps.Keys(desired)) {
-		if !seen[name] {
-			problems = append(problems, "server "+name+" missing")
+	var problems []string
+	for _, s := range after {
+		if !s.Ready() {
+			continue
+		}
+		if want[s.Address()] == 0 {
+			problems = append(problems, fmt.Sprintf("unexpected ready server %s (%s)", s.Name, s.Address()))
+			continue
+		}
+		want[s.Address()]--
+	}
+	for _, addr := range slices.Sorted(maps.Keys(want)) {
+		if want[addr] > 0 {
+			problems = append(problems, "no ready server at "+addr)
 		}
 	}
 	if len(problems) > 0 {
@@ -201,9 +289,9 @@ func (h *HAProxyBackend) Sync(ctx context.Context, serviceID string, want []Targ
 	return nil
 }
 
-// Serving reads the service's backend: servers this backend created, at
-// their address and ready, as their upstream; anything else with an empty
-// Group.
+// Serving reads the service's backend: its ready slots, as the upstream
+// this backend pointed them at, or with an empty Group if it did not (or
+// the address changed under it).
 func (h *HAProxyBackend) Serving(ctx context.Context, serviceID string) ([]Target, error) {
 	be := h.BackendFor(serviceID)
 	states, err := h.client.ServersState(ctx, be)
@@ -214,7 +302,10 @@ func (h *HAProxyBackend) Serving(ctx context.Context, serviceID string) ([]Targe
 	defer h.mu.Unlock()
 	var out []Target
 	for _, s := range states {
-		if k, ok := h.known[be][s.Name]; ok && k.addr == s.Address() && s.Ready() {
+		if !s.Ready() {
+			continue
+		}
+		if k, ok := h.known[be][s.Name]; ok && k.addr == s.Address() {
 			out = append(out, k.target)
 		} else {
 			out = append(out, Target{Upstream: s.Address()})
@@ -223,52 +314,23 @@ func (h *HAProxyBackend) Serving(ctx context.Context, serviceID string) ([]Targe
 	return out, nil
 }
 
-func (h *HAProxyBackend) remember(be, name string, s server) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+func (h *HAProxyBackend) rememberLocked(be, name string, s slot) {
 	if h.known[be] == nil {
-		h.known[be] = map[string]server{}
+		h.known[be] = map[string]slot{}
 	}
 	h.known[be][name] = s
 }
 
-// remove takes a server out of rotation, waits up to DrainTimeout for its
-// connections to end, shuts what is left, and deletes it.
-func (h *HAProxyBackend) remove(ctx context.Context, be, name string) error {
-	if err := h.client.SetMaint(ctx, be, name); err != nil {
-		if isNoSuchServer(err) {
-			return nil
-		}
-		return err
-	}
-	del := func(within time.Duration) error {
-		b := backoff.NewExponentialBackOff()
-		b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 20*time.Millisecond, 200*time.Millisecond, within
-		return backoff.Retry(func() error {
-			err := h.client.DelServer(ctx, be, name)
-			switch {
-			case err == nil, isNoSuchServer(err):
-				return nil
-			case isBusy(err):
-				return err
-			}
-			return backoff.Permanent(err)
-		}, backoff.WithContext(b, ctx))
-	}
-	err := del(h.opts.DrainTimeout)
-	if err != nil && isBusy(err) {
-		if serr := h.client.ShutdownSessions(ctx, be, name); serr != nil && !isNoSuchServer(serr) {
-			return serr
-		}
-		err = del(time.Second)
-	}
-	if err != nil {
-		return err
-	}
+func (h *HAProxyBackend) forget(be, name string) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	delete(h.known[be], name)
-	h.mu.Unlock()
-	return nil
+}
+
+func sortedTargets(m map[Target]string) []Target {
+	ts := slices.Collect(maps.Keys(m))
+	sortTargets(ts)
+	return ts
 }
 
 // resolve turns host:port into ip:port.
@@ -296,20 +358,4 @@ func (h *HAProxyBackend) resolve(ctx context.Context, upstream string) (string, 
 		return 0
 	})
 	return net.JoinHostPort(ips[0].String(), port), nil
-}
-
-func isNoSuchServer(err error) bool {
-	var ce *haproxy.CommandError
-	return errors.As(err, &ce) && strings.Contains(ce.Answer, "No such server")
-}
-
-// isBusy: HAProxy refused to delete a server that still has connections or
-// queued streams.
-func isBusy(err error) bool {
-	var ce *haproxy.CommandError
-	if !errors.As(err, &ce) {
-		return false
-	}
-	a := strings.ToLower(ce.Answer)
-	return strings.Contains(a, "connection") || strings.Contains(a, "stream") || strings.Contains(a, "queue")
 }

@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,15 +65,14 @@ func (e *haEnv) finish(id string, check func(wireResponse)) wireResponse {
 	}
 }
 
-// servers lists the web backend's servers as "address ready|not-ready".
+// servers lists the web backend's ready server slots as "address ready"
+// (the others are the free pool).
 func (e *haEnv) servers() []string {
 	var out []string
 	for _, s := range e.h.Servers(e.t, "web") {
-		state := "ready"
-		if !s.Ready() {
-			state = fmt.Sprintf("not-ready(op %d admin %#x)", s.OpState, s.AdminState)
+		if s.Ready() {
+			out = append(out, s.Address()+" ready")
 		}
-		out = append(out, s.Address()+" "+state)
 	}
 	return out
 }
@@ -182,7 +183,7 @@ func TestHAProxyRefusalFailsTheRequest(t *testing.T) {
 		{
 			name: "invalid port",
 			spec: reqSpec{id: "badport", add: []string{"127.0.0.1:99999"}},
-			want: []string{"Apply failed", `haproxy refused "add server web/127.0.0.1:99999 127.0.0.1:99999": invalid port '99999'`, "REVERT OK"},
+			want: []string{"Apply failed", `"127.0.0.1" port 99999 is not an IP address and port`, "REVERT OK"},
 		},
 		{
 			name: "no backend for the service",
@@ -216,7 +217,7 @@ func TestHAProxyRefusalFailsTheRequest(t *testing.T) {
 
 // TestHAProxyStateIsWhatHAProxyServes: GET /state reports what HAProxy
 // serves, not what was asked: 503 while HAProxy is down; after a restart
-// (which drops every dynamic server) or an operator's changes on the admin
+// (which puts every slot back in maintenance) or an operator's changes on the admin
 // socket, reading the state puts the upstreams back first (the periodic
 // reconcile is off here).
 func TestHAProxyStateIsWhatHAProxyServes(t *testing.T) {
@@ -248,13 +249,22 @@ func TestHAProxyStateIsWhatHAProxyServes(t *testing.T) {
 		t.Errorf("after GET /state HAProxy has %q, want %s ready", got, a)
 	}
 
-	// An operator disables our server and adds one of their own.
+	// An operator disables our slot and points another one at a server of
+	// their own.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c := e.h.Client
-	mustNoErr(t, c.SetMaint(ctx, "web", ServerName(Target{Upstream: a, Group: "default"})))
-	mustNoErr(t, c.AddServer(ctx, "web", "intruder", namedUpstream(t, "X")))
-	mustNoErr(t, c.EnableServer(ctx, "web", "intruder"))
+	for _, s := range e.h.Servers(t, "web") {
+		if s.Ready() {
+			mustNoErr(t, c.SetMaint(ctx, "web", s.Name))
+		}
+	}
+	x := namedUpstream(t, "X")
+	host, port, _ := net.SplitHostPort(x)
+	p, _ := strconv.Atoi(port)
+	last := fmt.Sprintf("%s%d", haproxy.SlotPrefix, haproxy.DefaultSlots)
+	mustNoErr(t, c.SetAddr(ctx, "web", last, host, p))
+	mustNoErr(t, c.SetReady(ctx, "web", last))
 	if status, ups, body := e.stateUpstreams(); status != 200 || !slices.Equal(ups, []string{a}) {
 		t.Errorf("GET /state after operator changes: %d %q %s, want [%s]", status, ups, body, a)
 	}
@@ -284,8 +294,8 @@ func TestHAProxyReconcileLoop(t *testing.T) {
 }
 
 // TestHAProxyRemoveLetsRequestsFinish: removing an upstream takes it out of
-// rotation at once, but a request it is serving completes (HAProxy deletes
-// the server only once its connections are gone, up to DrainTimeout).
+// rotation at once, but a request it is serving completes (the change waits
+// for its streams, up to DrainTimeout).
 func TestHAProxyRemoveLetsRequestsFinish(t *testing.T) {
 	h := haproxytest.Start(t, haproxytest.Options{Services: []haproxy.Service{{Backend: "web"}}})
 	be, err := NewHAProxyBackend(HAProxyOptions{Socket: h.Config.Socket, DrainTimeout: 5 * time.Second})
@@ -330,8 +340,10 @@ func TestHAProxyRemoveLetsRequestsFinish(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("in-flight request did not complete")
 	}
-	if st := h.Servers(t, "web"); len(st) != 0 {
-		t.Errorf("after the removal HAProxy has %+v", st)
+	for _, s := range h.Servers(t, "web") {
+		if s.Ready() {
+			t.Errorf("after the removal HAProxy serves %s (%s)", s.Name, s.Address())
+		}
 	}
 }
 
@@ -353,9 +365,9 @@ func TestHAProxyBackendNamesAndResolution(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	mustNoErr(t, be.Sync(ctx, svc, want))
-	st := h.Servers(t, haproxy.Name(svc))
+	st := slices.DeleteFunc(h.Servers(t, haproxy.Name(svc)), func(s haproxy.ServerState) bool { return !s.Ready() })
 	if len(st) != 2 || st[0].Name == st[1].Name {
-		t.Fatalf("servers %+v, want two with distinct names", st)
+		t.Fatalf("ready servers %+v, want two with distinct names", st)
 	}
 	for _, s := range st {
 		if s.Address() != "127.0.0.1:"+port && s.Address() != "[::1]:"+port {
@@ -369,10 +381,178 @@ func TestHAProxyBackendNamesAndResolution(t *testing.T) {
 	}
 
 	mustNoErr(t, be.Sync(ctx, "other", want[:1]))
-	if st := h.Servers(t, "mapped"); len(st) != 1 {
-		t.Errorf("service other (mapped to backend mapped): servers %+v, want one", st)
+	if st := slices.DeleteFunc(h.Servers(t, "mapped"), func(s haproxy.ServerState) bool { return !s.Ready() }); len(st) != 1 {
+		t.Errorf("service other (mapped to backend mapped): ready servers %+v, want one", st)
 	}
 	if err := be.Sync(ctx, svc, []Target{{Upstream: "no-such-host.invalid:80", Group: "default"}}); err == nil || !strings.Contains(err.Error(), "no-such-host.invalid") {
 		t.Errorf("unresolvable upstream: err %v", err)
+	}
+}
+
+// slowUpstream answers "slow" after hold; started receives one value per
+// request as it arrives.
+func slowUpstream(t *testing.T, hold time.Duration) (string, chan struct{}) {
+	started := make(chan struct{}, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		started <- struct{}{}
+		time.Sleep(hold)
+		fmt.Fprint(w, "slow")
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://"), started
+}
+
+// TestHAProxyBusySlotIsNotReused: a slot taken out of rotation while a
+// request is still running on it keeps its address until that request
+// ends; the next upstream gets another slot, and with none free the change
+// fails naming the cause instead of re-pointing a busy slot. Once the
+// request has ended, its slot is free again.
+func TestHAProxyBusySlotIsNotReused(t *testing.T) {
+	h := haproxytest.Start(t, haproxytest.Options{Services: []haproxy.Service{{Backend: "web"}}, Slots: 2})
+	be, err := NewHAProxyBackend(HAProxyOptions{Socket: h.Config.Socket, DrainTimeout: 50 * time.Millisecond})
+	mustNoErr(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	slow, started := slowUpstream(t, 1500*time.Millisecond)
+	a := Target{Upstream: slow, Group: "default"}
+	mustNoErr(t, be.Sync(ctx, "web", []Target{a}))
+	done := make(chan string, 1)
+	go func() {
+		resp, err := http.Get(h.URL + "/")
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		done <- string(b)
+	}()
+	<-started
+	busy := ""
+	for _, s := range h.Servers(t, "web") {
+		if s.Ready() {
+			busy = s.Name
+		}
+	}
+	b := Target{Upstream: namedUpstream(t, "B"), Group: "default"}
+	mustNoErr(t, be.Sync(ctx, "web", []Target{b})) // returns after the 50ms drain, the request still running
+	for _, s := range h.Servers(t, "web") {
+		switch {
+		case s.Name == busy && (s.Ready() || s.Address() != slow):
+			t.Errorf("busy slot %s: %+v, want it in maintenance, still at %s", busy, s, slow)
+		case s.Name != busy && (!s.Ready() || s.Address() != b.Upstream):
+			t.Errorf("slot %s: %+v, want it ready at %s", s.Name, s, b.Upstream)
+		}
+	}
+	c := Target{Upstream: namedUpstream(t, "C"), Group: "default"}
+	if err := be.Sync(ctx, "web", []Target{c}); err == nil || !strings.Contains(err.Error(), "no free server slot") {
+		t.Errorf("swap with the only other slot busy: err %v, want no free server slot", err)
+	}
+	select {
+	case body := <-done:
+		if body != "slow" {
+			t.Errorf("the request in flight got %q, want slow", body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request in flight did not end")
+	}
+	waitFor(t, "the busy slot to have no stream", func() bool {
+		l, err := h.Client.Loads(ctx, "web")
+		return err == nil && l[busy].Idle()
+	})
+	mustNoErr(t, be.Sync(ctx, "web", []Target{c}))
+	if status, body := (&haEnv{testEnv: &testEnv{t: t}, h: h}).through(); status != 200 || body != "C" {
+		t.Errorf("after the swap to C: %d %q", status, body)
+	}
+}
+
+// TestHAProxySwapsUnderLoad: four kept-alive clients send requests through
+// HAProxy while the backend swaps one upstream for the next 40 times, every
+// other time after the old one died mid-traffic (listener closed and
+// connections reset, as a SIGKILL does). HAProxy survives every swap (same
+// process), and every answer comes from the upstream of that moment or its
+// successor.
+func TestHAProxySwapsUnderLoad(t *testing.T) {
+	h := haproxytest.Start(t, haproxytest.Options{Services: []haproxy.Service{{Backend: "web"}}})
+	be, err := NewHAProxyBackend(HAProxyOptions{Socket: h.Config.Socket, DrainTimeout: 200 * time.Millisecond})
+	mustNoErr(t, err)
+	pid := h.PID()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	const swaps, clients = 40, 4
+	var current atomic.Int64 // index of the upstream being swapped in
+	servers := make([]*httptest.Server, swaps+1)
+	start := func(i int) Target {
+		servers[i] = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintf(w, "u%d", i) }))
+		t.Cleanup(servers[i].Close)
+		return Target{Upstream: strings.TrimPrefix(servers[i].URL, "http://"), Group: "default"}
+	}
+	mustNoErr(t, be.Sync(ctx, "web", []Target{start(0)}))
+
+	type tally struct{ ok, failed, wrong int }
+	results := make(chan tally, clients)
+	stop := make(chan struct{})
+	for c := 0; c < clients; c++ {
+		go func() {
+			var n tally
+			cl := &http.Client{Timeout: 5 * time.Second}
+			defer cl.CloseIdleConnections()
+			for i := 0; i < 200_000; i++ { // bounded; stop ends it long before
+				select {
+				case <-stop:
+					results <- n
+					return
+				default:
+				}
+				before := int(current.Load())
+				resp, err := cl.Get(h.URL + "/")
+				if err != nil {
+					n.failed++
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					n.failed++
+					continue
+				}
+				var got int
+				if _, err := fmt.Sscanf(string(b), "u%d", &got); err != nil || got < before-1 || got > int(current.Load()) {
+					n.wrong++
+					t.Errorf("answer %q while swapping to u%d", b, before)
+				}
+				n.ok++
+			}
+			results <- n
+		}()
+	}
+	for i := 1; i <= swaps; i++ {
+		time.Sleep(20 * time.Millisecond)
+		next := start(i)
+		current.Store(int64(i))
+		if i%2 == 0 { // the holder dies before it is swapped out
+			servers[i-1].CloseClientConnections()
+			servers[i-1].Close()
+		}
+		mustNoErr(t, be.Sync(ctx, "web", []Target{next}))
+		select {
+		case <-h.Done():
+			t.Fatalf("HAProxy exited at swap %d:\n%s", i, h.Log())
+		default:
+		}
+	}
+	close(stop)
+	var sum tally
+	for c := 0; c < clients; c++ {
+		n := <-results
+		sum.ok, sum.failed, sum.wrong = sum.ok+n.ok, sum.failed+n.failed, sum.wrong+n.wrong
+	}
+	t.Logf("%d swaps: %d answers, %d failed, %d wrong", swaps, sum.ok, sum.failed, sum.wrong)
+	if h.PID() != pid {
+		t.Errorf("HAProxy pid %d, was %d", h.PID(), pid)
+	}
+	if sum.ok == 0 || sum.wrong != 0 {
+		t.Errorf("%d answers, %d wrong", sum.ok, sum.wrong)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -25,7 +26,7 @@ type Client struct {
 }
 
 // CommandError is HAProxy refusing a command: Answer is what it said, e.g.
-// "No such backend." or "Only servers in maintenance mode can be deleted.".
+// "No such server.".
 type CommandError struct {
 	Command string
 	Answer  string
@@ -86,37 +87,86 @@ func (c *Client) expect(ctx context.Context, cmd, want string) error {
 	return nil
 }
 
-// AddServer adds a dynamic server to backend, in maintenance (enable it with
-// EnableServer). args are extra server keywords, e.g. "maxconn", "100".
-func (c *Client) AddServer(ctx context.Context, backend, server, addr string, args ...string) error {
-	for _, v := range append([]string{backend, server, addr}, args...) {
-		if v == "" || strings.ContainsAny(v, " \t") {
-			return fmt.Errorf("haproxy: add server: %q is empty or has a space", v)
-		}
+// SetAddr points a server at ip:port. Only do it to a server that has no
+// stream (see Loads): a stream assigned to it would connect to the new
+// address on a retry.
+func (c *Client) SetAddr(ctx context.Context, backend, server, ip string, port int) error {
+	if net.ParseIP(ip) == nil || port < 1 || port > 65535 {
+		return fmt.Errorf("haproxy: set server addr: %q port %d is not an IP address and port", ip, port)
 	}
-	cmd := strings.Join(append([]string{"add server", backend + "/" + server, addr}, args...), " ")
-	return c.expect(ctx, cmd, "New server registered.")
+	cmd := fmt.Sprintf("set server %s/%s addr %s port %d", backend, server, ip, port)
+	out, err := c.Command(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	// "IP changed from … to …, port changed from …", or "no need to change
+	// the addr, …" when it already was.
+	if !strings.Contains(out, "changed") && !strings.Contains(out, "no need to change") {
+		return &CommandError{Command: cmd, Answer: out}
+	}
+	return nil
 }
 
-// EnableServer takes a server out of maintenance.
-func (c *Client) EnableServer(ctx context.Context, backend, server string) error {
-	return c.expect(ctx, "enable server "+backend+"/"+server, "")
+// SetReady takes a server out of maintenance and drain: it gets traffic.
+func (c *Client) SetReady(ctx context.Context, backend, server string) error {
+	return c.expect(ctx, "set server "+backend+"/"+server+" state ready", "")
 }
 
-// SetMaint puts a server in maintenance: it gets no new traffic.
+// SetMaint puts a server in maintenance: it gets no new traffic, its queue
+// goes back to the backend, and the streams it has run to their end.
 func (c *Client) SetMaint(ctx context.Context, backend, server string) error {
 	return c.expect(ctx, "set server "+backend+"/"+server+" state maint", "")
 }
 
-// ShutdownSessions closes every stream on a server.
-func (c *Client) ShutdownSessions(ctx context.Context, backend, server string) error {
-	return c.expect(ctx, "shutdown sessions server "+backend+"/"+server, "")
+// Load is what a server is busy with, from `show stat`.
+type Load struct {
+	// Sessions is scur: the streams assigned to the server, including those
+	// still connecting or retrying.
+	Sessions int
+	// Queued is qcur: streams waiting for a connection slot on it.
+	Queued int
 }
 
-// DelServer deletes a server, which must be in maintenance and have no
-// connection left.
-func (c *Client) DelServer(ctx context.Context, backend, server string) error {
-	return c.expect(ctx, "del server "+backend+"/"+server, "Server deleted.")
+// Idle reports a server that no stream refers to.
+func (l Load) Idle() bool { return l.Sessions == 0 && l.Queued == 0 }
+
+// Loads reads the servers' loads of backend from `show stat`, by server
+// name.
+func (c *Client) Loads(ctx context.Context, backend string) (map[string]Load, error) {
+	cmd := "show stat " + backend + " 4 -1" // type 4: servers only
+	out, err := c.Command(ctx, cmd)
+	if err != nil {
+		return nil, err
+	}
+	lines := strings.Split(out, "\n")
+	if !strings.HasPrefix(lines[0], "# ") {
+		return nil, &CommandError{Command: cmd, Answer: out}
+	}
+	cols := map[string]int{}
+	for i, name := range strings.Split(strings.TrimPrefix(lines[0], "# "), ",") {
+		cols[name] = i
+	}
+	for _, need := range []string{"pxname", "svname", "scur", "qcur"} {
+		if _, ok := cols[need]; !ok {
+			return nil, fmt.Errorf("haproxy: %s: header lacks column %s", cmd, need)
+		}
+	}
+	loads := map[string]Load{}
+	for _, line := range lines[1:] {
+		f := strings.Split(strings.TrimSpace(line), ",")
+		if len(f) < len(cols) || f[cols["pxname"]] != backend {
+			continue
+		}
+		var l Load
+		var e1, e2 error
+		l.Sessions, e1 = strconv.Atoi(f[cols["scur"]])
+		l.Queued, e2 = strconv.Atoi(f[cols["qcur"]])
+		if err := errors.Join(e1, e2); err != nil {
+			return nil, fmt.Errorf("haproxy: %s: server %s: %w", cmd, f[cols["svname"]], err)
+		}
+		loads[f[cols["svname"]]] = l
+	}
+	return loads, nil
 }
 
 // ServersState reads `show servers state <backend>`.

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -42,36 +44,89 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-// TestClientDynamicServers drives a real HAProxy 2.6 the way the LB API
-// does: a server added at run time is in maintenance until enabled, then
-// takes the frontend's traffic; it can be deleted only from maintenance;
-// HAProxy's refusals come back as CommandErrors quoting it.
-func TestClientDynamicServers(t *testing.T) {
+// split is host and port of an address httptest gave.
+func split(t *testing.T, addr string) (string, int) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return host, p
+}
+
+// TestClientServerSlots drives a real HAProxy 2.6 the way the LB API does:
+// the backend's slots start in maintenance (the frontend answers 503); a
+// slot pointed at an upstream and made ready takes the frontend's traffic;
+// pointed elsewhere, it sends the next request there, even over a client's
+// kept-alive connection; back in maintenance it takes none. HAProxy's
+// refusals come back as CommandErrors quoting it.
+func TestClientServerSlots(t *testing.T) {
 	h := haproxytest.Start(t, haproxytest.Options{Services: []haproxy.Service{{Backend: "web", PathPrefix: "/"}}})
 	c, cx := h.Client, ctx(t)
-	a := upstream(t, "server-a")
-
-	if status, _ := get(t, h.URL+"/"); status != http.StatusServiceUnavailable {
-		t.Errorf("empty backend: HTTP %d, want 503", status)
-	}
-	if err := c.AddServer(cx, "web", "a", a); err != nil {
-		t.Fatal(err)
-	}
 	st := h.Servers(t, "web")
-	if len(st) != 1 || st[0].Name != "a" || st[0].Address() != a || st[0].Ready() || st[0].AdminState&haproxy.AdminForcedMaint == 0 {
-		t.Fatalf("after add: %+v, want one server a at %s in forced maintenance", st, a)
+	if len(st) != haproxy.DefaultSlots {
+		t.Fatalf("%d slots, want %d", len(st), haproxy.DefaultSlots)
+	}
+	for _, s := range st {
+		if s.Ready() || s.AdminState&haproxy.AdminForcedMaint == 0 || !strings.HasPrefix(s.Name, haproxy.SlotPrefix) {
+			t.Errorf("fresh slot %+v, want %s<n> in forced maintenance", s, haproxy.SlotPrefix)
+		}
 	}
 	if status, _ := get(t, h.URL+"/"); status != http.StatusServiceUnavailable {
-		t.Errorf("server in maintenance: HTTP %d, want 503", status)
+		t.Errorf("no slot ready: HTTP %d, want 503", status)
 	}
-	if err := c.EnableServer(cx, "web", "a"); err != nil {
+	a, b := upstream(t, "server-a"), upstream(t, "server-b")
+	host, port := split(t, a)
+	if err := c.SetAddr(cx, "web", "slot1", host, port); err != nil {
 		t.Fatal(err)
 	}
-	if st := h.Servers(t, "web"); len(st) != 1 || !st[0].Ready() {
-		t.Fatalf("after enable: %+v, want a ready", st)
+	if err := c.SetReady(cx, "web", "slot1"); err != nil {
+		t.Fatal(err)
 	}
-	if status, body := get(t, h.URL+"/any/path"); status != 200 || body != "server-a" {
+	if st := h.Servers(t, "web"); !st[0].Ready() || st[0].Address() != a {
+		t.Fatalf("after set addr and ready: %+v, want slot1 ready at %s", st[0], a)
+	}
+	kept := &http.Client{Timeout: 5 * time.Second}
+	getWith := func(c *http.Client) (int, string) {
+		resp, err := c.Get(h.URL + "/any/path")
+		if err != nil {
+			t.Fatalf("GET: %v", err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if status, body := getWith(kept); status != 200 || body != "server-a" {
 		t.Errorf("through HAProxy: %d %q, want 200 server-a", status, body)
+	}
+	loads, err := c.Loads(cx, "web")
+	if err != nil || len(loads) != haproxy.DefaultSlots || !loads["slot1"].Idle() {
+		t.Errorf("Loads = %+v, %v; want %d idle slots", loads, err, haproxy.DefaultSlots)
+	}
+
+	// The same slot, pointed at b while a still runs: neither HAProxy's
+	// idle connection to a nor the client's kept-alive one brings a back.
+	if err := c.SetMaint(cx, "web", "slot1"); err != nil {
+		t.Fatal(err)
+	}
+	if status, _ := getWith(kept); status != http.StatusServiceUnavailable {
+		t.Errorf("slot in maintenance: HTTP %d, want 503", status)
+	}
+	host, port = split(t, b)
+	if err := c.SetAddr(cx, "web", "slot1", host, port); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReady(cx, "web", "slot1"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		if status, body := getWith(kept); status != 200 || body != "server-b" {
+			t.Fatalf("request %d after re-pointing the slot: %d %q, want 200 server-b", i, status, body)
+		}
 	}
 
 	refusals := []struct {
@@ -79,11 +134,10 @@ func TestClientDynamicServers(t *testing.T) {
 		do   func() error
 		want string
 	}{
-		{"add twice", func() error { return c.AddServer(cx, "web", "a", a) }, "Already exists a server with the same name"},
-		{"add to unknown backend", func() error { return c.AddServer(cx, "nope", "a", a) }, "No such backend."},
-		{"delete a server in service", func() error { return c.DelServer(cx, "web", "a") }, "Only servers in maintenance mode can be deleted."},
-		{"delete an unknown server", func() error { return c.DelServer(cx, "web", "zz") }, "No such server."},
+		{"unknown slot", func() error { return c.SetAddr(cx, "web", "slot99", "127.0.0.1", 80) }, "No such server."},
+		{"unknown backend", func() error { return c.SetReady(cx, "nope", "slot1") }, "No such backend."},
 		{"state of an unknown backend", func() error { _, err := c.ServersState(cx, "nope"); return err }, "Can't find backend."},
+		{"loads of an unknown backend", func() error { _, err := c.Loads(cx, "nope"); return err }, "No such proxy."},
 	}
 	for _, r := range refusals {
 		err := r.do()
@@ -92,18 +146,14 @@ func TestClientDynamicServers(t *testing.T) {
 			t.Errorf("%s: err %v, want a CommandError quoting %q", r.name, err, r.want)
 		}
 	}
-
-	if err := c.SetMaint(cx, "web", "a"); err != nil {
-		t.Fatal(err)
-	}
-	if status, _ := get(t, h.URL+"/"); status != http.StatusServiceUnavailable {
-		t.Errorf("after maint: HTTP %d, want 503", status)
-	}
-	if err := c.DelServer(cx, "web", "a"); err != nil {
-		t.Fatal(err)
-	}
-	if st := h.Servers(t, "web"); len(st) != 0 {
-		t.Errorf("after delete: %+v, want none", st)
+	// HAProxy would take port 99999 modulo 65536; the client refuses it.
+	for _, bad := range []struct {
+		ip   string
+		port int
+	}{{"127.0.0.1", 99999}, {"127.0.0.1", 0}, {"localhost", 80}} {
+		if err := c.SetAddr(cx, "web", "slot2", bad.ip, bad.port); err == nil || !strings.Contains(err.Error(), "not an IP address and port") {
+			t.Errorf("SetAddr(%s, %d): err %v, want a refusal", bad.ip, bad.port, err)
+		}
 	}
 }
 
@@ -113,9 +163,6 @@ func TestClientRefusesInjectedCommands(t *testing.T) {
 		if _, err := c.Command(context.Background(), cmd); err == nil || !strings.Contains(err.Error(), "';' or a line break") {
 			t.Errorf("Command(%q): err %v, want a refusal", cmd, err)
 		}
-	}
-	if err := c.AddServer(context.Background(), "web", "a b", "127.0.0.1:80"); err == nil {
-		t.Error("AddServer accepted a name with a space")
 	}
 }
 
@@ -127,13 +174,17 @@ func TestClientSocketErrors(t *testing.T) {
 	}
 }
 
-// TestProcessRestartLosesDynamicServers: a restarted HAProxy is a new
-// process with the same configuration and none of the servers added at run
-// time, which is what the LB API must reconcile.
-func TestProcessRestartLosesDynamicServers(t *testing.T) {
+// TestProcessRestartLosesRuntimeChanges: a restarted HAProxy is a new
+// process with the same configuration, every slot back in maintenance at
+// its placeholder address, which is what the LB API must reconcile.
+func TestProcessRestartLosesRuntimeChanges(t *testing.T) {
 	h := haproxytest.Start(t, haproxytest.Options{Services: []haproxy.Service{{Backend: "web"}}})
 	cx := ctx(t)
-	if err := h.Client.AddServer(cx, "web", "a", upstream(t, "a")); err != nil {
+	host, port := split(t, upstream(t, "a"))
+	if err := h.Client.SetAddr(cx, "web", "slot1", host, port); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Client.SetReady(cx, "web", "slot1"); err != nil {
 		t.Fatal(err)
 	}
 	pid := h.PID()
@@ -141,8 +192,10 @@ func TestProcessRestartLosesDynamicServers(t *testing.T) {
 	if h.PID() == pid {
 		t.Errorf("restart kept pid %d", pid)
 	}
-	if st := h.Servers(t, "web"); len(st) != 0 {
-		t.Errorf("after restart: %+v, want no server", st)
+	for _, s := range h.Servers(t, "web") {
+		if s.Ready() || s.Port == port {
+			t.Errorf("after restart: %+v, want every slot in maintenance at its placeholder", s)
+		}
 	}
 	info, err := h.Client.Info(cx)
 	if err != nil || !strings.HasPrefix(info["Version"], "2.") {

@@ -42,9 +42,20 @@ type Service struct {
 	PathPrefix string
 }
 
+// DefaultSlots is how many server slots a backend gets when Config.Slots
+// is 0: a singleton needs two at a swap, and a slot left in maintenance with
+// streams still finishing is not reused until they end.
+const DefaultSlots = 8
+
+// SlotPrefix names a backend's server slots: slot1, slot2, …
+const SlotPrefix = "slot"
+
 // Config is the configuration the LB API needs from HAProxy: the admin
-// socket, one HTTP frontend, and an empty backend per service (servers are
-// added at run time).
+// socket, one HTTP frontend, and a backend per service with a fixed pool of
+// server slots in maintenance, which the LB API points at upstreams at run
+// time (`set server … addr`, `state ready|maint`). No server is ever added
+// or deleted at run time: HAProxy 2.6 can crash deleting a server that a
+// stream still refers to.
 type Config struct {
 	// Socket is the admin stats socket path.
 	Socket string
@@ -55,6 +66,9 @@ type Config struct {
 	// Default is the backend of requests no prefix matches ("" for the
 	// first service's).
 	Default string
+	// Slots is the number of server slots per backend (default
+	// DefaultSlots).
+	Slots int
 }
 
 // Render returns the configuration text.
@@ -82,6 +96,13 @@ func (c Config) Render() (string, error) {
 			errs = append(errs, fmt.Errorf("path prefix %q has a space or a brace", s.PathPrefix))
 		}
 	}
+	if c.Slots < 0 || c.Slots > 1000 {
+		errs = append(errs, fmt.Errorf("slots %d: want 1 to 1000 (0 for %d)", c.Slots, DefaultSlots))
+	}
+	slots := c.Slots
+	if slots == 0 {
+		slots = DefaultSlots
+	}
 	def := c.Default
 	if def == "" && len(c.Services) > 0 {
 		def = c.Services[0].Backend
@@ -96,17 +117,15 @@ func (c Config) Render() (string, error) {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	w("# Generated for the reference LB API (examples/lbapi): one frontend, one")
-	w("# backend per LB service. The LB API adds and removes the servers at run")
-	w("# time through the admin socket.")
+	w("# backend per LB service, each with a fixed pool of server slots that the")
+	w("# LB API points at upstreams at run time through the admin socket.")
 	w("global")
 	w("    stats socket %s level admin mode 600", c.Socket)
 	w("    stats timeout 10s")
 	w("")
-	w("defaults")
-	w("    mode http")
-	w("    timeout connect 1s")
-	w("    timeout client 30s")
-	w("    timeout server 30s")
+	for _, line := range strings.Split(Defaults, "\n") {
+		w("%s", line)
+	}
 	w("")
 	w("frontend lbapi")
 	w("    bind %s", c.Bind)
@@ -119,10 +138,32 @@ func (c Config) Render() (string, error) {
 	for _, s := range c.Services {
 		w("")
 		w("backend %s", s.Backend)
-		// Dynamic servers need a dynamic algorithm.
-		w("    balance roundrobin")
+		w("%s", BackendLines(slots))
 	}
 	return b.String(), nil
+}
+
+// Defaults is the `defaults` section for a singleton behind HAProxy. The
+// retries and redispatch carry a request through a crash: the connection to
+// the dead holder is refused, HAProxy waits min(timeout connect, 1s) and
+// retries on another server, by then usually the successor; only when no
+// server is ready at all does a client get a 503 at once. The server
+// timeout bounds how long a hung holder keeps a slot busy.
+const Defaults = `defaults
+    mode http
+    option redispatch 1
+    retries 3
+    timeout connect 1s
+    timeout queue 5s
+    timeout client 30s
+    timeout server 30s
+    timeout http-keep-alive 5s`
+
+// BackendLines is the body of a service's backend with n server slots,
+// all in maintenance until the LB API points one at an upstream.
+func BackendLines(n int) string {
+	// A dynamic algorithm, so that weights and states change at run time.
+	return fmt.Sprintf("    balance roundrobin\n    server-template %s 1-%d 127.0.0.1:1 disabled", SlotPrefix, n)
 }
 
 // Write renders the configuration into the file at path.

@@ -1,6 +1,7 @@
 package haproxy_test
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -52,6 +53,7 @@ func TestConfigRenderRefuses(t *testing.T) {
 		{"twice", func(c *haproxy.Config) { c.Services = append(c.Services, c.Services[0]) }, "listed twice"},
 		{"prefix with brace", func(c *haproxy.Config) { c.Services[0].PathPrefix = "/x}" }, "brace"},
 		{"unknown default", func(c *haproxy.Config) { c.Default = "other" }, "default backend"},
+		{"negative slots", func(c *haproxy.Config) { c.Slots = -1 }, "slots -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok
@@ -87,7 +89,9 @@ func TestConfigAcceptedByHAProxy(t *testing.T) {
 		"use_backend web if { path /web } || { path_beg /web/ }",
 		"use_backend api if { path /api } || { path_beg /api/ }",
 		"default_backend root",
-		"backend api\n    balance roundrobin",
+		"backend api\n    balance roundrobin\n    server-template slot 1-8 127.0.0.1:1 disabled",
+		"option redispatch 1",
+		"retries 3",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("config lacks %q:\n%s", want, text)
@@ -95,5 +99,19 @@ func TestConfigAcceptedByHAProxy(t *testing.T) {
 	}
 	if strings.Contains(text, "use_backend root") {
 		t.Errorf("a \"/\" prefix must route only as the default:\n%s", text)
+	}
+}
+
+// TestDemoConfigMatches: the HAProxy configuration scripts/demo.sh writes
+// (a shell heredoc) carries the same defaults and slots as Config.
+func TestDemoConfigMatches(t *testing.T) {
+	demo, err := os.ReadFile(filepath.Join("..", "..", "..", "scripts", "demo.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{haproxy.Defaults, "backend web\n" + haproxy.BackendLines(haproxy.DefaultSlots)} {
+		if !strings.Contains(string(demo), want+"\n") {
+			t.Errorf("scripts/demo.sh lacks\n%s", want)
+		}
 	}
 }

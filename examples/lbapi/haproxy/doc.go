@@ -1,18 +1,23 @@
 // Package haproxy lets the reference LB API (package lbapi) drive a real
 // HAProxy: it speaks HAProxy's Runtime API over the admin stats socket
-// (Client: add, enable, drain and delete dynamic servers; read back
-// `show servers state`), renders the small configuration the LB API needs
-// (Config: one frontend, one backend per LB service, the admin socket), and
-// runs HAProxy as a child process for tests and demos (Process).
+// (Client: point a server slot at an address, make it ready or put it in
+// maintenance, read `show servers state` and the slots' loads from
+// `show stat`), renders the small configuration the LB API needs (Config:
+// one frontend, one backend per LB service with a fixed pool of server
+// slots, the admin socket, defaults for a singleton), and runs HAProxy as a
+// child process for tests and demos (Process).
 //
-// It targets HAProxy 2.6 (Debian bookworm's package), where `add server` and
-// `del server` need no experimental mode. A backend must use a dynamic
-// load-balancing algorithm (roundrobin here); a server added at run time
-// starts in maintenance and needs `enable server` (in 2.6.12 the `enabled`
-// keyword of `add server` reports the server up but leaves it out of the
-// load-balancing tree, so every request gets a 503); and only a server in
-// maintenance can be deleted.
+// It targets HAProxy 2.6 (Debian bookworm's package). Servers are never
+// added or deleted at run time: 2.6.12 can crash (a segfault) when
+// `del server` removes a dynamic server that a stream still refers to, say
+// one being retried or redispatched during a failover under traffic. A
+// backend instead declares its slots with `server-template … disabled`;
+// an upstream is a slot re-pointed with `set server … addr` and made ready
+// with `set server … state ready`, and taken out with `state maint`. A slot
+// keeps the configuration's maintenance bit (AdminConfigMaint) once ready,
+// and serves: ServerState.Ready allows for it.
 //
-// Dynamic servers live only in the running process: a restarted HAProxy has
-// none, and the LB API puts them back (lbapi's reconcile).
+// Runtime changes live only in the running process: a restarted HAProxy
+// has every slot back in maintenance, and the LB API puts the upstreams back
+// (lbapi's reconcile).
 package haproxy

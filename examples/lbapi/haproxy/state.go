@@ -17,9 +17,9 @@ const (
 
 // Administrative state bits (srv_admin_state); 0 is ready.
 const (
-	AdminForcedMaint    = 0x01 // set server … state maint, disable server, or a fresh dynamic server
+	AdminForcedMaint    = 0x01 // set server … state maint, or a slot declared `disabled`
 	AdminInheritedMaint = 0x02 // tracks a server in maintenance
-	AdminConfigMaint    = 0x04 // `disabled` in the configuration
+	AdminConfigMaint    = 0x04 // `disabled` in the configuration; stays set once the server is made ready
 	AdminForcedDrain    = 0x08
 	AdminInheritedDrain = 0x10
 	AdminResolveMaint   = 0x20 // its name does not resolve
@@ -42,8 +42,12 @@ type ServerState struct {
 func (s ServerState) Address() string { return net.JoinHostPort(s.Addr, strconv.Itoa(s.Port)) }
 
 // Ready reports a server that takes traffic: running and in no maintenance
-// or drain state.
-func (s ServerState) Ready() bool { return s.OpState == OpRunning && s.AdminState == 0 }
+// or drain state. AdminConfigMaint alone does not count: a slot declared
+// `disabled` keeps that bit after `set server … state ready` clears the
+// forced maintenance it came with, and serves.
+func (s ServerState) Ready() bool {
+	return s.OpState == OpRunning && s.AdminState&^AdminConfigMaint == 0
+}
 
 // ParseError is a `show servers state` dump that could not be read.
 type ParseError struct {

@@ -10,13 +10,14 @@
 // connections and garbage bodies, reproducibly from -seed.
 //
 // With -haproxy-socket, a running HAProxy is the load balancer of the groups
-// in -haproxy-groups (default: all): each request's upstream changes become
-// dynamic servers in the service's HAProxy backend (named after the
-// serviceId, or as -haproxy-backends maps it), a request succeeds only once
-// HAProxy serves the change, and what HAProxy lost (say, in a restart) is put
-// back every -reconcile-interval:
+// in -haproxy-groups (default: all): each request's upstream changes re-point
+// server slots of the service's HAProxy backend (named after the serviceId,
+// or as -haproxy-backends maps it; it needs `server-template slot 1-8
+// 127.0.0.1:1 disabled`), a request succeeds only once HAProxy serves the
+// change, and what HAProxy lost (say, in a restart) is put back every
+// -reconcile-interval:
 //
-//	haproxy -db -f haproxy.cfg &     # stats socket /run/lbapi/admin.sock level admin; backend web
+//	haproxy -db -f haproxy.cfg &     # stats socket /run/lbapi/admin.sock level admin; backend web with slots
 //	lbapi -groups web-lb -haproxy-socket /run/lbapi/admin.sock
 package main
 
@@ -134,7 +135,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (co
 	fs.StringVar(&haBackends, "haproxy-backends", "", "serviceId=backend pairs, comma-separated (default backend: the serviceId, sanitised)")
 	fs.StringVar(&haGroups, "haproxy-groups", "", "groups HAProxy serves, comma-separated (default all)")
 	fs.DurationVar(&cfg.opts.ReconcileInterval, "reconcile-interval", lbapi.DefaultReconcileInterval, "how often HAProxy is checked and repaired (negative: only on GET /state)")
-	fs.DurationVar(&ha.DrainTimeout, "haproxy-drain-timeout", lbapi.DefaultDrainTimeout, "how long a removed server may finish its requests")
+	fs.DurationVar(&ha.DrainTimeout, "haproxy-drain-timeout", lbapi.DefaultDrainTimeout, "how long a change waits for the requests of a server it took out of rotation")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}

@@ -48,6 +48,9 @@ func Binary(t testing.TB) string {
 type Options struct {
 	// Services get one backend each; the first is also the default backend.
 	Services []haproxy.Service
+	// Slots is the number of server slots per backend (default
+	// haproxy.DefaultSlots).
+	Slots int
 	// Spawn and SysProcAttr are passed to haproxy.ProcessOptions. By
 	// default HAProxy is forked from a thread that lives as long as the test
 	// binary, with Pdeathsig SIGKILL, so that it dies with the test binary
@@ -90,6 +93,7 @@ func Start(t testing.TB, opts Options) *Instance {
 		Socket:   filepath.Join(dir, "admin.sock"),
 		Bind:     fmt.Sprintf("127.0.0.1:%d", port),
 		Services: opts.Services,
+		Slots:    opts.Slots,
 	}
 	cfgPath := filepath.Join(dir, "haproxy.cfg")
 	if err := cfg.Write(cfgPath); err != nil {
