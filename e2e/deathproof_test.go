@@ -23,7 +23,17 @@ func TestDriverProofOfDeath(t *testing.T) {
 		{"daemonizing_workload_never_twice", func(t *testing.T) { testDaemonNeverTwice(t, a) }},
 		{"slow_graceful_stop_gets_its_kill_timeout", func(t *testing.T) { testSlowGracefulStop(t, a) }},
 		{"lock_daemonizing_workload_never_twice", func(t *testing.T) { testLockDaemonNeverTwice(t, a) }},
+		{"dotted_job_id_holds_its_default_lock", func(t *testing.T) { testDottedJobID(t, a) }},
 	})
+}
+
+// testDottedJobID: Nomad allows "api.v2" as a job ID, its variable paths do
+// not allow the dot; the default lock path escapes it, and the task holds it.
+func testDottedJobID(t *testing.T, a *harness.Agent) {
+	j := newDrvJob(t, "api.v2", 1)
+	j.run(t, a)
+	start := j.waitStart(t, 60*time.Second, nil)
+	drvCheckLockHeld(t, a, "nomad/jobs/drv-api~2ev2/g/t/lock", start.AllocID, drvFence(t, start))
 }
 
 // daemonArgs make the testworkload a start script that daemonizes: one
