@@ -286,7 +286,16 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	cg, _ := newTaskCgroup(cfg)
 	dir, err := securefs.OpenPrivate(st.StateDir, false)
 	if err != nil {
-		return fmt.Errorf("recover task: %w", err)
+		// A task started by an older plugin keeps its state in the task dir,
+		// which the task user can write: nothing in it can be trusted. Kill
+		// its supervisor (proven by PID and start time; its group guard then
+		// kills the workload) and let the lock expire on the server.
+		if proc, ferr := findSupervisor(st.PID, st.StartTicks); ferr == nil {
+			_ = proc.signal(syscall.SIGKILL)
+			unix.Close(proc.pidfd)
+		}
+		return fmt.Errorf("recover task: its state dir cannot be trusted (%w); its supervisor was killed and "+
+			"its lock expires on the server within 2×TTL + delay", err)
 	}
 	h := &taskHandle{
 		cfg: cfg, dir: dir, cgroup: cg, startedAt: st.StartedAt,
