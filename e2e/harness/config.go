@@ -84,7 +84,7 @@ func (m *Member) renderConfig() string {
 
 	line(`plugin "raw_exec" {` + "\n  config {\n    enabled = true\n  }\n}")
 	for _, snippet := range a.opts.Config {
-		line("%s", snippet)
+		line("%s", strings.ReplaceAll(snippet, StateDirPlaceholder, filepath.Join(m.dataDir, "singleton-state")))
 	}
 	return b.String()
 }

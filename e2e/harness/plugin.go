@@ -65,10 +65,16 @@ func PluginBin(t testing.TB) string {
 // It opts in to root tasks (allow_root, default_user = "root"): most tests'
 // workloads write their records into the test's private (0700) temp dirs.
 // The security tests run the plugin with its safe defaults instead
-// (SingletonPluginConfigSafe).
+// (SingletonPluginConfigSafe). Its state_dir is below each client's data
+// dir, so a killed test leaves nothing behind elsewhere.
 func SingletonPluginConfig(defaultTTL, defaultDelay string) string {
-	return singletonPluginConfig(defaultTTL, defaultDelay, "    allow_root    = true\n    default_user  = \"root\"\n")
+	return singletonPluginConfig(defaultTTL, defaultDelay,
+		"    allow_root    = true\n    default_user  = \"root\"\n    state_dir     = \""+StateDirPlaceholder+"\"\n")
 }
+
+// StateDirPlaceholder in an AgentOptions.Config snippet becomes a directory
+// below the client's data dir.
+const StateDirPlaceholder = "@SINGLETON_STATE_DIR@"
 
 // SingletonPluginConfigSafe loads the plugin with its defaults for who tasks
 // run as (default_user "nobody", allow_root false) plus extra config lines.
