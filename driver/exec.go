@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"syscall"
@@ -52,6 +53,9 @@ func workloadArgv(self, stateDir string, argv []string) []string {
 // It returns only on failure, with the exit code to use: 127 when the
 // command is not found, 126 when it cannot be run.
 func execInTask(path string, argv []string, workload bool) (int, error) {
+	// The parent-death signal belongs to a thread: set it on the thread
+	// that execs, and never leave that thread.
+	runtime.LockOSThread()
 	parent := os.Getppid()
 	dir, err := securefs.OpenPrivate(path, false)
 	if err != nil {
