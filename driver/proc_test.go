@@ -89,3 +89,45 @@ func TestCgroupTreeKillsDaemons(t *testing.T) {
 		t.Errorf("KillAll of a cgroup that is gone: %v", err)
 	}
 }
+
+// The task log FIFOs live in the shared alloc dir, which the task user can
+// write: the root plugin must not follow a planted symlink or fill a file.
+func TestOpenLogFIFORefusesFilesAndSymlinks(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "root-only")
+	if err := os.WriteFile(victim, []byte("untouched"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, ".t.stdout.fifo")
+	if err := os.Symlink(victim, link); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := openLogFIFO(link); err == nil {
+		f.Close()
+		t.Error("openLogFIFO followed a symlink")
+	}
+	if f, err := openLogFIFO(victim); err == nil {
+		f.Close()
+		t.Error("openLogFIFO opened a regular file")
+	}
+	fifo := filepath.Join(dir, "real.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reader := make(chan *os.File, 1)
+	go func() {
+		r, _ := os.OpenFile(fifo, os.O_RDONLY, 0)
+		reader <- r
+	}()
+	f, err := openLogFIFO(fifo)
+	if err != nil {
+		t.Fatalf("a real FIFO: %v", err)
+	}
+	f.Close()
+	if r := <-reader; r != nil {
+		r.Close()
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "untouched" {
+		t.Errorf("victim changed: %q", b)
+	}
+}

@@ -250,7 +250,16 @@ func openLogFIFO(path string) (*os.File, error) {
 	}
 	ch := make(chan result, 1)
 	go func() {
-		f, err := os.OpenFile(path, unix.O_WRONLY, os.ModeNamedPipe)
+		// The log dir is in the shared alloc dir, which the task user can
+		// write: never follow a symlink there, and write only to a FIFO (or
+		// /dev/null), never to a file that root would then fill.
+		f, err := os.OpenFile(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == nil {
+			if fi, serr := f.Stat(); serr != nil || !(fi.Mode()&os.ModeNamedPipe != 0 || path == os.DevNull && fi.Mode()&os.ModeCharDevice != 0) {
+				f.Close()
+				f, err = nil, fmt.Errorf("not a FIFO: refusing to write the task's log into it")
+			}
+		}
 		ch <- result{f, err}
 	}()
 	select {
