@@ -68,9 +68,10 @@ func (d *Driver) releaseAfterCrash(h *taskHandle) {
 }
 
 // taskEndpoint is the task's own Task API socket and token: the workload
-// identity stays valid while the allocation is not terminal.
+// identity stays valid while the allocation is not terminal. The socket must
+// be served by root (the task user can replace api.sock with its own).
 func (h *taskHandle) taskEndpoint() lockclient.Endpoint {
-	ep, err := lockclient.DiscoverEndpoint(func(k string) string { return h.cfg.Env[k] })
+	ep, err := lockclient.DiscoverRootEndpoint(func(k string) string { return h.cfg.Env[k] })
 	if err != nil {
 		h.logger.Debug("task endpoint", "error", err)
 	}

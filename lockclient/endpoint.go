@@ -1,11 +1,18 @@
 package lockclient
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"golang.org/x/sys/unix"
 )
 
 // Endpoint is where and as whom the lease talks to Nomad.
@@ -16,6 +23,10 @@ type Endpoint struct {
 	Token string
 	// TaskAPI is true when Address is the task's api.sock.
 	TaskAPI bool
+	// RootPeer requires the socket's server to run as root (SO_PEERCRED):
+	// for a root caller in a task it does not trust, where the task user
+	// could put a socket of its own in place of api.sock and play Nomad.
+	RootPeer bool
 }
 
 // String describes the endpoint without the token.
@@ -69,6 +80,39 @@ func DiscoverEndpoint(getenv func(string) string) (Endpoint, error) {
 	return Endpoint{}, ErrNoEndpoint
 }
 
+// DiscoverRootEndpoint is DiscoverEndpoint for a caller that runs as root
+// beside a task it does not trust (the driver's plugin and supervisor): the
+// task's secrets dir is writable by the task user. Only the Task API socket
+// is used, and it must be served by root; a token file is read as a regular
+// file in the secrets dir, never through a symlink, a FIFO or a hard link.
+func DiscoverRootEndpoint(getenv func(string) string) (Endpoint, error) {
+	secrets := getenv("NOMAD_SECRETS_DIR")
+	token := strings.TrimSpace(getenv("NOMAD_TOKEN"))
+	if token == "" && secrets != "" {
+		b, err := securefs.ReadBeneath(secrets, "nomad_token", maxTokenBytes)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return Endpoint{}, fmt.Errorf("read workload identity token in %s: %w", secrets, err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	addr := getenv("NOMAD_UNIX_ADDR")
+	if addr == "" && secrets != "" {
+		addr = filepath.Join(secrets, "api.sock")
+	}
+	if addr == "" {
+		return Endpoint{}, ErrNoEndpoint
+	}
+	if !strings.HasPrefix(addr, "unix://") {
+		addr = "unix://" + addr
+	}
+	ep, err := taskAPIEndpoint(addr, token)
+	ep.RootPeer = true
+	return ep, err
+}
+
+// maxTokenBytes bounds a workload identity token file.
+const maxTokenBytes = 64 << 10
+
 func taskAPIEndpoint(addr, token string) (Endpoint, error) {
 	if token == "" {
 		return Endpoint{}, ErrNoToken
@@ -93,4 +137,54 @@ func discoverToken(getenv func(string) string, secrets string) (string, error) {
 			"(the supervisor must run as the task user that owns the secrets dir)", path, err)
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// ErrNotRootPeer means the Task API socket is served by a process that is
+// not root: not the Nomad agent.
+var ErrNotRootPeer = errors.New("the Task API socket is not served by root, so it is not the Nomad agent's")
+
+// rootPeerClient is an HTTP client for the socket at path that refuses any
+// connection whose server does not run as root.
+func rootPeerClient(path string) *http.Client {
+	dialer := &net.Dialer{Timeout: 10 * time.Second}
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			conn, err := dialer.DialContext(ctx, "unix", path)
+			if err != nil {
+				return nil, err
+			}
+			if err := checkRootPeer(conn); err != nil {
+				conn.Close()
+				return nil, fmt.Errorf("%s: %w", path, err)
+			}
+			return conn, nil
+		},
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+	}}
+}
+
+func checkRootPeer(conn net.Conn) error {
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return errors.New("not a unix socket")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if credErr != nil {
+		return fmt.Errorf("SO_PEERCRED: %w", credErr)
+	}
+	if cred.Uid != 0 {
+		return fmt.Errorf("%w (peer uid %d, pid %d)", ErrNotRootPeer, cred.Uid, cred.Pid)
+	}
+	return nil
 }

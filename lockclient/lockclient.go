@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -139,6 +140,9 @@ func New(cfg Config) (*Locker, error) {
 	ac := api.DefaultConfig()
 	ac.Address = cfg.Endpoint.Address
 	ac.SecretID = cfg.Endpoint.Token
+	if cfg.Endpoint.RootPeer {
+		ac.HttpClient = rootPeerClient(strings.TrimPrefix(cfg.Endpoint.Address, "unix://"))
+	}
 	if cfg.Namespace != "" {
 		ac.Namespace = cfg.Namespace
 	}

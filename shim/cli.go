@@ -140,6 +140,9 @@ func newLogger(w io.Writer, verbose bool) hclog.Logger {
 // is written into the lock on acquire.
 func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockclient.Locker, error) {
 	ep, err := endpointFor(cfg.Address)
+	if cfg.RootTaskAPI {
+		ep, err = lockclient.DiscoverRootEndpoint(os.Getenv)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -31,6 +31,10 @@ type Config struct {
 	Path      string
 	Namespace string
 	Address   string // NOMAD_ADDR override for use outside a task
+	// RootTaskAPI: the caller runs as root beside a task it does not trust
+	// (the driver's supervisor): only the Task API socket, served by root,
+	// and no token file read through a symlink (lockclient.DiscoverRootEndpoint).
+	RootTaskAPI bool
 
 	TTL         time.Duration
 	LockDelay   time.Duration

@@ -1,0 +1,144 @@
+package lockclient
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A root caller talks to the Task API socket only if root serves it: the
+// task user can put a socket of its own where api.sock was.
+func TestRootPeerClientRefusesOtherServers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a socket server as another user")
+	}
+	base := t.TempDir()
+	for _, d := range []string{filepath.Dir(base), base} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := filepath.Join(base, "secrets")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+
+	// Served by root (this test): accepted.
+	rootSock := filepath.Join(dir, "root.sock")
+	ln, err := net.Listen("unix", rootSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+			c.Close()
+		}
+	}()
+	if resp, err := rootPeerClient(rootSock).Get("http://127.0.0.1/"); err != nil {
+		t.Fatalf("a socket served by root: %v", err)
+	} else {
+		resp.Body.Close()
+	}
+
+	// Served by nobody: refused before anything is sent.
+	fake := filepath.Join(dir, "api.sock")
+	// This test binary, copied where nobody can run it, serves the socket.
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(base, "fake-nomad")
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := exec.Command(bin, "-test.run", "^$")
+	srv.Env = []string{fakeServerEnv + "=" + fake}
+	srv.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	ready := make(chan error, 1)
+	go func() { b := make([]byte, 6); _, err := io.ReadFull(out, b); ready <- err }()
+	select {
+	case err := <-ready:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the fake server did not start")
+	}
+	_, err = rootPeerClient(fake).Get("http://127.0.0.1/")
+	if !errors.Is(err, ErrNotRootPeer) {
+		t.Fatalf("a socket served by nobody: err = %v, want ErrNotRootPeer", err)
+	}
+}
+
+// fakeServerEnv makes the test binary a socket server that answers every
+// request 200 (see TestMain).
+const fakeServerEnv = "LOCKCLIENT_TEST_FAKE_SERVER"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(fakeServerEnv); path != "" {
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			os.Exit(2)
+		}
+		os.Stdout.WriteString("ready\n")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				os.Exit(0)
+			}
+			_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+			c.Close()
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// DiscoverRootEndpoint never reads the token through a symlink a task user
+// planted in its secrets dir.
+func TestDiscoverRootEndpointRefusesTokenSymlink(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(t.TempDir(), "root-only")
+	if err := os.WriteFile(secret, []byte("not-a-token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, filepath.Join(dir, "nomad_token")); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"NOMAD_SECRETS_DIR": dir}
+	ep, err := DiscoverRootEndpoint(func(k string) string { return env[k] })
+	if err == nil || ep.Token != "" {
+		t.Fatalf("DiscoverRootEndpoint followed a symlinked token file: %+v, %v", ep, err)
+	}
+	env["NOMAD_TOKEN"] = "t0ken"
+	ep, err = DiscoverRootEndpoint(func(k string) string { return env[k] })
+	if err != nil || ep.Token != "t0ken" || !ep.RootPeer || ep.Address != "unix://"+filepath.Join(dir, "api.sock") {
+		t.Fatalf("with NOMAD_TOKEN: %+v, %v", ep, err)
+	}
+}
