@@ -78,7 +78,8 @@ func chaosPartitionTrial(t *testing.T, a *harness.Agent, stopAfter time.Duration
 	}
 	chaosSetEligible(t, a, other, true)
 	ds, ls := d.sampler(t), l.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	ds.WaitSeen(t, 30*time.Second, df.PID)
+	ls.WaitSeen(t, 30*time.Second, lf.PID)
 
 	markers := []string{d.marker(), l.marker()}
 	gone := chaosWatchAllocsGone(t, markers, df.AllocID, lf.AllocID)

@@ -431,7 +431,7 @@ func chaosKillTrial(t *testing.T, a *harness.Agent, v, target string, n int, tr 
 	first := s.holder(t)
 	sup := s.supervisor(t, first)
 	smp := s.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	smp.WaitSeen(t, 30*time.Second, first.PID)
 
 	at := harness.MonoNow()
 	var pids []int
@@ -465,7 +465,7 @@ func chaosStopTrial(t *testing.T, a *harness.Agent, v string, n int, tr *chaosTr
 	sup := s.supervisor(t, first)
 	drvSIGCONTCleanup(t, sup)
 	smp := s.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	smp.WaitSeen(t, 30*time.Second, first.PID)
 
 	at := harness.MonoNow()
 	if err := syscall.Kill(sup, syscall.SIGSTOP); err != nil {
@@ -522,7 +522,7 @@ func chaosPluginKillTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 	agentPID := a.Client().PID()
 	plugin := drvPlugin(t, agentPID, 0, 10*time.Second)
 	smp := s.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	smp.WaitSeen(t, 30*time.Second, first.PID)
 	at := harness.MonoNow()
 	if err := syscall.Kill(plugin.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -596,7 +596,7 @@ func chaosLockRestartTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial
 	defer l.purge(t)
 	lf := l.holder(t)
 	ls := l.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	ls.WaitSeen(t, 30*time.Second, lf.PID)
 	at := harness.MonoNow()
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
@@ -634,7 +634,8 @@ func chaosAgentPauseTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 	defer d.purge(t)
 	df, lf := d.holder(t), l.holder(t)
 	ds, ls := d.sampler(t), l.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	ds.WaitSeen(t, 30*time.Second, df.PID)
+	ls.WaitSeen(t, 30*time.Second, lf.PID)
 	at := harness.MonoNow()
 	if err := a.Pause(); err != nil {
 		t.Fatal(err)

@@ -61,7 +61,8 @@ func testCrashTakeover(t *testing.T, a *harness.Agent, name string, args []strin
 	// allocations may ever have one alive at the same time.
 	all := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsTestWorkload})
 	mains := j.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	all.WaitSeen(t, 30*time.Second, first.PID)
+	mains.WaitSeen(t, 30*time.Second, first.PID)
 
 	killAt := harness.MonoNow()
 	if err := syscall.Kill(sup.PID, syscall.SIGKILL); err != nil {
@@ -106,7 +107,8 @@ func TestDriverCrashWithPluginDown(t *testing.T) {
 	plugin := drvPlugin(t, a.Client().PID(), 0, 10*time.Second)
 	all := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsTestWorkload})
 	mains := j.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	all.WaitSeen(t, 30*time.Second, first.PID)
+	mains.WaitSeen(t, 30*time.Second, first.PID)
 
 	killAt := harness.MonoNow()
 	if err := syscall.Kill(plugin.PID, syscall.SIGKILL); err != nil {

@@ -79,8 +79,10 @@ func testDrvSingletonHandover(t *testing.T, a *harness.Agent) {
 	holder := first.AllocID
 	fence1 := drvFence(t, first)
 
-	// Phase 1: 30 s of samples with exactly one workload.
+	// Phase 1: 30 s of samples with exactly one workload, counted from
+	// the first scan (a busy machine may start scanning late).
 	s1 := j.sampler(t)
+	s1.WaitSeen(t, 30*time.Second, first.PID)
 	time.Sleep(30 * time.Second)
 	sum1 := s1.Stop()
 	t.Logf("phase 1 samples: %s", sum1)
@@ -205,7 +207,7 @@ func testDrvWatchdog(t *testing.T, a *harness.Agent) {
 	sup := drvSupervisor(t, holder)
 	drvSIGCONTCleanup(t, sup.PID)
 	s := j.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	s.WaitSeen(t, 30*time.Second, first.PID)
 	stopAt := harness.MonoNow()
 	if err := syscall.Kill(sup.PID, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -539,7 +541,7 @@ func testDrvPluginKill(t *testing.T, a *harness.Agent, j *drvJob) {
 	}
 	sup := drvSupervisor(t, holder)
 	s := j.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	s.WaitSeen(t, 30*time.Second, first.PID) // the span below starts before the kill
 	logFrom := drvFileSize(a.Client().LogPath())
 	killAt, killWall := harness.MonoNow(), time.Now()
 	if err := syscall.Kill(plugin.PID, syscall.SIGKILL); err != nil {

@@ -207,7 +207,7 @@ func testLBCrashSwap(t *testing.T, a *harness.Agent, lb *harness.LB) {
 
 	state := lbSampleState(t, lb, j.service)
 	mains := j.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	mains.WaitSeen(t, 30*time.Second, first.PID)
 	killAt := harness.MonoNow()
 	sigkillTogether(t, sup.PID, first.PID)
 	goneAt := drvWaitGone(t, first.PID, 5*time.Second)

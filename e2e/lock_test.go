@@ -240,7 +240,7 @@ func testCrash(t *testing.T, a *harness.Agent) {
 	}
 
 	sampler := harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker, Filter: harness.Proc.IsMainWorkload})
-	time.Sleep(200 * time.Millisecond) // the sampler must see the workload alive to see it die
+	sampler.WaitSeen(t, 30*time.Second, first.PID) // the sampler must see the workload alive to see it die
 	killAt := harness.MonoNow()
 	if err := syscall.Kill(lock.PID, syscall.SIGKILL); err != nil {
 		t.Fatalf("SIGKILL lock %d: %v", lock.PID, err)
