@@ -172,7 +172,7 @@ func testDrvSingletonHandover(t *testing.T, a *harness.Agent) {
 	}
 	drvWaitEvent(t, a, holder, 15*time.Second, "Stopping workload with SIGINT")
 	drvWaitEvent(t, a, holder, 15*time.Second, "Released lock")
-	drvWaitEvent(t, a, next.AllocID, 5*time.Second, fmt.Sprintf("Acquired lock (fence %d)", fence2))
+	drvWaitEvent(t, a, next.AllocID, 15*time.Second, fmt.Sprintf("Acquired lock (fence %d)", fence2))
 	harness.CheckNoOverlap(t, j.records(t), sum2)
 	drvCheckLockHeld(t, a, j.lockPath(), next.AllocID, fence2)
 
@@ -220,7 +220,7 @@ func testDrvWatchdog(t *testing.T, a *harness.Agent) {
 	if kill > drvTTL+2*time.Second {
 		t.Errorf("watchdog killed the workload %s after SIGSTOP, want within TTL + 2s", kill)
 	}
-	drvWaitEvent(t, a, holder, 5*time.Second, "Lock lost: watchdog killed the workload")
+	drvWaitEvent(t, a, holder, 15*time.Second, "Lock lost: watchdog killed the workload")
 
 	bound := 2*drvTTL + drvDelay + 8*time.Second
 	next := j.waitStart(t, bound, func(r harness.Record) bool { return r.Instance != first.Instance })

@@ -162,8 +162,10 @@ func testHandover(t *testing.T, a *harness.Agent) {
 			standbys = append(standbys, al.ID)
 		}
 	}
-	// Let every standby park its blocking query.
-	time.Sleep(time.Second)
+	// Every standby has found the lock held and parks its blocking query.
+	for _, id := range standbys {
+		a.WaitAllocLog(t, id, taskName, "stderr", 30*time.Second, "lock is held, waiting")
+	}
 
 	sampler := harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker, Filter: harness.Proc.IsMainWorkload})
 	stopAt := harness.MonoNow()
