@@ -16,9 +16,12 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 )
 
-// crashTakeoverBound is loose on purpose: the point is "not 2×TTL + delay"
-// (21s here); the measured figure goes to the log and the benchmark.
-const crashTakeoverBound = 2 * time.Second
+// crashTakeoverBound is loose on purpose: the point is "not 2×TTL + delay".
+// A takeover that waited for the server to expire the lock comes at least
+// 2×TTL − TTL/2 + delay (16s here) after the kill, so TTL still tells the
+// two apart, on a busy machine too. How fast it is (tens of ms) is for the
+// log and `make bench`.
+const crashTakeoverBound = drvTTL
 
 // TestDriverCrashTakeover SIGKILLs the holder's supervisor on a live node.
 func TestDriverCrashTakeover(t *testing.T) {

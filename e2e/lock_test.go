@@ -529,7 +529,8 @@ func testPlainWait(t *testing.T, a *harness.Agent) {
 	if code != 75 {
 		t.Errorf("-wait 2s exited %d, want 75; stderr:\n%s", code, w.Stderr())
 	}
-	if w.Runtime() < 1500*time.Millisecond || w.Runtime() > 10*time.Second {
+	// Loose on top (10× the wait): a busy machine starts lock late.
+	if w.Runtime() < 1500*time.Millisecond || w.Runtime() > 20*time.Second {
 		t.Errorf("-wait 2s exited after %s, want about 2s", w.Runtime())
 	}
 
