@@ -732,7 +732,9 @@ func chaosLBTrial(t *testing.T, a *harness.Agent, f chaosLBFault, n int, tr *cha
 	fence1 := drvFence(t, first)
 	up1 := lbUpstreamOf(t, a, first.AllocID)
 	smp := j.sampler(t)
-	time.Sleep(3 * time.Second) // the ADD runs into the fault
+	// The ADD runs into the fault: wait until it has, however long the
+	// health check took on this machine, rather than for 3 s.
+	lbWaitLogCount(t, a, first.AllocID, "result unknown", 1, 60*time.Second)
 	if err := lb.SetFaults(lbapi.Faults{}); err != nil {
 		t.Fatal(err)
 	}
@@ -752,7 +754,7 @@ func chaosLBTrial(t *testing.T, a *harness.Agent, f chaosLBFault, n int, tr *cha
 	next := j.waitStart(t, chaosTakeoverBound, func(r harness.Record) bool { return r.Instance != first.Instance })
 	tr.Takeover = time.Duration(next.Mono - at)
 	up2 := lbUpstreamOf(t, a, next.AllocID)
-	time.Sleep(3 * time.Second) // the new holder's ADD runs into the fault
+	lbWaitLogCount(t, a, next.AllocID, "result unknown", 1, 60*time.Second) // the new holder's ADD runs into the fault
 	if err := lb.SetFaults(lbapi.Faults{}); err != nil {
 		t.Fatal(err)
 	}
