@@ -482,7 +482,7 @@ func chaosKillTrial(t *testing.T, a *harness.Agent, v, target string, n int, tr 
 	first := s.holder(t)
 	sup := s.supervisor(t, first)
 	smp := s.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	smp.WaitSeen(t, 30*time.Second, first.PID)
 
 	at := harness.MonoNow()
 	var pids []int
@@ -516,7 +516,7 @@ func chaosStopTrial(t *testing.T, a *harness.Agent, v string, n int, tr *chaosTr
 	sup := s.supervisor(t, first)
 	drvSIGCONTCleanup(t, sup)
 	smp := s.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	smp.WaitSeen(t, 30*time.Second, first.PID)
 
 	at := harness.MonoNow()
 	if err := syscall.Kill(sup, syscall.SIGSTOP); err != nil {
@@ -573,7 +573,7 @@ func chaosPluginKillTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 	agentPID := a.Client().PID()
 	plugin := drvPlugin(t, agentPID, 0, 10*time.Second)
 	smp := s.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	smp.WaitSeen(t, 30*time.Second, first.PID)
 	at := harness.MonoNow()
 	if err := syscall.Kill(plugin.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -647,7 +647,7 @@ func chaosLockRestartTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial
 	defer l.purge(t)
 	lf := l.holder(t)
 	ls := l.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	ls.WaitSeen(t, 30*time.Second, lf.PID)
 	at := harness.MonoNow()
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
@@ -685,7 +685,8 @@ func chaosAgentPauseTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 	defer d.purge(t)
 	df, lf := d.holder(t), l.holder(t)
 	ds, ls := d.sampler(t), l.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	ds.WaitSeen(t, 30*time.Second, df.PID)
+	ls.WaitSeen(t, 30*time.Second, lf.PID)
 	at := harness.MonoNow()
 	if err := a.Pause(); err != nil {
 		t.Fatal(err)
@@ -782,7 +783,9 @@ func chaosLBTrial(t *testing.T, a *harness.Agent, f chaosLBFault, n int, tr *cha
 	fence1 := drvFence(t, first)
 	up1 := lbUpstreamOf(t, a, first.AllocID)
 	smp := j.sampler(t)
-	time.Sleep(3 * time.Second) // the ADD runs into the fault
+	// The ADD runs into the fault: wait until it has, however long the
+	// health check took on this machine, rather than for 3 s.
+	lbWaitLogCount(t, a, first.AllocID, "result unknown", 1, 60*time.Second)
 	if err := lb.SetFaults(lbapi.Faults{}); err != nil {
 		t.Fatal(err)
 	}
@@ -802,7 +805,7 @@ func chaosLBTrial(t *testing.T, a *harness.Agent, f chaosLBFault, n int, tr *cha
 	next := j.waitStart(t, chaosTakeoverBound, func(r harness.Record) bool { return r.Instance != first.Instance })
 	tr.Takeover = time.Duration(next.Mono - at)
 	up2 := lbUpstreamOf(t, a, next.AllocID)
-	time.Sleep(3 * time.Second) // the new holder's ADD runs into the fault
+	lbWaitLogCount(t, a, next.AllocID, "result unknown", 1, 60*time.Second) // the new holder's ADD runs into the fault
 	if err := lb.SetFaults(lbapi.Faults{}); err != nil {
 		t.Fatal(err)
 	}

@@ -16,9 +16,12 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 )
 
-// crashTakeoverBound is loose on purpose: the point is "not 2×TTL + delay"
-// (21s here); the measured figure goes to the log and the benchmark.
-const crashTakeoverBound = 2 * time.Second
+// crashTakeoverBound is loose on purpose: the point is "not 2×TTL + delay".
+// A takeover that waited for the server to expire the lock comes at least
+// 2×TTL − TTL/2 + delay (16s here) after the kill, so TTL still tells the
+// two apart, on a busy machine too. How fast it is (tens of ms) is for the
+// log and `make bench`.
+const crashTakeoverBound = drvTTL
 
 // TestDriverCrashTakeover SIGKILLs the holder's supervisor on a live node.
 func TestDriverCrashTakeover(t *testing.T) {
@@ -61,7 +64,8 @@ func testCrashTakeover(t *testing.T, a *harness.Agent, name string, args []strin
 	// allocations may ever have one alive at the same time.
 	all := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsTestWorkload})
 	mains := j.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	all.WaitSeen(t, 30*time.Second, first.PID)
+	mains.WaitSeen(t, 30*time.Second, first.PID)
 
 	killAt := harness.MonoNow()
 	if err := syscall.Kill(sup.PID, syscall.SIGKILL); err != nil {
@@ -82,7 +86,7 @@ func testCrashTakeover(t *testing.T, a *harness.Agent, name string, args []strin
 	if f := drvFence(t, next); f <= fence1 {
 		t.Errorf("fence did not increase: %d then %d", fence1, f)
 	}
-	drvWaitEvent(t, a, holder, 5*time.Second, "Released lock on behalf of crashed supervisor")
+	drvWaitEvent(t, a, holder, 15*time.Second, "Released lock on behalf of crashed supervisor")
 
 	time.Sleep(500 * time.Millisecond)
 	sumAll, sumMain := all.Stop(), mains.Stop()
@@ -106,7 +110,8 @@ func TestDriverCrashWithPluginDown(t *testing.T) {
 	plugin := drvPlugin(t, a.Client().PID(), 0, 10*time.Second)
 	all := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsTestWorkload})
 	mains := j.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	all.WaitSeen(t, 30*time.Second, first.PID)
+	mains.WaitSeen(t, 30*time.Second, first.PID)
 
 	killAt := harness.MonoNow()
 	if err := syscall.Kill(plugin.PID, syscall.SIGKILL); err != nil {
@@ -121,9 +126,15 @@ func TestDriverCrashWithPluginDown(t *testing.T) {
 	next := j.waitStart(t, 2*drvTTL+drvDelay+10*time.Second, func(r harness.Record) bool { return r.Instance != first.Instance })
 	takeover := time.Duration(next.Mono - killAt)
 	harness.Measure(t, "crash_with_plugin_down_takeover", takeover)
-	// The recovered plugin emits its event once Nomad has subscribed again.
+	// The recovered plugin emits its event once Nomad has subscribed again,
+	// which a busy machine may take a while to do. A takeover faster than
+	// expiry is only explained by a release on behalf: its event must come.
+	wait := 10 * time.Second
+	if takeover < 2*drvTTL {
+		wait = 60 * time.Second
+	}
 	released := false
-	for deadline := time.Now().Add(10 * time.Second); !released && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(wait); !released && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		released = len(drvMatching(drvEvents(t, a, holder), "Released lock on behalf of crashed supervisor")) > 0
 	}
 	t.Logf("takeover %s after killing plugin and supervisor; released on behalf by the recovered plugin: %v", takeover, released)

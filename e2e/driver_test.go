@@ -79,8 +79,10 @@ func testDrvSingletonHandover(t *testing.T, a *harness.Agent) {
 	holder := first.AllocID
 	fence1 := drvFence(t, first)
 
-	// Phase 1: 30 s of samples with exactly one workload.
+	// Phase 1: 30 s of samples with exactly one workload, counted from
+	// the first scan (a busy machine may start scanning late).
 	s1 := j.sampler(t)
+	s1.WaitSeen(t, 30*time.Second, first.PID)
 	time.Sleep(30 * time.Second)
 	sum1 := s1.Stop()
 	t.Logf("phase 1 samples: %s", sum1)
@@ -170,7 +172,7 @@ func testDrvSingletonHandover(t *testing.T, a *harness.Agent) {
 	}
 	drvWaitEvent(t, a, holder, 15*time.Second, "Stopping workload with SIGINT")
 	drvWaitEvent(t, a, holder, 15*time.Second, "Released lock")
-	drvWaitEvent(t, a, next.AllocID, 5*time.Second, fmt.Sprintf("Acquired lock (fence %d)", fence2))
+	drvWaitEvent(t, a, next.AllocID, 15*time.Second, fmt.Sprintf("Acquired lock (fence %d)", fence2))
 	harness.CheckNoOverlap(t, j.records(t), sum2)
 	drvCheckLockHeld(t, a, j.lockPath(), next.AllocID, fence2)
 
@@ -205,7 +207,7 @@ func testDrvWatchdog(t *testing.T, a *harness.Agent) {
 	sup := drvSupervisor(t, holder)
 	drvSIGCONTCleanup(t, sup.PID)
 	s := j.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	s.WaitSeen(t, 30*time.Second, first.PID)
 	stopAt := harness.MonoNow()
 	if err := syscall.Kill(sup.PID, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -218,7 +220,7 @@ func testDrvWatchdog(t *testing.T, a *harness.Agent) {
 	if kill > drvTTL+2*time.Second {
 		t.Errorf("watchdog killed the workload %s after SIGSTOP, want within TTL + 2s", kill)
 	}
-	drvWaitEvent(t, a, holder, 5*time.Second, "Lock lost: watchdog killed the workload")
+	drvWaitEvent(t, a, holder, 15*time.Second, "Lock lost: watchdog killed the workload")
 
 	bound := 2*drvTTL + drvDelay + 8*time.Second
 	next := j.waitStart(t, bound, func(r harness.Record) bool { return r.Instance != first.Instance })
@@ -539,7 +541,7 @@ func testDrvPluginKill(t *testing.T, a *harness.Agent, j *drvJob) {
 	}
 	sup := drvSupervisor(t, holder)
 	s := j.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	s.WaitSeen(t, 30*time.Second, first.PID) // the span below starts before the kill
 	logFrom := drvFileSize(a.Client().LogPath())
 	killAt, killWall := harness.MonoNow(), time.Now()
 	if err := syscall.Kill(plugin.PID, syscall.SIGKILL); err != nil {

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -146,10 +147,15 @@ func testHAProxyHandover(t *testing.T, a *harness.Agent) {
 	defer cancel()
 	type out struct{ rs []harness.ProbeResult }
 	done := make(chan out, 1)
+	answered := make(chan struct{}) // closed at the holder's first answer
+	var once sync.Once
 	go func() {
 		// Ends after 200 answers (1 s) from someone other than the first
 		// holder, or at 12,000 requests (60 s).
 		rs := harness.Probe(ctx, j.url(), harness.ProbeOptions{Max: 12_000, Until: func(rs []harness.ProbeResult) bool {
+			if len(rs) > 0 && rs[len(rs)-1].OK() && rs[len(rs)-1].Body == holder {
+				once.Do(func() { close(answered) })
+			}
 			n := 0
 			for i := len(rs) - 1; i >= 0 && rs[i].OK() && rs[i].Body != holder; i-- {
 				n++
@@ -158,7 +164,12 @@ func testHAProxyHandover(t *testing.T, a *harness.Agent) {
 		}})
 		done <- out{rs}
 	}()
-	time.Sleep(500 * time.Millisecond)
+	// The loop must have been answered by the holder before it is stopped.
+	select {
+	case <-answered:
+	case <-ctx.Done():
+		t.Fatalf("the client loop got no answer from the holder within 60s")
+	}
 	stopped := time.Now()
 	if err := a.StopAlloc(first.AllocID); err != nil {
 		t.Fatal(err)

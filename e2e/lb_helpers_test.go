@@ -376,6 +376,22 @@ func lbRegisteredHolder(t *testing.T, a *harness.Agent, lb *harness.LB, name str
 	return j, first, fence, up
 }
 
+// lbWaitLogCount waits until the task's stderr holds sub at least n times.
+func lbWaitLogCount(t *testing.T, a *harness.Agent, allocID, sub string, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		logs := a.AllocLogs(t, allocID, drvTask, "stderr")
+		if strings.Count(logs, sub) >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alloc %s: %q not %d times in stderr within %s:\n%s", drvShort(allocID), sub, n, timeout, logs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // lbMonoDur is the duration between two CLOCK_MONOTONIC readings.
 func lbMonoDur(from, to int64) time.Duration { return time.Duration(to - from) }
 

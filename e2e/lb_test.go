@@ -210,7 +210,7 @@ func testLBCrashSwap(t *testing.T, a *harness.Agent, lb *harness.LB) {
 
 	state := lbSampleState(t, lb, j.service)
 	mains := j.sampler(t)
-	time.Sleep(200 * time.Millisecond)
+	mains.WaitSeen(t, 30*time.Second, first.PID)
 	killAt := harness.MonoNow()
 	sigkillTogether(t, sup.PID, first.PID)
 	goneAt := drvWaitGone(t, first.PID, 5*time.Second)
@@ -276,8 +276,9 @@ func testLBFaults(t *testing.T, a *harness.Agent) {
 	id := lbAddID(holder, fence)
 	drvWaitEvent(t, a, holder, 10*time.Second, "Health check passed on "+up)
 
-	// Phase 1: every call fails before it reaches the API.
-	time.Sleep(3 * time.Second)
+	// Phase 1: every call fails before it reaches the API. Wait until the
+	// supervisor has retried under it (not for a time that usually suffices).
+	lbWaitLogCount(t, a, holder, "result unknown; will POST the same id again", 2, 60*time.Second)
 	if rec, ok := lb.Request(id); ok {
 		t.Errorf("request stored while every call was refused: %+v", rec)
 	}

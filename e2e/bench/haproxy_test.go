@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -117,11 +118,16 @@ func (b *bench) haproxyHandovers(t *testing.T, j *job, url string, rows [2][4]*R
 		old := "alloc " + holder.AllocID
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		done := make(chan []harness.ProbeResult, 1)
+		answered := make(chan struct{}) // closed at the old holder's first answer
+		var once sync.Once
 		go func() {
 			// Until 200 answers in a row (1 s) came from someone else.
 			// A request caught on a dead holder is retried by HAProxy for up
 			// to ~3 s: the client waits for it, as a real one would.
 			done <- harness.Probe(ctx, url, harness.ProbeOptions{Max: 18_000, Timeout: 10 * time.Second, Until: func(rs []harness.ProbeResult) bool {
+				if len(rs) > 0 && rs[len(rs)-1].OK() && rs[len(rs)-1].Body == old {
+					once.Do(func() { close(answered) })
+				}
 				n := 0
 				for i := len(rs) - 1; i >= 0 && rs[i].OK() && rs[i].Body != old; i-- {
 					n++
@@ -133,7 +139,14 @@ func (b *bench) haproxyHandovers(t *testing.T, j *job, url string, rows [2][4]*R
 		if crash {
 			sup = b.supervisorPID(t, j, holder.AllocID)
 		}
-		time.Sleep(300 * time.Millisecond)
+		// The client is answered by the holder before it is stopped (an
+		// event, not a sleep a busy machine may not honour).
+		select {
+		case <-answered:
+		case <-ctx.Done():
+			cancel()
+			t.Fatalf("run %d: the client got no answer from the holder within 90s", run)
+		}
 		stopAt, stopMono := time.Now(), harness.MonoNow()
 		if crash {
 			if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {

@@ -76,6 +76,7 @@ type Sampler struct {
 	done    chan struct{}
 	once    sync.Once
 	summary SampleSummary
+	mu      sync.Mutex         // guards watches' keys against Seen
 	watches map[int]*ExitWatch // every matching PID seen, from its first scan on
 }
 
@@ -100,6 +101,42 @@ func SampleFor(t testing.TB, opts SamplerOptions, d time.Duration) SampleSummary
 	s := StartSampler(t, opts)
 	time.Sleep(d)
 	return s.Stop()
+}
+
+// Seen reports whether scans have seen every one of pids (and, for those
+// still alive then, opened a pidfd on it, so their exits are dated). A test
+// that needs the sampler to have seen a process before it kills it waits on
+// this (WaitSeen), never on a sleep of a few sampling periods: a loaded
+// machine may not scan /proc that often.
+func (s *Sampler) Seen(pids ...int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, pid := range pids {
+		if _, ok := s.watches[pid]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// WaitSeen waits until Seen(pids...) and fails the test if that takes
+// longer than timeout.
+func (s *Sampler) WaitSeen(t testing.TB, timeout time.Duration, pids ...int) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !s.Seen(pids...) {
+		if time.Now().After(deadline) {
+			t.Fatalf("harness: the sampler (marker %s) did not see pids %v within %s", s.opts.Marker, pids, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// watch returns the exit watch of a PID Seen alive (nil otherwise).
+func (s *Sampler) watch(pid int) *ExitWatch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.watches[pid]
 }
 
 // Stop ends sampling (after one final sample) and returns the summary. It may
@@ -130,7 +167,9 @@ func (s *Sampler) run() {
 				if err != nil {
 					w = nil // gone already: its end is known only from the scans
 				}
+				s.mu.Lock()
 				s.watches[pid] = w
+				s.mu.Unlock()
 			}
 		}
 		if stopping {

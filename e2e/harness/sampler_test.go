@@ -49,15 +49,30 @@ func TestSamplerExactExit(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go cmd.Wait() //nolint:errcheck // reaped so the exit completes
+	reaped := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(reaped) }()
+	start := MonoNow() // the process runs already; every scan comes after this
 	s := StartSampler(t, SamplerOptions{Marker: marker})
-	time.Sleep(100 * time.Millisecond)      // seen and watched
-	start := MonoNow() - int64(time.Second) // the process's run began before this
+	s.WaitSeen(t, 30*time.Second, cmd.Process.Pid)
 	killAt := MonoNow()
 	if err := syscall.Kill(cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	// Wait for the events themselves, not for a time they usually take:
+	// the pidfd saw the exit, and the process is reaped, so the final scan
+	// of Stop cannot see it.
+	w := s.watch(cmd.Process.Pid)
+	if w == nil {
+		t.Fatalf("the sampler saw %d alive but watches no exit of it", cmd.Process.Pid)
+	}
+	if _, ok := w.Wait(30 * time.Second); !ok {
+		t.Fatalf("the sampler's pidfd saw no exit of %d within 30s of the kill", cmd.Process.Pid)
+	}
+	select {
+	case <-reaped:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%d not reaped within 30s of the kill", cmd.Process.Pid)
+	}
 	sum := s.Stop()
 	exit, ok := sum.Exits[cmd.Process.Pid]
 	if !ok || exit < killAt {

@@ -177,7 +177,11 @@ func TestTestWorkload(t *testing.T) {
 			name: "-exit N -after D waits",
 			args: []string{"-exit", "3", "-after", "400ms"},
 			act: func(t *testing.T, w *localWorkload) {
-				if !w.alive() {
+				// Only a verdict while -after has not elapsed: on a busy
+				// machine the start record may be seen later than that.
+				// The record times below check the wait itself.
+				start := w.records()[0].Mono
+				if !w.alive() && time.Duration(MonoNow()-start) < 400*time.Millisecond {
 					t.Fatal("exited before -after elapsed")
 				}
 			},
@@ -277,7 +281,12 @@ func TestTestWorkloadChildrenAndSampler(t *testing.T) {
 
 	all := StartSampler(t, SamplerOptions{Marker: w.marker, Interval: 10 * time.Millisecond})
 	mainOnly := StartSampler(t, SamplerOptions{Marker: w.marker, Filter: Proc.IsMainWorkload})
-	time.Sleep(150 * time.Millisecond)
+	var pids []int
+	for _, p := range procs {
+		pids = append(pids, p.PID)
+	}
+	all.WaitSeen(t, 30*time.Second, pids...)
+	mainOnly.WaitSeen(t, 30*time.Second, w.cmd.Process.Pid)
 	killedAt := MonoNow()
 	if err := syscall.Kill(-w.cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
