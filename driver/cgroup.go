@@ -19,8 +19,9 @@ import (
 )
 
 // taskCgroup is where Nomad's wrangler put the task: the cgroups the
-// supervisor joins, so the workload's resources {} limits apply and Nomad's
-// own cleanup kills anything that escaped the process group.
+// workload helper joins before it execs the workload (the supervisor stays
+// out), so the workload's resources {} limits apply, and the cgroup holds
+// every process of the workload and nothing else.
 type taskCgroup struct {
 	mode cgroupslib.Mode
 	// v2: the task's unified cgroup. v1: the freezer cgroup, which

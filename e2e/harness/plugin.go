@@ -21,7 +21,7 @@ const (
 	// EnvPluginDir overrides where PluginDir finds the plugin.
 	EnvPluginDir = "E2E_PLUGIN_DIR"
 	// SuperviseArg is argv[1] of a task's supervisor: the plugin binary
-	// re-executed as `nomad-driver-singleton __singleton-supervise <taskdir>/.singleton`.
+	// re-executed as `nomad-driver-singleton __singleton-supervise <state_dir>/<alloc ID>/<task>`.
 	SuperviseArg = "__singleton-supervise"
 )
 
