@@ -103,7 +103,16 @@ func TestClientServerSlots(t *testing.T) {
 	if status, body := getWith(kept); status != 200 || body != "server-a" {
 		t.Errorf("through HAProxy: %d %q, want 200 server-a", status, body)
 	}
-	loads, err := c.Loads(cx, "web")
+	// HAProxy counts the answered request's session until it has closed
+	// it on its side: wait for that, bounded.
+	var loads map[string]haproxy.Load
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		loads, err = c.Loads(cx, "web")
+		if err == nil && len(loads) == haproxy.DefaultSlots && loads["slot1"].Idle() || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil || len(loads) != haproxy.DefaultSlots || !loads["slot1"].Idle() {
 		t.Errorf("Loads = %+v, %v; want %d idle slots", loads, err, haproxy.DefaultSlots)
 	}
