@@ -310,8 +310,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		d.tasks.set(cfg.ID, h)
 		go func() {
 			d.drainEvents(h, tail)
-			d.removeAfterCrash(h)
-			d.releaseAfterCrash(h)
+			d.cleanUpAfterExit(h)
 			h.finish(d.exitResult(h, nil, nil))
 		}()
 		return nil
@@ -343,8 +342,7 @@ func (d *Driver) run(h *taskHandle, tail *eventTail) {
 		select {
 		case w := <-exited:
 			d.drainEvents(h, tail)
-			d.removeAfterCrash(h)
-			d.releaseAfterCrash(h)
+			d.cleanUpAfterExit(h)
 			h.finish(d.exitResult(h, w.state, w.err))
 			return
 		case <-tick.C:
@@ -546,7 +544,6 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 			return err
 		}
 	}
-	d.removeAfterCrash(h) // a REMOVE that failed at exit gets one more try
 	d.tasks.delete(taskID)
 	d.mu.RLock()
 	root := d.stateRoot
