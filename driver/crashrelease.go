@@ -136,7 +136,8 @@ func (d *Driver) removeAfterCrash(h *taskHandle) {
 	}
 	if err != nil {
 		log.Error("could not remove the crashed supervisor's upstream from the load balancer", "error", err)
-		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after supervisor crash failed: %v", err), map[string]string{"upstream": reg.Upstream.Upstream})
+		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after supervisor crash failed: %s; %s may stay in load balancer service %s until the next holder's ADD replaces it",
+			lbhook.Diagnose(err, reg.Config.WithDefaults()), reg.Upstream.Upstream, reg.Config.ServiceID), map[string]string{"upstream": reg.Upstream.Upstream})
 		return
 	}
 	_ = h.dir.Remove(lbFile)

@@ -318,6 +318,35 @@ type ClientOptions struct {
 	// CancelWait bounds the wait for a final state after a cancel
 	// (default 2×RequestTimeout + 4×PollInterval).
 	CancelWait time.Duration
+	// MaxRetryWait caps the backoff between tries after calls that got no
+	// usable answer (default 8×PollInterval): an LB API that comes back is
+	// tried again within it.
+	MaxRetryWait time.Duration
+	// OnUnanswered, if set, hears of calls that got no usable answer
+	// (transport error, timeout, 5xx, unreadable answer): the first of each
+	// run of them, then at most once per UnansweredEvery while it lasts, so
+	// that an operator learns within seconds that the LB API is not
+	// answering, not at the request's deadline. It runs on the caller's
+	// goroutine and must not block.
+	OnUnanswered func(Unanswered)
+	// UnansweredEvery is the least time between two OnUnanswered calls of
+	// one request (default 30s).
+	UnansweredEvery time.Duration
+}
+
+// DefaultUnansweredEvery is the default ClientOptions.UnansweredEvery.
+const DefaultUnansweredEvery = 30 * time.Second
+
+// Unanswered describes calls of one request that got no usable answer.
+type Unanswered struct {
+	// RequestID is the request being driven.
+	RequestID string
+	// Err is the latest failed call; its URL never shows the auth key.
+	Err *CallError
+	// Since is when the first failed call of this run of failures ended.
+	Since time.Time
+	// Calls counts the failed calls since then.
+	Calls int
 }
 
 func (o ClientOptions) withDefaults(cfg Config) ClientOptions {
@@ -332,6 +361,13 @@ func (o ClientOptions) withDefaults(cfg Config) ClientOptions {
 	}
 	if o.CancelWait == 0 {
 		o.CancelWait = 2*cfg.RequestTimeout + 4*cfg.PollInterval
+	}
+	if o.MaxRetryWait <= 0 {
+		o.MaxRetryWait = 8 * cfg.PollInterval
+	}
+	o.MaxRetryWait = max(o.MaxRetryWait, cfg.PollInterval)
+	if o.UnansweredEvery <= 0 {
+		o.UnansweredEvery = DefaultUnansweredEvery
 	}
 	return o
 }

@@ -104,11 +104,13 @@ func PortAddress(label string, getenv func(string) string) (string, error) {
 
 // lbEvent is what the LB goroutines report to the supervisor loop.
 type lbEvent struct {
-	kind string // "healthy", "added", "checked", "readded"
+	kind string // "healthy", "added", "checked", "readded", "unanswered"
 	resp lbhook.BaragonResponse
 	err  error
 	// missing is set by "checked": our upstream is gone from the LB.
 	missing bool
+	// unanswered is set by "unanswered": calls of an ADD got no answer.
+	unanswered lbhook.Unanswered
 }
 
 // lbSession is one acquisition's LB registration. Its requests run in
@@ -137,7 +139,15 @@ type lbSession struct {
 // in the same request, so a crashed holder is swapped out.
 func (s *Supervisor) startLB(lease *lockclient.Lease) (*lbSession, error) {
 	cfg := s.Config.LB
-	client, err := lbhook.NewClient(cfg.Config, lbhook.ClientOptions{Logger: s.Logger.Named("lb"), Getenv: s.getenv})
+	recheck := max(cfg.Recheck, time.Second)
+	var lb *lbSession
+	client, err := lbhook.NewClient(cfg.Config, lbhook.ClientOptions{
+		Logger: s.Logger.Named("lb"), Getenv: s.getenv,
+		// An LB API that comes back is tried again within one recheck
+		// interval (and within the client's own cap, if lower).
+		MaxRetryWait: min(recheck, 8*cfg.WithDefaults().PollInterval),
+		OnUnanswered: func(u lbhook.Unanswered) { lb.unanswered(u) },
+	})
 	if err != nil {
 		return nil, fmt.Errorf("load balancer client: %w", err)
 	}
@@ -150,12 +160,12 @@ func (s *Supervisor) startLB(lease *lockclient.Lease) (*lbSession, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	lb := &lbSession{
+	lb = &lbSession{
 		cfg: cfg, client: client, hook: hook,
 		self: client.Self(cfg.Upstream),
 		ctx:  ctx, cancel: cancel,
 		events:  make(chan lbEvent, 4),
-		recheck: time.NewTicker(max(cfg.Recheck, time.Second)),
+		recheck: time.NewTicker(recheck),
 		busy:    true, attempt: 1,
 	}
 	if up := lease.Previous.Upstream; up != "" {
@@ -183,6 +193,19 @@ func (lb *lbSession) healthThenAdd(s *Supervisor) {
 	lb.posted.Store(true)
 	resp, err := lb.hook.Add(lb.ctx, lb.self, lb.prev)
 	lb.events <- lbEvent{kind: "added", resp: resp, err: err}
+}
+
+// unanswered passes a report of unanswered calls to the supervisor loop.
+// It runs on the goroutine of the request; once the session is cancelled
+// (we are stopping: the REMOVE reports its own failure) it is dropped.
+func (lb *lbSession) unanswered(u lbhook.Unanswered) {
+	if lb == nil {
+		return
+	}
+	select {
+	case lb.events <- lbEvent{kind: "unanswered", unanswered: u}:
+	case <-lb.ctx.Done():
+	}
 }
 
 // eventsC and recheckC are nil (never ready) without an LB.
@@ -225,6 +248,11 @@ func (lb *lbSession) readd() {
 // handleLB reacts to one LB event. It returns a non-nil error when the
 // workload must be stopped because the LB refused us.
 func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string) Event) error {
+	if ev.kind == "unanswered" {
+		// The request goes on: a notice, not a change of state.
+		s.notify(held(s.state, lbUnansweredMessage(ev.unanswered, lb.registered, lb.client.Config())))
+		return nil
+	}
 	lb.busy = false
 	switch ev.kind {
 	case "healthy":
@@ -250,7 +278,7 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 					s.OnLBRemoved()
 				}
 			}
-			return fmt.Errorf("LB add failed: %w", ev.err)
+			return ev.err
 		}
 		lb.registered = true
 		s.emit(held(StateRegistered, fmt.Sprintf("Registered %s with load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)))
@@ -269,7 +297,10 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 			}
 			return nil
 		}
-		s.emit(held(StateRegistered, fmt.Sprintf("Re-registered %s with load balancer service %s (it had vanished)", lb.self.Upstream, lb.cfg.ServiceID)))
+		// Each re-add is an event of its own, counted, so that an LB that
+		// keeps losing our upstream shows.
+		s.notify(held(StateRegistered, fmt.Sprintf("Re-registered %s with load balancer service %s (it had vanished; re-add %d)",
+			lb.self.Upstream, lb.cfg.ServiceID, lb.attempt-1)))
 	}
 	return nil
 }
@@ -291,7 +322,7 @@ func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(S
 	resp, err := lb.hook.Remove(ctx, lb.self)
 	if err != nil {
 		s.Logger.Error("lb remove did not complete; stopping the workload anyway", "error", err, "state", resp.LoadBalancerState, "took", time.Since(began))
-		s.emit(held(StateStopping, "LB remove failed: "+err.Error()))
+		s.emit(held(StateStopping, lbRemoveFailedMessage(err, lb.client.Config(), lb.self.Upstream)))
 		return
 	}
 	s.Logger.Info("removed from the load balancer", "upstream", lb.self.Upstream, "took", time.Since(began).Round(time.Millisecond))

@@ -51,6 +51,11 @@ type Event struct {
 	Fence   uint64            // holding and after
 	Holder  lockclient.Holder // waiting: who holds the lock now
 	Message string
+	// Notice marks an event that is no change of state (an LB API that
+	// does not answer, a re-add): State and the deadlines are the current
+	// ones and Message is the notice. Show each notice once; the state's
+	// own message still stands.
+	Notice bool
 
 	// Set while the lease is held: the watchdog kills the workload's group
 	// if the supervisor has not acted on them.
@@ -169,6 +174,15 @@ func (s *Supervisor) emit(ev Event) {
 	}
 }
 
+// notify publishes a notice (see Event.Notice) without changing the
+// state or the message that renew heartbeats repeat.
+func (s *Supervisor) notify(ev Event) {
+	ev.Time, ev.Path, ev.Notice = time.Now(), s.Config.Path, true
+	if s.Observe != nil {
+		s.Observe(ev)
+	}
+}
+
 // Run supervises until the workload is gone and the lock released, and
 // returns the exit code. sigs delivers the signals the supervisor received.
 func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
@@ -255,8 +269,8 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 
 		case ev := <-lb.eventsC():
 			if err := s.handleLB(lb, ev, held); err != nil {
-				log.Error("stopping: the load balancer refused us", "error", err)
-				s.emit(held(StateStopping, err.Error()))
+				log.Error("stopping: the load balancer ADD failed", "error", err)
+				s.emit(held(StateStopping, lbAddFailedMessage(err, lb.client.Config())))
 				shutdown(s.Config.KillSignal, s.Config.KillTimeout)
 				return ExitLBFailed
 			}
