@@ -129,9 +129,10 @@ func (d *Driver) removeAfterCrash(h *taskHandle) {
 	}
 	defer client.Close()
 	hook, err := client.ForAlloc(reg.AllocID, reg.Fence)
+	var resp lbhook.BaragonResponse
 	if err == nil {
 		ctx, cancel := context.WithTimeout(d.ctx, reg.Config.WithDefaults().RemoveDeadline+crashReleaseTimeout)
-		_, err = hook.Remove(ctx, reg.Upstream)
+		resp, err = hook.Remove(ctx, reg.Upstream)
 		cancel()
 	}
 	if err != nil {
@@ -141,6 +142,10 @@ func (d *Driver) removeAfterCrash(h *taskHandle) {
 		return
 	}
 	_ = h.dir.Remove(lbFile)
-	d.emitEvent(h.cfg, fmt.Sprintf("Removed %s from load balancer on behalf of crashed supervisor", reg.Upstream.Upstream),
+	msg := fmt.Sprintf("Removed %s from load balancer on behalf of crashed supervisor", reg.Upstream.Upstream)
+	if lbhook.RemovedAnyway(resp) {
+		msg += fmt.Sprintf(" (request %s ended %s, but the LB's state shows the upstream gone)", resp.LoadBalancerRequestID, resp.LoadBalancerState)
+	}
+	d.emitEvent(h.cfg, msg,
 		map[string]string{"upstream": reg.Upstream.Upstream})
 }

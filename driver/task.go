@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 	"golang.org/x/sys/unix"
 )
@@ -493,12 +494,30 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 	if err := h.proc.signal(stopSignal); err != nil {
 		return fmt.Errorf("stop task: signal supervisor: %w", err)
 	}
+	wait := timeout + stopReserve + h.lbRemoveReserve()
 	select {
 	case <-h.done:
 		return nil
-	case <-time.After(timeout + stopReserve):
-		return h.kill(fmt.Sprintf("supervisor still running %s after the stop request", timeout+stopReserve))
+	case <-time.After(wait):
+		return h.kill(fmt.Sprintf("supervisor still running %s after the stop request", wait))
 	}
+}
+
+// lbRemoveReserve is what the supervisor may spend on its LB REMOVE before
+// it signals the workload: remove_deadline and one state read
+// (request_timeout). StopTask waits that much longer.
+func (h *taskHandle) lbRemoveReserve() time.Duration {
+	var spec supervisorSpec
+	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.LB.IsZero() {
+		return 0
+	}
+	parse := func(v string, def time.Duration) time.Duration {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			return d
+		}
+		return def
+	}
+	return parse(spec.LB.RemoveDeadline, lbhook.DefaultRemoveDeadline) + parse(spec.LB.RequestTimeout, lbhook.DefaultRequestTimeout)
 }
 
 // killTask SIGKILLs the supervisor, through the handle that proves it is

@@ -27,11 +27,22 @@ const (
 	DefaultPollInterval = 500 * time.Millisecond
 	// DefaultAddDeadline is how long an ADD may stay unfinished before it is
 	// cancelled. Singularity has no such deadline; we need one so that a
-	// stuck LB cannot hold a task forever.
+	// stuck LB cannot hold a task forever. Baragon's worker runs once a
+	// second and a request needs two of its runs (apply, then check the
+	// agents), so a lone request takes 1-2 s, and about 3 s per request
+	// once requests queue (one batch per service at a time, ten requests
+	// per run): a minute covers a queue of some twenty requests, while an
+	// LB that is down is reported within seconds (OnUnanswered), not at
+	// the deadline.
 	DefaultAddDeadline = time.Minute
 	// DefaultRemoveDeadline is how long a REMOVE may take, retries included.
-	// It is spent before the workload is signalled, so keep it short.
-	DefaultRemoveDeadline = 5 * time.Second
+	// It is spent before the workload is signalled, so it is kept short,
+	// but not shorter than Baragon needs: with its 1 s worker a REMOVE that
+	// queues behind two other requests of the service (a failover's ADD and
+	// an earlier REMOVE) needs about 3 × 3 s. 5 s missed that; 10 s fits it
+	// with the poll interval to spare. A REMOVE that runs out is cancelled,
+	// and the service's state then tells whether it was applied anyway.
+	DefaultRemoveDeadline = 10 * time.Second
 	// DefaultAuthKeyEnv is the environment variable read for the auth key
 	// when Config.AuthKeyFile is empty.
 	DefaultAuthKeyEnv = "SINGLETON_LB_AUTHKEY"
@@ -84,7 +95,7 @@ type Config struct {
 	PollInterval time.Duration
 	// AddDeadline is when an unfinished ADD is cancelled (default 1m).
 	AddDeadline time.Duration
-	// RemoveDeadline bounds a REMOVE with its retries (default 5s).
+	// RemoveDeadline bounds a REMOVE with its retries (default 10s).
 	RemoveDeadline time.Duration
 	// AuthKeyFile holds the auth key. When empty, the key comes from the
 	// environment (ClientOptions.AuthKeyEnv), or there is none.

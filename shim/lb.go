@@ -326,7 +326,12 @@ func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(S
 		return
 	}
 	s.Logger.Info("removed from the load balancer", "upstream", lb.self.Upstream, "took", time.Since(began).Round(time.Millisecond))
-	s.emit(held(StateStopping, fmt.Sprintf("Removed %s from load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)))
+	msg := fmt.Sprintf("Removed %s from load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)
+	if lbhook.RemovedAnyway(resp) {
+		msg += fmt.Sprintf(" (request %s ended %s, but the LB's state shows the upstream gone: the removal was applied)",
+			resp.LoadBalancerRequestID, resp.LoadBalancerState)
+	}
+	s.emit(held(StateStopping, msg))
 	if s.OnLBRemoved != nil {
 		s.OnLBRemoved()
 	}

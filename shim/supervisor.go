@@ -146,7 +146,8 @@ type Supervisor struct {
 
 // removeBudget is how long the LB REMOVE may delay the kill signal: the
 // remove deadline, and after a loss at most half the time left to the stop
-// deadline.
+// deadline. A REMOVE that does not succeed within it may take one more
+// call (RequestTimeout) to read whether it was applied anyway.
 func (s *Supervisor) removeBudget(lease *lockclient.Lease) time.Duration {
 	if s.Config.LB == nil {
 		return 0
@@ -156,6 +157,14 @@ func (s *Supervisor) removeBudget(lease *lockclient.Lease) time.Duration {
 		budget = min(budget, time.Until(lease.StopDeadline())/2)
 	}
 	return budget
+}
+
+// lbCheckTime is the one state read a failed REMOVE may add to its budget.
+func (s *Supervisor) lbCheckTime() time.Duration {
+	if s.Config.LB == nil {
+		return 0
+	}
+	return s.Config.LB.WithDefaults().RequestTimeout
 }
 
 func (s *Supervisor) getenv(k string) string {
@@ -247,7 +256,7 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	shutdown := func(sig syscall.Signal, timeout time.Duration) {
 		// The loop no longer re-arms the guard: give it the whole stop
 		// (LB remove, then the grace), still capped by the stop deadline.
-		g.arm(earliest(time.Now().Add(s.removeBudget(lease)+timeout+2*time.Second), lease.StopDeadline()))
+		g.arm(earliest(time.Now().Add(s.removeBudget(lease)+s.lbCheckTime()+timeout+2*time.Second), lease.StopDeadline()))
 		s.deregister(lb, s.removeBudget(lease), held)
 		s.stop(lease, g, exited, sig, timeout, held)
 		s.finish(lease, g, exited)
