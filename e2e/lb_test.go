@@ -342,10 +342,14 @@ func testLBInvalid(t *testing.T, a *harness.Agent, lb *harness.LB) {
 		t.Errorf("%d events quote the LB's INVALID_REQUEST_NOOP message, want one per run (2)", len(quoted))
 	}
 	for _, ev := range quoted {
-		if !strings.Contains(drvEventText(ev), "LB add failed: ") {
-			t.Errorf("event quoting the LB is not about the ADD: %s", drvEventText(ev))
+		// It names the field to fix and what Nomad does next.
+		for _, want := range []string{"LB add failed: ", "load_balancer.groups", lbRestartNote} {
+			if !strings.Contains(drvEventText(ev), want) {
+				t.Errorf("event quoting the LB does not say %q: %s", want, drvEventText(ev))
+			}
 		}
 	}
+	lbAssertNoCrashWording(t, evs)
 	if m := drvMatching(evs, "LB remove"); len(m) > 0 {
 		t.Errorf("a REMOVE was attempted although the ADD was refused as invalid:\n%s", drvFormatEvents(m))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -17,6 +18,11 @@ import (
 // ErrNotFinal is wrapped by Run's error when the cancel wait ran out before
 // Baragon reported a final state. The request may still finish later.
 var ErrNotFinal = errors.New("lb request did not reach a final state")
+
+// ErrNeverReached is wrapped by Run's error when the deadline passed and no
+// call ever reached the LB API (every one failed to connect): the LB never
+// saw the request, so there is nothing to cancel, and nothing to undo.
+var ErrNeverReached = errors.New("never reached the LB API")
 
 // alreadyEnqueued is the text of Baragon's FAILED answer to a POST whose id
 // is active with a different body (RequestManager.enqueueRequest).
@@ -65,7 +71,18 @@ func (c *Client) Run(ctx context.Context, req BaragonRequest, deadline time.Time
 	if err != nil || resp.LoadBalancerState.IsFinal() {
 		return resp, err
 	}
+	if !r.reached {
+		r.log.Warn("deadline passed and no call reached the LB API; nothing to cancel", "error", r.lastErr)
+		return resp, r.withLastCall(fmt.Errorf("lb request %s: %w before its deadline (last state %s)", r.id, ErrNeverReached, resp.LoadBalancerState))
+	}
 	return r.cancel(ctx)
+}
+
+// neverSent reports whether a call failed before any byte of it could
+// reach the server: it could not connect (refused, unreachable, no such host).
+func neverSent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 // runner is the state of one Run.
@@ -79,6 +96,7 @@ type runner struct {
 	last     BaragonResponse // last answer (or synthesized UNKNOWN)
 	accepted bool            // Baragon answered this id with a live state
 	resent   bool            // the "already enqueued" re-send was used
+	reached  bool            // some call may have reached the LB API
 
 	// lastErr is the latest call that got no usable answer, for the
 	// error of a run that ends without a final state.
@@ -151,6 +169,7 @@ func (r *runner) untilDeadline(ctx context.Context) (BaragonResponse, error) {
 		if err == nil {
 			r.answered()
 		}
+		r.reached = r.reached || !neverSent(err)
 		var next step
 		if post {
 			next = r.afterPost(resp, err)

@@ -263,7 +263,9 @@ func TestRunUnreachable(t *testing.T) {
 	c, err := NewClient(cfg, ClientOptions{CancelWait: 50 * time.Millisecond, Getenv: func(string) string { return testKey }})
 	mustNoErr(t, err)
 	resp, err := c.Run(context.Background(), c.NewRequest("r1", []UpstreamInfo{self}, nil), time.Now().Add(50*time.Millisecond))
-	if !errors.Is(err, ErrNotFinal) || resp.LoadBalancerState != StateUnknown {
+	// No call connected: the LB never saw the request, there is nothing
+	// to cancel, and the error says why.
+	if !errors.Is(err, ErrNeverReached) || resp.LoadBalancerState != StateUnknown || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("got %s %v", resp.LoadBalancerState, err)
 	}
 	assertNoSecret(t, "error", err.Error())
@@ -343,8 +345,8 @@ func TestRunReportsUnansweredCallsAtABoundedRate(t *testing.T) {
 	start := time.Now()
 	_, err = c.Run(context.Background(), c.NewRequest("r1", []UpstreamInfo{self}, nil), time.Now().Add(400*time.Millisecond))
 	took := time.Since(start)
-	if !errors.Is(err, ErrNotFinal) || !strings.Contains(err.Error(), "connection refused") {
-		t.Fatalf("error %v, want ErrNotFinal naming the cause", err)
+	if !errors.Is(err, ErrNeverReached) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("error %v, want ErrNeverReached naming the cause", err)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -267,10 +267,10 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 				return nil
 			}
 			var oe *lbhook.OutcomeError
-			if errors.As(ev.err, &oe) {
+			if errors.As(ev.err, &oe) || errors.Is(ev.err, lbhook.ErrNeverReached) {
 				// The ADD reached a final state other than SUCCESS (FAILED,
 				// CANCELED or INVALID_REQUEST_NOOP): Baragon applied nothing
-				// or reverted it. Like Singularity, send no REMOVE, here or
+				// or reverted it. Or it never reached the LB API at all. Like Singularity, send no REMOVE, here or
 				// from the driver: one would only make the service appear in
 				// Baragon's state with no upstream.
 				lb.posted.Store(false)
@@ -307,7 +307,12 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 
 // deregister stops all LB work and removes our upstream if an ADD may have
 // reached the LB, within budget. It runs before the workload is signalled.
-func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(State, string) Event) {
+// While the REMOVE runs, every renew of the lease calls onRenew (the
+// caller re-arms its guard and republishes its deadlines: a REMOVE may take
+// longer than a renew interval, and a stale fence deadline would make the
+// driver's watchdog kill a supervisor that is only waiting for the LB).
+func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(State, string) Event,
+	renewed <-chan struct{}, onRenew func()) {
 	if lb == nil {
 		return
 	}
@@ -319,7 +324,25 @@ func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(S
 	ctx, cancel := context.WithTimeout(context.Background(), max(budget, 0))
 	defer cancel()
 	began := time.Now()
-	resp, err := lb.hook.Remove(ctx, lb.self)
+	type result struct {
+		resp lbhook.BaragonResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := lb.hook.Remove(ctx, lb.self)
+		done <- result{resp, err}
+	}()
+	var r result
+	for waiting := true; waiting; {
+		select {
+		case r = <-done:
+			waiting = false
+		case <-renewed:
+			onRenew()
+		}
+	}
+	resp, err := r.resp, r.err
 	if err != nil {
 		s.Logger.Error("lb remove did not complete; stopping the workload anyway", "error", err, "state", resp.LoadBalancerState, "took", time.Since(began))
 		s.emit(held(StateStopping, lbRemoveFailedMessage(err, lb.client.Config(), lb.self.Upstream)))

@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -30,6 +31,7 @@ func TestNoRemoveAfterFinalFailedAdd(t *testing.T) {
 		{"failed", &lbhook.OutcomeError{RequestID: "a-ADD-1", State: lbhook.StateFailed, Message: "apply failed"}, false, false},
 		{"canceled", &lbhook.OutcomeError{RequestID: "a-ADD-1", State: lbhook.StateCanceled}, false, false},
 		{"invalid", &lbhook.OutcomeError{RequestID: "a-ADD-1", State: lbhook.StateInvalidRequestNoop}, false, false},
+		{"never reached the LB API", fmt.Errorf("lb request a-ADD-1: %w", lbhook.ErrNeverReached), false, false},
 		{"cut short by our stop", errors.New("context canceled"), true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,7 +69,7 @@ func TestNoRemoveAfterFinalFailedAdd(t *testing.T) {
 			if tc.stopping != (err == nil) {
 				t.Errorf("handleLB = %v; want the workload stopped (an error) unless we were stopping already", err)
 			}
-			s.deregister(lb, 2*time.Second, held)
+			s.deregister(lb, 2*time.Second, held, nil, nil)
 			if got := posts.Load() > 0; got != tc.wantRemove {
 				t.Errorf("REMOVE sent: %v, want %v", got, tc.wantRemove)
 			}

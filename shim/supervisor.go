@@ -256,8 +256,12 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	shutdown := func(sig syscall.Signal, timeout time.Duration) {
 		// The loop no longer re-arms the guard: give it the whole stop
 		// (LB remove, then the grace), still capped by the stop deadline.
-		g.arm(earliest(time.Now().Add(s.removeBudget(lease)+s.lbCheckTime()+timeout+2*time.Second), lease.StopDeadline()))
-		s.deregister(lb, s.removeBudget(lease), held)
+		until := time.Now().Add(s.removeBudget(lease) + s.lbCheckTime() + timeout + 2*time.Second)
+		g.arm(earliest(until, lease.StopDeadline()))
+		s.deregister(lb, s.removeBudget(lease), held, lease.Renewed(), func() {
+			g.arm(earliest(until, lease.StopDeadline()))
+			s.emit(held(s.state, s.message))
+		})
 		s.stop(lease, g, exited, sig, timeout, held)
 		s.finish(lease, g, exited)
 	}
