@@ -41,9 +41,10 @@ func TestLBFailures(t *testing.T) {
 // becomes healthy. Within 10 s a task event says the holder is not yet in
 // the load balancer, with the LB's URL (never its auth key), the cause and
 // the field to check. The LB then comes up on that port: the holder is
-// registered within one recheck interval. The LB goes down again and the
-// holder is stopped: the event says the REMOVE failed and why, nothing
-// speaks of a crash, and Nomad hears of the exit right after the release.
+// registered within one recheck interval. The LB goes down again: the next
+// re-check says so. The holder is stopped: the event says the REMOVE failed
+// and why, nothing speaks of a crash, and Nomad hears of the exit right
+// after the release.
 func testLBDownThenBack(t *testing.T, a *harness.Agent) {
 	key := fmt.Sprintf("down-key-%d", time.Now().UnixNano())
 	port := harness.FreePort(t)
@@ -92,10 +93,12 @@ func testLBDownThenBack(t *testing.T, a *harness.Agent) {
 	}
 	drvWaitEvent(t, a, holder, 10*time.Second, fmt.Sprintf("Registered %s with load balancer service %s", up, j.service))
 
-	// Down again; a normal stop.
+	// Down again: the next re-check says so; then a normal stop.
 	if err := srv.Close(); err != nil {
 		t.Logf("close the LB: %v", err)
 	}
+	drvWaitEvent(t, a, holder, lbRecheck+10*time.Second, "Registered, but the load balancer's state cannot be read",
+		"connection refused", "load_balancer.uri")
 	if err := a.StopAlloc(holder); err != nil {
 		t.Fatal(err)
 	}

@@ -132,6 +132,10 @@ type lbSession struct {
 	posted     atomic.Bool // an ADD may have reached the LB: REMOVE on the way out
 	registered bool
 	attempt    int
+	// checkFails counts re-checks in a row that failed; checkNoticed is
+	// when the last notice of them went out.
+	checkFails   int
+	checkNoticed time.Time
 }
 
 // startLB begins health-gating and the ADD for this lease. previous is the
@@ -246,7 +250,8 @@ func (lb *lbSession) readd() {
 }
 
 // handleLB reacts to one LB event. It returns a non-nil error when the
-// workload must be stopped because the LB refused us.
+// workload must be stopped because the ADD failed: the LB refused it, or
+// never answered it by add_deadline.
 func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string) Event) error {
 	if ev.kind == "unanswered" {
 		// The request goes on: a notice, not a change of state.
@@ -283,9 +288,17 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 		lb.registered = true
 		s.emit(held(StateRegistered, fmt.Sprintf("Registered %s with load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)))
 	case "checked":
+		if ev.err == nil {
+			lb.checkFails = 0
+		}
 		switch {
 		case ev.err != nil:
 			s.Logger.Warn("lb re-check failed; trying again next interval", "error", ev.err)
+			lb.checkFails++
+			if lb.checkFails == 1 || time.Since(lb.checkNoticed) >= lbhook.DefaultUnansweredEvery {
+				lb.checkNoticed = time.Now()
+				s.notify(held(s.state, lbRecheckFailedMessage(ev.err, lb.checkFails, lb.client.Config(), lb.cfg.Recheck)))
+			}
 		case ev.missing:
 			s.Logger.Warn("our upstream vanished from the load balancer; adding it again", "upstream", lb.self.Upstream)
 			lb.readd()

@@ -38,6 +38,15 @@ func lbUnansweredMessage(u lbhook.Unanswered, registered bool, cfg lbhook.Config
 	return msg
 }
 
+// lbRecheckFailedMessage is the notice for re-checks of a registered
+// holder that fail: the first, then at most every 30 s while they go on.
+func lbRecheckFailedMessage(err error, fails int, cfg lbhook.Config, every time.Duration) string {
+	d := lbhook.Diagnose(err, cfg)
+	return fmt.Sprintf("Registered, but the load balancer's state cannot be read (%d re-checks in a row failed): %s; %s; "+
+		"the workload keeps running, and whether our upstream is still there is checked again every load_balancer.recheck_interval (%s)",
+		fails, d.Cause, d.Fix, max(every, time.Second))
+}
+
 // lbAddFailedMessage is the event of an ADD that ended without SUCCESS:
 // the workload is stopped (exit 74).
 func lbAddFailedMessage(err error, cfg lbhook.Config) string {

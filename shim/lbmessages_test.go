@@ -41,6 +41,9 @@ func TestLBFailureMessages(t *testing.T) {
 			"LB add failed: ", "INVALID_REQUEST_NOOP", "Invalid request due to non-existent load balancer groups: [nope]",
 			"load_balancer.groups", "never routed", restartNote}},
 		{"ADD FAILED by the LB's agents", lbAddFailedMessage(failed, cfg), []string{"FAILED", "simulated agent failure", "LB agents", restartNote}},
+		{"re-check unanswered while registered", lbRecheckFailedMessage(refused, 3, cfg, 10*time.Second), []string{
+			"Registered, but the load balancer's state cannot be read (3 re-checks in a row failed)", "connection refused",
+			"load_balancer.uri", "recheck_interval (10s)"}},
 		{"REMOVE never answered", lbRemoveFailedMessage(refused, cfg, "10.0.0.1:80"), []string{
 			"LB remove failed: ", "connection refused", "load_balancer.uri", "10.0.0.1:80 may stay in load balancer service web", "next holder's ADD"}},
 	} {
