@@ -275,9 +275,11 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 			if errors.As(ev.err, &oe) || errors.Is(ev.err, lbhook.ErrNeverReached) {
 				// The ADD reached a final state other than SUCCESS (FAILED,
 				// CANCELED or INVALID_REQUEST_NOOP): Baragon applied nothing
-				// or reverted it. Or it never reached the LB API at all. Like Singularity, send no REMOVE, here or
+				// or reverted it; or no call of it ever connected, so the LB
+				// never saw it. Like Singularity, send no REMOVE, here or
 				// from the driver: one would only make the service appear in
-				// Baragon's state with no upstream.
+				// Baragon's state with no upstream, or wait on an LB that is
+				// down while the workload runs unrouted.
 				lb.posted.Store(false)
 				if s.OnLBRemoved != nil {
 					s.OnLBRemoved()
