@@ -26,19 +26,42 @@ const (
 	crashReleaseTimeout = 10 * time.Second
 )
 
+// cleanUpAfterExit runs once a supervisor has exited, before Nomad hears of
+// the exit. A supervisor that wrote its exit status ran its own stop path:
+// it sent its REMOVE (and reported how that went) and tried to release, so
+// the plugin sends nothing to the load balancer for it. A REMOVE of ours
+// after the lock is free could take out a standby that came up on the same
+// host:port; an upstream a failed REMOVE left behind is replaced by the next
+// holder's ADD, which removes the previous holder's upstream recorded in the
+// lock. Only a supervisor that died without an exit status (SIGKILL, OOM
+// kill, the watchdog) gets the crash clean-up: REMOVE, then release.
+func (d *Driver) cleanUpAfterExit(h *taskHandle) {
+	crashed := !wroteExitStatus(h.dir)
+	if crashed {
+		d.removeAfterCrash(h)
+	}
+	d.releaseAfterCrash(h, crashed)
+}
+
 // releaseAfterCrash runs when a supervisor has exited. It does nothing if
-// the supervisor released (or never held) the lock.
-func (d *Driver) releaseAfterCrash(h *taskHandle) {
+// the supervisor released (or tried to release, or never held) the lock:
+// after a normal exit the record is left only when the supervisor could not
+// prove its workload dead, and the plugin's cgroup may still prove it.
+func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 	var held heldLease
 	if err := readJSON(h.dir, leaseFile, &held); err != nil {
 		return
 	}
 	log := h.logger.With("lock", held.Path, "fence", held.Fence)
 	ann := map[string]string{"lock_state": string(shim.StateReleased), "fence": strconv.FormatUint(held.Fence, 10)}
+	whose := "crashed supervisor"
+	if !crashed {
+		whose = "supervisor, which could not prove its workload dead"
+	}
 
 	if err := h.killRemains(confirmDeadWithin); err != nil {
 		log.Error("supervisor died holding the lock, but its processes are not confirmed dead: not releasing", "error", err)
-		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released after supervisor crash (%v); it expires on the server after 2×TTL + delay", err), ann)
+		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay", whose, err), ann)
 		return
 	}
 	locker, err := lockclient.New(lockclient.Config{
@@ -56,12 +79,12 @@ func (d *Driver) releaseAfterCrash(h *taskHandle) {
 	switch {
 	case err == nil:
 		log.Info("released the lock on behalf of the crashed supervisor")
-		d.emitEvent(h.cfg, fmt.Sprintf("Released lock on behalf of crashed supervisor (fence %d)", held.Fence), ann)
+		d.emitEvent(h.cfg, fmt.Sprintf("Released lock on behalf of %s (fence %d)", whose, held.Fence), ann)
 	case errors.Is(err, lockclient.ErrLost):
 		log.Info("crashed supervisor's lock was already gone", "reason", err)
 	default:
 		log.Error("could not release the crashed supervisor's lock; it expires on the server", "error", err)
-		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released after supervisor crash (%v); it expires on the server after 2×TTL + delay", err), ann)
+		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay", whose, err), ann)
 		return
 	}
 	_ = h.dir.Remove(leaseFile)
@@ -107,17 +130,23 @@ func (d *Driver) removeAfterCrash(h *taskHandle) {
 	}
 	defer client.Close()
 	hook, err := client.ForAlloc(reg.AllocID, reg.Fence)
+	var resp lbhook.BaragonResponse
 	if err == nil {
 		ctx, cancel := context.WithTimeout(d.ctx, reg.Config.WithDefaults().RemoveDeadline+crashReleaseTimeout)
-		_, err = hook.Remove(ctx, reg.Upstream)
+		resp, err = hook.Remove(ctx, reg.Upstream)
 		cancel()
 	}
 	if err != nil {
 		log.Error("could not remove the crashed supervisor's upstream from the load balancer", "error", err)
-		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after supervisor crash failed: %v", err), map[string]string{"upstream": reg.Upstream.Upstream})
+		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after supervisor crash failed: %s; %s may stay in load balancer service %s until the next holder's ADD replaces it",
+			lbhook.Diagnose(err, reg.Config.WithDefaults()), reg.Upstream.Upstream, reg.Config.ServiceID), map[string]string{"upstream": reg.Upstream.Upstream})
 		return
 	}
 	_ = h.dir.Remove(lbFile)
-	d.emitEvent(h.cfg, fmt.Sprintf("Removed %s from load balancer on behalf of crashed supervisor", reg.Upstream.Upstream),
+	msg := fmt.Sprintf("Removed %s from load balancer on behalf of crashed supervisor", reg.Upstream.Upstream)
+	if lbhook.RemovedAnyway(resp) {
+		msg += fmt.Sprintf(" (request %s ended %s, but the LB's state shows the upstream gone)", resp.LoadBalancerRequestID, resp.LoadBalancerState)
+	}
+	d.emitEvent(h.cfg, msg,
 		map[string]string{"upstream": reg.Upstream.Upstream})
 }

@@ -166,6 +166,13 @@ type exitStatus struct {
 	Message  string `json:",omitempty"`
 }
 
+// wroteExitStatus reports whether the supervisor recorded its exit, which
+// it does after its own stop path: a supervisor that died without one crashed.
+func wroteExitStatus(dir *securefs.Dir) bool {
+	var es exitStatus
+	return readJSON(dir, exitFile, &es) == nil
+}
+
 // stopRequest is a StopTask's kill signal and timeout.
 type stopRequest struct {
 	Signal  int

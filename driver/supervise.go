@@ -200,7 +200,9 @@ func joinCgroups(procsFiles []string) error {
 
 // publisher writes the supervisor's events for the plugin: every event
 // refreshes status.json; a change of state or message is also appended to
-// events.jsonl, which the plugin turns into task events.
+// events.jsonl, which the plugin turns into task events. A notice (an LB
+// API that does not answer, a re-add) is appended as it comes and leaves
+// the status alone: the supervisor paces notices itself.
 type publisher struct {
 	dir  *securefs.Dir
 	path string
@@ -216,6 +218,12 @@ func (p *publisher) note(msg string) {
 }
 
 func (p *publisher) observe(ev shim.Event) {
+	if ev.Notice {
+		// Not a change of state: one task event each, and the status keeps
+		// the state's own message.
+		p.appendEvent(ev)
+		return
+	}
 	st := supervisorStatus{
 		State: string(ev.State), Message: ev.Message, Path: p.path, Fence: ev.Fence,
 		FenceDeadlineMono: monoAt(ev.FenceDeadline), StopDeadlineMono: monoAt(ev.StopDeadline),
@@ -232,6 +240,11 @@ func (p *publisher) observe(ev shim.Event) {
 		return
 	}
 	p.last = ev
+	p.appendEvent(ev)
+}
+
+// appendEvent adds ev to events.jsonl, which the plugin turns into a task event.
+func (p *publisher) appendEvent(ev shim.Event) {
 	line := taskEventLine{Time: ev.Time, State: string(ev.State), Message: ev.Message, Fence: ev.Fence}
 	if !ev.Holder.IsZero() {
 		line.Holder = ev.Holder.AllocID

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 	"golang.org/x/sys/unix"
 )
@@ -328,8 +329,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		d.tasks.set(cfg.ID, h)
 		go func() {
 			d.drainEvents(h, tail)
-			d.removeAfterCrash(h)
-			d.releaseAfterCrash(h)
+			d.cleanUpAfterExit(h)
 			h.finish(d.exitResult(h, nil, nil))
 		}()
 		return nil
@@ -361,8 +361,7 @@ func (d *Driver) run(h *taskHandle, tail *eventTail) {
 		select {
 		case w := <-exited:
 			d.drainEvents(h, tail)
-			d.removeAfterCrash(h)
-			d.releaseAfterCrash(h)
+			d.cleanUpAfterExit(h)
 			h.finish(d.exitResult(h, w.state, w.err))
 			return
 		case <-tick.C:
@@ -513,12 +512,30 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 	if err := h.proc.signal(stopSignal); err != nil {
 		return fmt.Errorf("stop task: signal supervisor: %w", err)
 	}
+	wait := timeout + stopReserve + h.lbRemoveReserve()
 	select {
 	case <-h.done:
 		return nil
-	case <-time.After(timeout + stopReserve):
-		return h.kill(fmt.Sprintf("supervisor still running %s after the stop request", timeout+stopReserve))
+	case <-time.After(wait):
+		return h.kill(fmt.Sprintf("supervisor still running %s after the stop request", wait))
 	}
+}
+
+// lbRemoveReserve is what the supervisor may spend on its LB REMOVE before
+// it signals the workload: remove_deadline and one state read
+// (request_timeout). StopTask waits that much longer.
+func (h *taskHandle) lbRemoveReserve() time.Duration {
+	var spec supervisorSpec
+	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.LB.IsZero() {
+		return 0
+	}
+	parse := func(v string, def time.Duration) time.Duration {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			return d
+		}
+		return def
+	}
+	return parse(spec.LB.RemoveDeadline, lbhook.DefaultRemoveDeadline) + parse(spec.LB.RequestTimeout, lbhook.DefaultRequestTimeout)
 }
 
 // killTask SIGKILLs the supervisor, through the handle that proves it is
@@ -564,7 +581,6 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 			return err
 		}
 	}
-	d.removeAfterCrash(h) // a REMOVE that failed at exit gets one more try
 	d.tasks.delete(taskID)
 	d.mu.RLock()
 	root := d.stateRoot

@@ -343,10 +343,14 @@ func testLBInvalid(t *testing.T, a *harness.Agent, lb *harness.LB) {
 		t.Errorf("%d events quote the LB's INVALID_REQUEST_NOOP message, want one per run (2)", len(quoted))
 	}
 	for _, ev := range quoted {
-		if !strings.Contains(drvEventText(ev), "LB add failed: ") {
-			t.Errorf("event quoting the LB is not about the ADD: %s", drvEventText(ev))
+		// It names the field to fix and what Nomad does next.
+		for _, want := range []string{"LB add failed: ", "load_balancer.groups", lbRestartNote} {
+			if !strings.Contains(drvEventText(ev), want) {
+				t.Errorf("event quoting the LB does not say %q: %s", want, drvEventText(ev))
+			}
 		}
 	}
+	lbAssertNoCrashWording(t, evs)
 	if m := drvMatching(evs, "LB remove"); len(m) > 0 {
 		t.Errorf("a REMOVE was attempted although the ADD was refused as invalid:\n%s", drvFormatEvents(m))
 	}
@@ -408,7 +412,8 @@ func testLBInvalid(t *testing.T, a *harness.Agent, lb *harness.LB) {
 // testLBOutOfBand (scenario 6): someone removes our upstream through the LB
 // API under their own request id. Within one re-check interval (+ slack)
 // the holder re-adds it under the next attempt id (<alloc>-ADD-<fence>-2),
-// says so in a "Re-registered" event, and then stays put.
+// says so in a "Re-registered" event; a second removal gets a second re-add
+// and a second event, counted; then it stays put.
 func testLBOutOfBand(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	j := newLBJob(t, lb, "oob", 1)
 	j.run(t, a)
@@ -441,13 +446,27 @@ func testLBOutOfBand(t *testing.T, a *harness.Agent, lb *harness.LB) {
 		t.Errorf("re-add adds %q and removes %q, want add [%s] only", readd.AddUpstreams, readd.RemoveUpstreams, up)
 	}
 	lbWaitUpstreams(t, lb, j.service, 5*time.Second, up)
-	drvWaitEvent(t, a, holder, 10*time.Second, fmt.Sprintf("Re-registered %s with load balancer service %s", up, j.service))
+	drvWaitEvent(t, a, holder, 10*time.Second, fmt.Sprintf("Re-registered %s with load balancer service %s (it had vanished; re-add 1)", up, j.service))
 
-	// A re-check interval later: still there, no third attempt.
+	// Again: a second re-add is an event of its own, with its count, so
+	// an LB that keeps losing the upstream shows.
+	svc, ups, _ = lbHTTPState(t, lb, j.service)
+	remove = make([]any, len(ups))
+	for i, u := range ups {
+		remove[i] = u
+	}
+	lbOperatorPost(t, lb, oobID+"-again", svc, []any{}, remove)
+	lbWaitSuccess(t, lb, add.ID+"-3", lbRecheck+15*time.Second)
+	drvWaitEvent(t, a, holder, 10*time.Second, fmt.Sprintf("Re-registered %s with load balancer service %s (it had vanished; re-add 2)", up, j.service))
+	if m := drvMatching(drvEvents(t, a, holder), "Re-registered "+up); len(m) != 2 {
+		t.Errorf("%d re-add events, want one per re-add (2):\n%s", len(m), drvFormatEvents(m))
+	}
+
+	// A re-check interval later: still there, no fourth attempt.
 	time.Sleep(lbRecheck + time.Second)
 	lbCheckUpstreams(t, lb, j.service, up)
-	if adds := lbRequestsWithPrefix(lb, j.service, holder+"-ADD-"); len(adds) != 2 {
-		t.Errorf("holder sent %d ADD requests, want the first and one re-add:\n%s", len(adds), lbFormatRequests(adds))
+	if adds := lbRequestsWithPrefix(lb, j.service, holder+"-ADD-"); len(adds) != 3 {
+		t.Errorf("holder sent %d ADD requests, want the first and two re-adds:\n%s", len(adds), lbFormatRequests(adds))
 	}
 }
 

@@ -27,11 +27,22 @@ const (
 	DefaultPollInterval = 500 * time.Millisecond
 	// DefaultAddDeadline is how long an ADD may stay unfinished before it is
 	// cancelled. Singularity has no such deadline; we need one so that a
-	// stuck LB cannot hold a task forever.
+	// stuck LB cannot hold a task forever. Baragon's worker runs once a
+	// second and a request needs two of its runs (apply, then check the
+	// agents), so a lone request takes 1-2 s, and about 3 s per request
+	// once requests queue (one batch per service at a time, ten requests
+	// per run): a minute covers a queue of some twenty requests, while an
+	// LB that is down is reported within seconds (OnUnanswered), not at
+	// the deadline.
 	DefaultAddDeadline = time.Minute
 	// DefaultRemoveDeadline is how long a REMOVE may take, retries included.
-	// It is spent before the workload is signalled, so keep it short.
-	DefaultRemoveDeadline = 5 * time.Second
+	// It is spent before the workload is signalled, so it is kept short,
+	// but not shorter than Baragon needs: with its 1 s worker a REMOVE that
+	// queues behind two other requests of the service (a failover's ADD and
+	// an earlier REMOVE) needs about 3 × 3 s. 5 s missed that; 10 s fits it
+	// with the poll interval to spare. A REMOVE that runs out is cancelled,
+	// and the service's state then tells whether it was applied anyway.
+	DefaultRemoveDeadline = 10 * time.Second
 	// DefaultAuthKeyEnv is the environment variable read for the auth key
 	// when Config.AuthKeyFile is empty.
 	DefaultAuthKeyEnv = "SINGLETON_LB_AUTHKEY"
@@ -84,7 +95,7 @@ type Config struct {
 	PollInterval time.Duration
 	// AddDeadline is when an unfinished ADD is cancelled (default 1m).
 	AddDeadline time.Duration
-	// RemoveDeadline bounds a REMOVE with its retries (default 5s).
+	// RemoveDeadline bounds a REMOVE with its retries (default 10s).
 	RemoveDeadline time.Duration
 	// AuthKeyFile holds the auth key. When empty, the key comes from the
 	// environment (ClientOptions.AuthKeyEnv), or there is none.
@@ -318,6 +329,35 @@ type ClientOptions struct {
 	// CancelWait bounds the wait for a final state after a cancel
 	// (default 2×RequestTimeout + 4×PollInterval).
 	CancelWait time.Duration
+	// MaxRetryWait caps the backoff between tries after calls that got no
+	// usable answer (default 8×PollInterval): an LB API that comes back is
+	// tried again within it.
+	MaxRetryWait time.Duration
+	// OnUnanswered, if set, hears of calls that got no usable answer
+	// (transport error, timeout, 5xx, unreadable answer): the first of each
+	// run of them, then at most once per UnansweredEvery while it lasts, so
+	// that an operator learns within seconds that the LB API is not
+	// answering, not at the request's deadline. It runs on the caller's
+	// goroutine and must not block.
+	OnUnanswered func(Unanswered)
+	// UnansweredEvery is the least time between two OnUnanswered calls of
+	// one request (default 30s).
+	UnansweredEvery time.Duration
+}
+
+// DefaultUnansweredEvery is the default ClientOptions.UnansweredEvery.
+const DefaultUnansweredEvery = 30 * time.Second
+
+// Unanswered describes calls of one request that got no usable answer.
+type Unanswered struct {
+	// RequestID is the request being driven.
+	RequestID string
+	// Err is the latest failed call; its URL never shows the auth key.
+	Err *CallError
+	// Since is when the first failed call of this run of failures ended.
+	Since time.Time
+	// Calls counts the failed calls since then.
+	Calls int
 }
 
 func (o ClientOptions) withDefaults(cfg Config) ClientOptions {
@@ -332,6 +372,13 @@ func (o ClientOptions) withDefaults(cfg Config) ClientOptions {
 	}
 	if o.CancelWait == 0 {
 		o.CancelWait = 2*cfg.RequestTimeout + 4*cfg.PollInterval
+	}
+	if o.MaxRetryWait <= 0 {
+		o.MaxRetryWait = 8 * cfg.PollInterval
+	}
+	o.MaxRetryWait = max(o.MaxRetryWait, cfg.PollInterval)
+	if o.UnansweredEvery <= 0 {
+		o.UnansweredEvery = DefaultUnansweredEvery
 	}
 	return o
 }

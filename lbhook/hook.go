@@ -227,7 +227,57 @@ func (h *Hook) runAdd(ctx context.Context, self UpstreamInfo, removePrevious []U
 // (Baragon never re-runs a finished id). INVALID_REQUEST_NOOP is not retried:
 // nothing would change. The error is an *OutcomeError when the last state is
 // not SUCCESS.
+//
+// A request that ended CANCELED, or with no final state seen, may still
+// have been applied: a REMOVE cancelled at its deadline while Baragon's
+// agents applied it ends CANCELED, and an answer can be lost. So before it
+// reports such a failure,
+// Remove reads the service's state (one call, bounded by RequestTimeout,
+// even if ctx has ended): if self is no longer there the removal took
+// effect, and Remove returns the last response with a nil error (its state
+// is then not SUCCESS; see RemovedAnyway).
 func (h *Hook) Remove(ctx context.Context, self UpstreamInfo) (BaragonResponse, error) {
+	resp, err := h.remove(ctx, self)
+	if err == nil || !mayHaveApplied(resp) || !h.goneFromState(ctx, self) {
+		return resp, err
+	}
+	h.c.log.Warn("lb remove did not end SUCCESS, but the service's state no longer has our upstream: it was applied",
+		"state", resp.LoadBalancerState, "error", err)
+	return resp, nil
+}
+
+// mayHaveApplied reports whether a request that ended with resp may have
+// taken effect: it was cancelled (Baragon may have applied it before the
+// cancel), or never reached a final state we saw. FAILED was reverted and
+// INVALID_REQUEST_NOOP changed nothing.
+func mayHaveApplied(resp BaragonResponse) bool {
+	switch resp.LoadBalancerState {
+	case StateFailed, StateInvalidRequestNoop, StateSuccess:
+		return false
+	}
+	return true
+}
+
+// RemovedAnyway reports whether a Remove that returned no error with resp
+// ended other than SUCCESS, its change seen in the service's state.
+func RemovedAnyway(resp BaragonResponse) bool {
+	return resp.LoadBalancerState != StateSuccess
+}
+
+// goneFromState reads the service's state once and reports whether it
+// answered without self.
+func (h *Hook) goneFromState(ctx context.Context, self UpstreamInfo) bool {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.c.cfg.RequestTimeout)
+	defer cancel()
+	ups, err := h.State(sctx)
+	if err != nil {
+		h.c.log.Warn("lb remove: cannot read the service's state to see whether the removal was applied", "error", err)
+		return false
+	}
+	return !HasUpstream(ups, self)
+}
+
+func (h *Hook) remove(ctx context.Context, self UpstreamInfo) (BaragonResponse, error) {
 	d := h.c.cfg.RemoveDeadline
 	deadline := time.Now().Add(d)
 	for attempt := 1; ; attempt++ {

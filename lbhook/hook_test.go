@@ -285,3 +285,50 @@ func TestStateErrors(t *testing.T) {
 		t.Errorf("err %v", err)
 	}
 }
+
+// A REMOVE that runs out of time while the LB applies it (every answer on
+// the request is lost, the cancel too) is reported as applied once the
+// service's state shows our upstream gone; with the upstream still there
+// it stays a failure.
+func TestRemoveAppliedDespiteNoFinalState(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		applied bool
+	}{{"applied", true}, {"not applied", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLB(t, time.Millisecond)
+			cfg := testConfig(l.uri)
+			cfg.RemoveDeadline = 300 * time.Millisecond
+			c := newTestClient(t, cfg, nil)
+			h, _ := c.ForAlloc(alloc, 4)
+			ctx := context.Background()
+			_, err := h.Add(ctx, self, nil)
+			mustNoErr(t, err)
+			lostAnswer := func(w http.ResponseWriter, r *http.Request) bool {
+				if !strings.Contains(r.URL.Path, "/request") {
+					return false // the state GET gets through
+				}
+				if tc.applied && r.Method == http.MethodPost {
+					return forwardThenDrop(l.srv)(w, r)
+				}
+				return answerStatus(503, "")(w, r)
+			}
+			for _, m := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {
+				l.front.on(m, 0, lostAnswer)
+			}
+			resp, err := h.Remove(ctx, self)
+			if tc.applied {
+				if err != nil || !RemovedAnyway(resp) {
+					t.Fatalf("got %s %v, want no error and a response other than SUCCESS", resp.LoadBalancerState, err)
+				}
+				if ups, _ := h.State(ctx); HasUpstream(ups, self) {
+					t.Errorf("upstream still registered: %+v", ups)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("got %s and no error, want the failure: the upstream is still registered", resp.LoadBalancerState)
+			}
+		})
+	}
+}

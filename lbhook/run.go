@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -17,6 +18,11 @@ import (
 // ErrNotFinal is wrapped by Run's error when the cancel wait ran out before
 // Baragon reported a final state. The request may still finish later.
 var ErrNotFinal = errors.New("lb request did not reach a final state")
+
+// ErrNeverReached is wrapped by Run's error when the deadline passed and no
+// call ever reached the LB API (every one failed to connect): the LB never
+// saw the request, so there is nothing to cancel, and nothing to undo.
+var ErrNeverReached = errors.New("never reached the LB API")
 
 // alreadyEnqueued is the text of Baragon's FAILED answer to a POST whose id
 // is active with a different body (RequestManager.enqueueRequest).
@@ -65,7 +71,18 @@ func (c *Client) Run(ctx context.Context, req BaragonRequest, deadline time.Time
 	if err != nil || resp.LoadBalancerState.IsFinal() {
 		return resp, err
 	}
+	if !r.reached {
+		r.log.Warn("deadline passed and no call reached the LB API; nothing to cancel", "error", r.lastErr)
+		return resp, r.withLastCall(fmt.Errorf("lb request %s: %w before its deadline (last state %s)", r.id, ErrNeverReached, resp.LoadBalancerState))
+	}
 	return r.cancel(ctx)
+}
+
+// neverSent reports whether a call failed before any byte of it could
+// reach the server: it could not connect (refused, unreachable, no such host).
+func neverSent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 // runner is the state of one Run.
@@ -79,6 +96,41 @@ type runner struct {
 	last     BaragonResponse // last answer (or synthesized UNKNOWN)
 	accepted bool            // Baragon answered this id with a live state
 	resent   bool            // the "already enqueued" re-send was used
+	reached  bool            // some call may have reached the LB API
+
+	// lastErr is the latest call that got no usable answer, for the
+	// error of a run that ends without a final state.
+	lastErr error
+	// streak is the current run of unanswered calls; reported is when
+	// OnUnanswered last heard of it.
+	streak   Unanswered
+	reported time.Time
+}
+
+// unanswered records a call that got no usable answer and tells
+// OnUnanswered of the first one of a run, then at its bounded rate.
+func (r *runner) unanswered(err error) {
+	r.lastErr = err
+	var ce *CallError
+	if !errors.As(err, &ce) {
+		return
+	}
+	now := time.Now()
+	if r.streak.Calls == 0 {
+		r.streak.Since = now
+	}
+	r.streak.Calls++
+	r.streak.RequestID, r.streak.Err = r.id, ce
+	if r.c.opts.OnUnanswered == nil || (r.streak.Calls > 1 && now.Sub(r.reported) < r.c.opts.UnansweredEvery) {
+		return
+	}
+	r.reported = now
+	r.c.opts.OnUnanswered(r.streak)
+}
+
+// answered ends a run of unanswered calls.
+func (r *runner) answered() {
+	r.streak = Unanswered{}
 }
 
 // step is what one call tells the loop to do next.
@@ -114,6 +166,10 @@ func (r *runner) untilDeadline(ctx context.Context) (BaragonResponse, error) {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return r.last, r.ctxError(ctxErr)
 		}
+		if err == nil {
+			r.answered()
+		}
+		r.reached = r.reached || !neverSent(err)
 		var next step
 		if post {
 			next = r.afterPost(resp, err)
@@ -172,6 +228,7 @@ func (r *runner) afterPost(resp BaragonResponse, err error) step {
 		return stepDone
 	default:
 		r.log.Warn("POST result unknown; will POST the same id again", "error", err)
+		r.unanswered(err)
 		r.last.LoadBalancerState, r.last.Message = StateUnknown, resp.Message
 		return stepRepost
 	}
@@ -187,6 +244,7 @@ func (r *runner) afterGet(resp BaragonResponse, err error) step {
 		return stepRepost
 	default:
 		r.log.Warn("GET result unknown; will POST the same id again", "error", err)
+		r.unanswered(err)
 		r.last.LoadBalancerState, r.last.Message = StateUnknown, resp.Message
 		return stepRepost
 	}
@@ -228,6 +286,9 @@ func (r *runner) cancel(ctx context.Context) (BaragonResponse, error) {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return r.last, r.ctxError(ctxErr)
 		}
+		if err == nil {
+			r.answered()
+		}
 		next := r.afterCancelCall(method, resp, err)
 		if next == stepDone {
 			r.logFinal()
@@ -247,8 +308,8 @@ func (r *runner) cancel(ctx context.Context) (BaragonResponse, error) {
 			if err := ctx.Err(); err != nil {
 				return r.last, r.ctxError(err)
 			}
-			return r.last, fmt.Errorf("lb request %s: %w within the cancel wait of %s (last state %s)",
-				r.id, ErrNotFinal, wait, r.last.LoadBalancerState)
+			return r.last, r.withLastCall(fmt.Errorf("lb request %s: %w within the cancel wait of %s (last state %s)",
+				r.id, ErrNotFinal, wait, r.last.LoadBalancerState))
 		}
 	}
 }
@@ -271,6 +332,7 @@ func (r *runner) afterCancelCall(method string, resp BaragonResponse, err error)
 		return stepRedelete
 	default:
 		r.log.Warn("cancel-phase call result unknown; retrying", "method", method, "error", err)
+		r.unanswered(err)
 		if method == http.MethodDelete {
 			return stepRetry
 		}
@@ -285,7 +347,17 @@ func (r *runner) deadlinePassed() bool {
 
 // ctxError wraps the caller's context error with the request and its last state.
 func (r *runner) ctxError(err error) error {
-	return fmt.Errorf("lb request %s: %w (last state %s)", r.id, err, r.last.LoadBalancerState)
+	return r.withLastCall(fmt.Errorf("lb request %s: %w (last state %s)", r.id, err, r.last.LoadBalancerState))
+}
+
+// withLastCall adds the latest unanswered call to err while the state is
+// UNKNOWN: the cause an operator needs, e.g. "connection refused". The
+// result wraps both (errors.As finds the *CallError).
+func (r *runner) withLastCall(err error) error {
+	if r.lastErr == nil || r.last.LoadBalancerState != StateUnknown {
+		return err
+	}
+	return fmt.Errorf("%w; last call: %w", err, r.lastErr)
 }
 
 func (r *runner) logFinal() {
@@ -297,13 +369,13 @@ func (r *runner) logFinal() {
 }
 
 // newBackoff paces retries after UNKNOWN results: from the poll interval up
-// to 8× it, with jitter; the caller's deadline bounds the total.
+// to MaxRetryWait (default 8× it), with jitter; the caller's deadline bounds the total.
 func (c *Client) newBackoff() *backoff.ExponentialBackOff {
 	return backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(c.cfg.PollInterval),
 		backoff.WithMultiplier(1.5),
 		backoff.WithRandomizationFactor(0.2),
-		backoff.WithMaxInterval(8*c.cfg.PollInterval),
+		backoff.WithMaxInterval(c.opts.MaxRetryWait),
 		backoff.WithMaxElapsedTime(0),
 	)
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -262,7 +263,9 @@ func TestRunUnreachable(t *testing.T) {
 	c, err := NewClient(cfg, ClientOptions{CancelWait: 50 * time.Millisecond, Getenv: func(string) string { return testKey }})
 	mustNoErr(t, err)
 	resp, err := c.Run(context.Background(), c.NewRequest("r1", []UpstreamInfo{self}, nil), time.Now().Add(50*time.Millisecond))
-	if !errors.Is(err, ErrNotFinal) || resp.LoadBalancerState != StateUnknown {
+	// No call connected: the LB never saw the request, there is nothing
+	// to cancel, and the error says why.
+	if !errors.Is(err, ErrNeverReached) || resp.LoadBalancerState != StateUnknown || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("got %s %v", resp.LoadBalancerState, err)
 	}
 	assertNoSecret(t, "error", err.Error())
@@ -318,5 +321,79 @@ func mustNoErr(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An LB API that never answers is reported at its first failed call, then
+// at most once per UnansweredEvery, with the URL (auth key hidden) and the
+// cause; the final error names the cause too.
+func TestRunReportsUnansweredCallsAtABoundedRate(t *testing.T) {
+	cfg := testConfig(refusedURI(t))
+	var mu sync.Mutex
+	var got []Unanswered
+	c, err := NewClient(cfg, ClientOptions{
+		CancelWait:      50 * time.Millisecond,
+		Getenv:          func(string) string { return testKey },
+		UnansweredEvery: 150 * time.Millisecond,
+		OnUnanswered: func(u Unanswered) {
+			mu.Lock()
+			got = append(got, u)
+			mu.Unlock()
+		},
+	})
+	mustNoErr(t, err)
+	start := time.Now()
+	_, err = c.Run(context.Background(), c.NewRequest("r1", []UpstreamInfo{self}, nil), time.Now().Add(400*time.Millisecond))
+	took := time.Since(start)
+	if !errors.Is(err, ErrNeverReached) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("error %v, want ErrNeverReached naming the cause", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) == 0 {
+		t.Fatal("no unanswered call was reported")
+	}
+	if first := got[0]; first.Calls != 1 || first.RequestID != "r1" || first.Err == nil ||
+		!strings.Contains(first.Err.Error(), "connection refused") || !strings.HasPrefix(first.Err.URL, "http://127.0.0.1:") {
+		t.Errorf("first report %+v, want the first call, its URL and its cause", first)
+	}
+	// One at the start, then one per UnansweredEvery at most.
+	if limit := 1 + int(took/(150*time.Millisecond)); len(got) > limit {
+		t.Errorf("%d reports in %s, want at most %d", len(got), took, limit)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].Calls <= got[i-1].Calls || !got[i].Since.Equal(got[0].Since) {
+			t.Errorf("report %d: %d calls since %s after %d since %s: want one growing run", i, got[i].Calls, got[i].Since, got[i-1].Calls, got[i-1].Since)
+		}
+	}
+	for _, u := range got {
+		assertNoSecret(t, "report", u.Err.Error())
+	}
+}
+
+// Calls that get answers start a new run: its first failure is reported at once.
+func TestRunUnansweredRunEndsWithAnAnswer(t *testing.T) {
+	l := newLB(t, time.Millisecond)
+	l.front.on(http.MethodPost, 1, answerStatus(503, "")).on(http.MethodGet, 1, answerStatus(503, ""))
+	var mu sync.Mutex
+	var calls []int
+	c, err := NewClient(testConfig(l.uri), ClientOptions{
+		Getenv:          func(string) string { return testKey },
+		UnansweredEvery: time.Hour,
+		OnUnanswered: func(u Unanswered) {
+			mu.Lock()
+			calls = append(calls, u.Calls)
+			mu.Unlock()
+		},
+	})
+	mustNoErr(t, err)
+	resp, err := c.Run(context.Background(), c.NewRequest("r1", []UpstreamInfo{self}, nil), time.Now().Add(3*time.Second))
+	if err != nil || resp.LoadBalancerState != StateSuccess {
+		t.Fatalf("got %s %v, want SUCCESS", resp.LoadBalancerState, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(calls, []int{1, 1}) {
+		t.Errorf("reports %v, want the first failure of each of the two runs: [1 1]", calls)
 	}
 }

@@ -120,7 +120,13 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	sup := &Supervisor{
 		Config: cfg, Locker: locker, Logger: log,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
-		Observe: func(ev Event) { log.Debug("state", "state", ev.State, "message", ev.Message) },
+		Observe: func(ev Event) {
+			if ev.Notice {
+				log.Warn(ev.Message)
+				return
+			}
+			log.Debug("state", "state", ev.State, "message", ev.Message)
+		},
 		// Daemons the workload starts stay lock's descendants, and are
 		// proven dead before the release.
 		Subreaper: true,

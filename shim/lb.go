@@ -104,11 +104,13 @@ func PortAddress(label string, getenv func(string) string) (string, error) {
 
 // lbEvent is what the LB goroutines report to the supervisor loop.
 type lbEvent struct {
-	kind string // "healthy", "added", "checked", "readded"
+	kind string // "healthy", "added", "checked", "readded", "unanswered"
 	resp lbhook.BaragonResponse
 	err  error
 	// missing is set by "checked": our upstream is gone from the LB.
 	missing bool
+	// unanswered is set by "unanswered": calls of an ADD got no answer.
+	unanswered lbhook.Unanswered
 }
 
 // lbSession is one acquisition's LB registration. Its requests run in
@@ -130,6 +132,10 @@ type lbSession struct {
 	posted     atomic.Bool // an ADD may have reached the LB: REMOVE on the way out
 	registered bool
 	attempt    int
+	// checkFails counts re-checks in a row that failed; checkNoticed is
+	// when the last notice of them went out.
+	checkFails   int
+	checkNoticed time.Time
 }
 
 // startLB begins health-gating and the ADD for this lease. previous is the
@@ -137,7 +143,15 @@ type lbSession struct {
 // in the same request, so a crashed holder is swapped out.
 func (s *Supervisor) startLB(lease *lockclient.Lease) (*lbSession, error) {
 	cfg := s.Config.LB
-	client, err := lbhook.NewClient(cfg.Config, lbhook.ClientOptions{Logger: s.Logger.Named("lb"), Getenv: s.getenv})
+	recheck := max(cfg.Recheck, time.Second)
+	var lb *lbSession
+	client, err := lbhook.NewClient(cfg.Config, lbhook.ClientOptions{
+		Logger: s.Logger.Named("lb"), Getenv: s.getenv,
+		// An LB API that comes back is tried again within one recheck
+		// interval (and within the client's own cap, if lower).
+		MaxRetryWait: min(recheck, 8*cfg.WithDefaults().PollInterval),
+		OnUnanswered: func(u lbhook.Unanswered) { lb.unanswered(u) },
+	})
 	if err != nil {
 		return nil, fmt.Errorf("load balancer client: %w", err)
 	}
@@ -150,12 +164,12 @@ func (s *Supervisor) startLB(lease *lockclient.Lease) (*lbSession, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	lb := &lbSession{
+	lb = &lbSession{
 		cfg: cfg, client: client, hook: hook,
 		self: client.Self(cfg.Upstream),
 		ctx:  ctx, cancel: cancel,
 		events:  make(chan lbEvent, 4),
-		recheck: time.NewTicker(max(cfg.Recheck, time.Second)),
+		recheck: time.NewTicker(recheck),
 		busy:    true, attempt: 1,
 	}
 	if up := lease.Previous.Upstream; up != "" {
@@ -183,6 +197,19 @@ func (lb *lbSession) healthThenAdd(s *Supervisor) {
 	lb.posted.Store(true)
 	resp, err := lb.hook.Add(lb.ctx, lb.self, lb.prev)
 	lb.events <- lbEvent{kind: "added", resp: resp, err: err}
+}
+
+// unanswered passes a report of unanswered calls to the supervisor loop.
+// It runs on the goroutine of the request; once the session is cancelled
+// (we are stopping: the REMOVE reports its own failure) it is dropped.
+func (lb *lbSession) unanswered(u lbhook.Unanswered) {
+	if lb == nil {
+		return
+	}
+	select {
+	case lb.events <- lbEvent{kind: "unanswered", unanswered: u}:
+	case <-lb.ctx.Done():
+	}
 }
 
 // eventsC and recheckC are nil (never ready) without an LB.
@@ -223,8 +250,14 @@ func (lb *lbSession) readd() {
 }
 
 // handleLB reacts to one LB event. It returns a non-nil error when the
-// workload must be stopped because the LB refused us.
+// workload must be stopped because the ADD failed: the LB refused it, or
+// never answered it by add_deadline.
 func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string) Event) error {
+	if ev.kind == "unanswered" {
+		// The request goes on: a notice, not a change of state.
+		s.notify(held(s.state, lbUnansweredMessage(ev.unanswered, lb.registered, lb.client.Config())))
+		return nil
+	}
 	lb.busy = false
 	switch ev.kind {
 	case "healthy":
@@ -239,25 +272,35 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 				return nil
 			}
 			var oe *lbhook.OutcomeError
-			if errors.As(ev.err, &oe) {
+			if errors.As(ev.err, &oe) || errors.Is(ev.err, lbhook.ErrNeverReached) {
 				// The ADD reached a final state other than SUCCESS (FAILED,
 				// CANCELED or INVALID_REQUEST_NOOP): Baragon applied nothing
-				// or reverted it. Like Singularity, send no REMOVE, here or
+				// or reverted it; or no call of it ever connected, so the LB
+				// never saw it. Like Singularity, send no REMOVE, here or
 				// from the driver: one would only make the service appear in
-				// Baragon's state with no upstream.
+				// Baragon's state with no upstream, or wait on an LB that is
+				// down while the workload runs unrouted.
 				lb.posted.Store(false)
 				if s.OnLBRemoved != nil {
 					s.OnLBRemoved()
 				}
 			}
-			return fmt.Errorf("LB add failed: %w", ev.err)
+			return ev.err
 		}
 		lb.registered = true
 		s.emit(held(StateRegistered, fmt.Sprintf("Registered %s with load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)))
 	case "checked":
+		if ev.err == nil {
+			lb.checkFails = 0
+		}
 		switch {
 		case ev.err != nil:
 			s.Logger.Warn("lb re-check failed; trying again next interval", "error", ev.err)
+			lb.checkFails++
+			if lb.checkFails == 1 || time.Since(lb.checkNoticed) >= lbhook.DefaultUnansweredEvery {
+				lb.checkNoticed = time.Now()
+				s.notify(held(s.state, lbRecheckFailedMessage(ev.err, lb.checkFails, lb.client.Config(), lb.cfg.Recheck)))
+			}
 		case ev.missing:
 			s.Logger.Warn("our upstream vanished from the load balancer; adding it again", "upstream", lb.self.Upstream)
 			lb.readd()
@@ -269,14 +312,22 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 			}
 			return nil
 		}
-		s.emit(held(StateRegistered, fmt.Sprintf("Re-registered %s with load balancer service %s (it had vanished)", lb.self.Upstream, lb.cfg.ServiceID)))
+		// Each re-add is an event of its own, counted, so that an LB that
+		// keeps losing our upstream shows.
+		s.notify(held(StateRegistered, fmt.Sprintf("Re-registered %s with load balancer service %s (it had vanished; re-add %d)",
+			lb.self.Upstream, lb.cfg.ServiceID, lb.attempt-1)))
 	}
 	return nil
 }
 
 // deregister stops all LB work and removes our upstream if an ADD may have
 // reached the LB, within budget. It runs before the workload is signalled.
-func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(State, string) Event) {
+// While the REMOVE runs, every renew of the lease calls onRenew (the
+// caller re-arms its guard and republishes its deadlines: a REMOVE may take
+// longer than a renew interval, and a stale fence deadline would make the
+// driver's watchdog kill a supervisor that is only waiting for the LB).
+func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(State, string) Event,
+	renewed <-chan struct{}, onRenew func()) {
 	if lb == nil {
 		return
 	}
@@ -288,14 +339,37 @@ func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(S
 	ctx, cancel := context.WithTimeout(context.Background(), max(budget, 0))
 	defer cancel()
 	began := time.Now()
-	resp, err := lb.hook.Remove(ctx, lb.self)
+	type result struct {
+		resp lbhook.BaragonResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := lb.hook.Remove(ctx, lb.self)
+		done <- result{resp, err}
+	}()
+	var r result
+	for waiting := true; waiting; {
+		select {
+		case r = <-done:
+			waiting = false
+		case <-renewed:
+			onRenew()
+		}
+	}
+	resp, err := r.resp, r.err
 	if err != nil {
 		s.Logger.Error("lb remove did not complete; stopping the workload anyway", "error", err, "state", resp.LoadBalancerState, "took", time.Since(began))
-		s.emit(held(StateStopping, "LB remove failed: "+err.Error()))
+		s.emit(held(StateStopping, lbRemoveFailedMessage(err, lb.client.Config(), lb.self.Upstream)))
 		return
 	}
 	s.Logger.Info("removed from the load balancer", "upstream", lb.self.Upstream, "took", time.Since(began).Round(time.Millisecond))
-	s.emit(held(StateStopping, fmt.Sprintf("Removed %s from load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)))
+	msg := fmt.Sprintf("Removed %s from load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)
+	if lbhook.RemovedAnyway(resp) {
+		msg += fmt.Sprintf(" (request %s ended %s, but the LB's state shows the upstream gone: the removal was applied)",
+			resp.LoadBalancerRequestID, resp.LoadBalancerState)
+	}
+	s.emit(held(StateStopping, msg))
 	if s.OnLBRemoved != nil {
 		s.OnLBRemoved()
 	}

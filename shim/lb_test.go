@@ -3,8 +3,10 @@ package shim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,6 +32,7 @@ func TestNoRemoveAfterFinalFailedAdd(t *testing.T) {
 		{"failed", &lbhook.OutcomeError{RequestID: "a-ADD-1", State: lbhook.StateFailed, Message: "apply failed"}, false, false},
 		{"canceled", &lbhook.OutcomeError{RequestID: "a-ADD-1", State: lbhook.StateCanceled}, false, false},
 		{"invalid", &lbhook.OutcomeError{RequestID: "a-ADD-1", State: lbhook.StateInvalidRequestNoop}, false, false},
+		{"never reached the LB API", fmt.Errorf("lb request a-ADD-1: %w", lbhook.ErrNeverReached), false, false},
 		{"cut short by our stop", errors.New("context canceled"), true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,7 +70,7 @@ func TestNoRemoveAfterFinalFailedAdd(t *testing.T) {
 			if tc.stopping != (err == nil) {
 				t.Errorf("handleLB = %v; want the workload stopped (an error) unless we were stopping already", err)
 			}
-			s.deregister(lb, 2*time.Second, held)
+			s.deregister(lb, 2*time.Second, held, nil, nil)
 			if got := posts.Load() > 0; got != tc.wantRemove {
 				t.Errorf("REMOVE sent: %v, want %v", got, tc.wantRemove)
 			}
@@ -75,5 +78,70 @@ func TestNoRemoveAfterFinalFailedAdd(t *testing.T) {
 				t.Errorf("OnLBRemoved ran %d times, want %d", removed, wantRecordDropped)
 			}
 		})
+	}
+}
+
+// testSession is an lbSession against uri for the handleLB and deregister tests.
+func testSession(t *testing.T, uri string) *lbSession {
+	t.Helper()
+	cfg := &LoadBalancer{Config: lbhook.Config{URI: uri + "/baragon/v2/request", ServiceID: "web", BasePath: "/web",
+		Groups: []string{"g"}, PortLabel: "http"}.WithDefaults(), Upstream: "127.0.0.1:8080"}
+	client, err := lbhook.NewClient(cfg.Config, lbhook.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook, err := client.ForAlloc("a", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return &lbSession{cfg: cfg, client: client, hook: hook, self: lbhook.UpstreamInfo{Upstream: cfg.Upstream},
+		ctx: ctx, cancel: cancel, events: make(chan lbEvent, 4), recheck: time.NewTicker(time.Hour)}
+}
+
+// While a slow REMOVE runs, each renew reaches the caller (which re-arms
+// its guard and republishes its deadlines for the watchdog).
+func TestDeregisterRelaysRenewals(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(300 * time.Millisecond)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"loadBalancerRequestId":"x","loadBalancerState":"SUCCESS"}`))
+	}))
+	defer ts.Close()
+	lb := testSession(t, ts.URL)
+	lb.posted.Store(true)
+	renewed := make(chan struct{}, 1)
+	renewed <- struct{}{}
+	relayed := 0
+	s := &Supervisor{Logger: hclog.NewNullLogger()}
+	held := func(st State, msg string) Event { return Event{State: st, Message: msg} }
+	s.deregister(lb, 5*time.Second, held, renewed, func() { relayed++ })
+	if relayed != 1 {
+		t.Errorf("%d renewals relayed during the REMOVE, want 1", relayed)
+	}
+}
+
+// A report of unanswered calls is a notice: the ADD goes on (the session
+// stays busy), and the state and its message are unchanged.
+func TestUnansweredIsANotice(t *testing.T) {
+	lb := testSession(t, "http://127.0.0.1:1")
+	lb.busy = true
+	var seen []Event
+	s := &Supervisor{Logger: hclog.NewNullLogger(), Observe: func(ev Event) { seen = append(seen, ev) },
+		state: StateHealthy, message: "Health check passed"}
+	held := func(st State, msg string) Event { return Event{State: st, Message: msg} }
+	ce := &lbhook.CallError{Method: "POST", URL: "http://127.0.0.1:1/baragon/v2/request", State: lbhook.StateUnknown,
+		Err: errors.New("dial tcp 127.0.0.1:1: connect: connection refused")}
+	err := s.handleLB(lb, lbEvent{kind: "unanswered", unanswered: lbhook.Unanswered{RequestID: "a-ADD-1", Err: ce, Calls: 1, Since: time.Now()}}, held)
+	if err != nil || !lb.busy {
+		t.Fatalf("handleLB = %v, busy %v: want the ADD to go on", err, lb.busy)
+	}
+	if len(seen) != 1 || !seen[0].Notice || seen[0].State != StateHealthy ||
+		!strings.HasPrefix(seen[0].Message, "Holding the lock; not yet in the load balancer: ") {
+		t.Errorf("events %+v, want one notice in state healthy", seen)
+	}
+	if s.state != StateHealthy || s.message != "Health check passed" {
+		t.Errorf("state %s %q changed by a notice", s.state, s.message)
 	}
 }

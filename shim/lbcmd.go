@@ -127,7 +127,7 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 			return ExitConfig
 		}
 		if _, err := hook.Remove(ctx, client.Self(st.Upstream)); err != nil {
-			fmt.Fprintf(stderr, "lock lb remove: %v\n", err)
+			fmt.Fprintf(stderr, "lock lb remove: %s\n", lbhook.Diagnose(err, client.Config()))
 			return lbErrorCode(err)
 		}
 		_ = os.Remove(statePath)
@@ -181,7 +181,7 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 		previous = append(previous, lbhook.UpstreamInfo{Upstream: up, Group: lb.Group})
 	}
 	if _, err := hook.Add(ctx, self, previous); err != nil {
-		fmt.Fprintf(stderr, "lock lb add: %v\n", err)
+		fmt.Fprintf(stderr, "lock lb add: %s\n", lbhook.Diagnose(err, client.Config()))
 		return lbErrorCode(err)
 	}
 	log.Info("registered with the load balancer", "upstream", self.Upstream, "fence", held.Fence)

@@ -51,6 +51,11 @@ type Event struct {
 	Fence   uint64            // holding and after
 	Holder  lockclient.Holder // waiting: who holds the lock now
 	Message string
+	// Notice marks an event that is no change of state (an LB API that
+	// does not answer, a re-add): State and the deadlines are the current
+	// ones and Message is the notice. Show each notice once; the state's
+	// own message still stands.
+	Notice bool
 
 	// Set while the lease is held: the watchdog kills the workload's group
 	// if the supervisor has not acted on them.
@@ -141,7 +146,8 @@ type Supervisor struct {
 
 // removeBudget is how long the LB REMOVE may delay the kill signal: the
 // remove deadline, and after a loss at most half the time left to the stop
-// deadline.
+// deadline. A REMOVE that does not succeed within it may take one more
+// call (RequestTimeout) to read whether it was applied anyway.
 func (s *Supervisor) removeBudget(lease *lockclient.Lease) time.Duration {
 	if s.Config.LB == nil {
 		return 0
@@ -151,6 +157,14 @@ func (s *Supervisor) removeBudget(lease *lockclient.Lease) time.Duration {
 		budget = min(budget, time.Until(lease.StopDeadline())/2)
 	}
 	return budget
+}
+
+// lbCheckTime is the one state read a failed REMOVE may add to its budget.
+func (s *Supervisor) lbCheckTime() time.Duration {
+	if s.Config.LB == nil {
+		return 0
+	}
+	return s.Config.LB.WithDefaults().RequestTimeout
 }
 
 func (s *Supervisor) getenv(k string) string {
@@ -164,6 +178,15 @@ func (s *Supervisor) emit(ev Event) {
 	ev.Time = time.Now()
 	ev.Path = s.Config.Path
 	s.state, s.message = ev.State, ev.Message
+	if s.Observe != nil {
+		s.Observe(ev)
+	}
+}
+
+// notify publishes a notice (see Event.Notice) without changing the
+// state or the message that renew heartbeats repeat.
+func (s *Supervisor) notify(ev Event) {
+	ev.Time, ev.Path, ev.Notice = time.Now(), s.Config.Path, true
 	if s.Observe != nil {
 		s.Observe(ev)
 	}
@@ -233,8 +256,12 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	shutdown := func(sig syscall.Signal, timeout time.Duration) {
 		// The loop no longer re-arms the guard: give it the whole stop
 		// (LB remove, then the grace), still capped by the stop deadline.
-		g.arm(earliest(time.Now().Add(s.removeBudget(lease)+timeout+2*time.Second), lease.StopDeadline()))
-		s.deregister(lb, s.removeBudget(lease), held)
+		until := time.Now().Add(s.removeBudget(lease) + s.lbCheckTime() + timeout + 2*time.Second)
+		g.arm(earliest(until, lease.StopDeadline()))
+		s.deregister(lb, s.removeBudget(lease), held, lease.Renewed(), func() {
+			g.arm(earliest(until, lease.StopDeadline()))
+			s.emit(held(s.state, s.message))
+		})
 		s.stop(lease, g, exited, sig, timeout, held)
 		s.finish(lease, g, exited)
 	}
@@ -255,8 +282,8 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 
 		case ev := <-lb.eventsC():
 			if err := s.handleLB(lb, ev, held); err != nil {
-				log.Error("stopping: the load balancer refused us", "error", err)
-				s.emit(held(StateStopping, err.Error()))
+				log.Error("stopping: the load balancer ADD failed", "error", err)
+				s.emit(held(StateStopping, lbAddFailedMessage(err, lb.client.Config())))
 				shutdown(s.Config.KillSignal, s.Config.KillTimeout)
 				return ExitLBFailed
 			}

@@ -1,0 +1,110 @@
+package driver
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/drivers"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+)
+
+// The plugin's LB clean-up runs only for a supervisor that died without
+// writing its exit status. After a normal exit it sends nothing (the
+// supervisor sent its own REMOVE), and no event speaks of a crash.
+func TestLBCleanUpOnlyAfterACrash(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		exited     bool
+		wantRemove bool
+	}{
+		{"normal exit whose REMOVE failed", true, false},
+		{"crash while registered", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var posts atomic.Int32
+			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodPost {
+					posts.Add(1)
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"loadBalancerRequestId":"x","loadBalancerState":"SUCCESS"}`))
+			}))
+			defer ts.Close()
+			dir, err := securefs.OpenPrivate(filepath.Join(t.TempDir(), "state"), true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dir.Close()
+			reg := lbRegistration{
+				Config: lbhook.Config{URI: ts.URL + "/baragon/v2/request", ServiceID: "web", BasePath: "/web",
+					Groups: []string{"g"}, PortLabel: "http", RemoveDeadline: 2 * time.Second},
+				AllocID: "a1", Fence: 3, Upstream: lbhook.UpstreamInfo{Upstream: "127.0.0.1:8080"},
+			}
+			if err := writeJSON(dir, lbFile, reg); err != nil {
+				t.Fatal(err)
+			}
+			if tc.exited {
+				if err := writeJSON(dir, exitFile, exitStatus{ExitCode: shim.ExitLBFailed}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d := &Driver{ctx: context.Background(), logger: hclog.NewNullLogger()}
+			h := &taskHandle{cfg: &drivers.TaskConfig{ID: "a1/t", Name: "t", AllocID: "a1"}, dir: dir, logger: hclog.NewNullLogger()}
+			d.cleanUpAfterExit(h)
+
+			if got := posts.Load() > 0; got != tc.wantRemove {
+				t.Errorf("REMOVE sent: %v, want %v", got, tc.wantRemove)
+			}
+			for _, ev := range d.pending {
+				if tc.exited && strings.Contains(ev.Message, "crash") {
+					t.Errorf("event after a normal exit speaks of a crash: %s", ev.Message)
+				}
+			}
+			if !tc.exited && (len(d.pending) != 1 || !strings.Contains(d.pending[0].Message, "on behalf of crashed supervisor")) {
+				t.Errorf("events %v, want one saying the upstream was removed on behalf of the crashed supervisor", d.pending)
+			}
+		})
+	}
+}
+
+// Notices are task events each time they come; a state's message only
+// when it changes (renew heartbeats repeat it).
+func TestPublisherNoticesAreEventsEachTime(t *testing.T) {
+	dir, err := securefs.OpenPrivate(filepath.Join(t.TempDir(), "state"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	p := &publisher{dir: dir, path: "nomad/jobs/x/lock", log: hclog.NewNullLogger()}
+	held := shim.Event{State: shim.StateHealthy, Message: "Health check passed on 127.0.0.1:80", Fence: 3}
+	notice := shim.Event{State: shim.StateHealthy, Message: "Holding the lock; not yet in the load balancer: …", Fence: 3, Notice: true}
+	for _, ev := range []shim.Event{held, held, notice, held, notice} {
+		p.observe(ev)
+	}
+	evs, err := (&eventTail{dir: dir}).read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range evs {
+		got = append(got, ev.Message)
+	}
+	want := []string{held.Message, notice.Message, notice.Message}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("events %q, want %q", got, want)
+	}
+	var st supervisorStatus
+	if err := readJSON(dir, statusFile, &st); err != nil || st.Message != held.Message {
+		t.Errorf("status message %q (%v), want the state's own %q", st.Message, err, held.Message)
+	}
+}
