@@ -117,6 +117,37 @@ func (c *taskCgroup) applyLimits(res *drivers.Resources) error {
 	return nil
 }
 
+// oomKills is how many processes the kernel has OOM-killed in the task's
+// memory cgroup: `oom_kill` of memory.oom_control (v1) or memory.events (v2).
+func (c *taskCgroup) oomKills() (uint64, error) {
+	if c == nil {
+		return 0, errors.New("no task cgroup")
+	}
+	file := filepath.Join(c.path, "memory.events")
+	if c.mode == cgroupslib.CG1 {
+		file = filepath.Join(c.v1dir("memory"), "memory.oom_control")
+	}
+	kv, err := readKV(file)
+	if err != nil {
+		return 0, err
+	}
+	n, ok := kv["oom_kill"]
+	if !ok {
+		return 0, fmt.Errorf("%s has no oom_kill counter (it needs Linux 4.13 or later)", file)
+	}
+	return n, nil
+}
+
+// oomKilledSince reports whether the OOM kill count grew past before (nil:
+// unknown, so no).
+func (c *taskCgroup) oomKilledSince(before *uint64) bool {
+	if c == nil || before == nil {
+		return false
+	}
+	n, err := c.oomKills()
+	return err == nil && n > *before
+}
+
 // cpuSample is cumulative CPU time of the cgroup at a moment.
 type cpuSample struct {
 	at           time.Time

@@ -66,12 +66,12 @@ func execInTask(path string, argv []string, workload bool) (int, error) {
 	if err := joinCgroups(spec.CgroupProcs); err != nil {
 		return shim.ExitCannotExec, err
 	}
-	if spec.WorkDir != "" {
-		if err := os.Chdir(spec.WorkDir); err != nil {
-			return shim.ExitCannotExec, err
-		}
+	// Before dropping privileges: lowering it back from the supervisor's
+	// value needs CAP_SYS_RESOURCE, and the workload cannot lower it again.
+	if err := setOOMScoreAdj(spec.OOMScoreAdj); err != nil {
+		return shim.ExitCannotExec, fmt.Errorf("set oom_score_adj: %w", err)
 	}
-	env := workloadEnv(os.Environ(), spec.ShareNomadToken)
+	env := workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars)
 	if spec.UID != nil {
 		groups := make([]int, len(spec.Groups))
 		for i, g := range spec.Groups {
@@ -85,6 +85,13 @@ func execInTask(path string, argv []string, workload bool) (int, error) {
 		}
 		if err := syscall.Setuid(int(*spec.UID)); err != nil {
 			return shim.ExitCannotExec, fmt.Errorf("setuid: %w", err)
+		}
+	}
+	// Only now, as the task user: a work_dir of the job's choosing must not
+	// give the workload a way into a directory it could not reach itself.
+	if spec.WorkDir != "" {
+		if err := os.Chdir(spec.WorkDir); err != nil {
+			return shim.ExitCannotExec, fmt.Errorf("config.work_dir: the task user cannot enter %s: %w", spec.WorkDir, err)
 		}
 	}
 	if workload {

@@ -60,10 +60,10 @@ func TestResolveLBFiles(t *testing.T) {
 
 func TestWorkloadEnvDropsSecrets(t *testing.T) {
 	env := []string{"PATH=/bin", "NOMAD_TOKEN=t0k", "SINGLETON_LB_AUTHKEY=k", "NOMAD_ALLOC_ID=a"}
-	if got := workloadEnv(env, false); !slices.Equal(got, []string{"PATH=/bin", "NOMAD_ALLOC_ID=a"}) {
+	if got := workloadEnv(env, false, nil); !slices.Equal(got, []string{"PATH=/bin", "NOMAD_ALLOC_ID=a"}) {
 		t.Errorf("workloadEnv = %q", got)
 	}
-	if got := workloadEnv(env, true); !slices.Contains(got, "NOMAD_TOKEN=t0k") || slices.Contains(got, "SINGLETON_LB_AUTHKEY=k") {
+	if got := workloadEnv(env, true, nil); !slices.Contains(got, "NOMAD_TOKEN=t0k") || slices.Contains(got, "SINGLETON_LB_AUTHKEY=k") {
 		t.Errorf("workloadEnv(share) = %q", got)
 	}
 }
