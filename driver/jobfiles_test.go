@@ -80,3 +80,11 @@ func testTaskConfig(t *testing.T) (*drivers.TaskConfig, *allocdir.TaskDir) {
 	}
 	return cfg, td
 }
+
+func TestWorkloadEnvDeniedEnvvars(t *testing.T) {
+	env := []string{"PATH=/bin", "NOMAD_TOKEN=t0k", "AWS_SECRET_ACCESS_KEY=s", "AWS_REGION=r", "NOMAD_META_a=1", "KEEP=1"}
+	got := workloadEnv(env, true, []string{"AWS_*", "NOMAD_TOKEN", "*_META_*"})
+	if !slices.Equal(got, []string{"PATH=/bin", "KEEP=1"}) {
+		t.Errorf("workloadEnv with denied globs = %q; want only PATH and KEEP (denied_envvars wins over share_nomad_token)", got)
+	}
+}
