@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
+	"github.com/hashicorp/nomad/client/lib/cgroupslib"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 )
@@ -161,4 +163,71 @@ func hasCapSysResource(t *testing.T) bool {
 		}
 	}
 	return false
+}
+
+// TestDriverMemoryMax: with memory oversubscription on, memory_max = 128
+// is the hard limit with memory (64) reserved, and memory_max = -1 sets no
+// hard limit at all, as Nomad's executor does (it used to become a hard
+// limit equal to memory). Read back from the task's real memory cgroup.
+func TestDriverMemoryMax(t *testing.T) {
+	t.Parallel()
+	harness.BuildTestWorkload(t)
+	a := harness.StartAgent(t, drvAgentOptions(t, true))
+	sched, _, err := a.API().Operator().SchedulerGetConfiguration(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := sched.SchedulerConfig
+	cfg.MemoryOversubscriptionEnabled = true
+	if _, _, err := a.API().Operator().SchedulerSetConfiguration(cfg, nil); err != nil {
+		t.Fatalf("enable memory oversubscription: %v", err)
+	}
+	const mb = 1 << 20
+	for _, tc := range []struct {
+		name             string
+		memoryMax        int
+		wantHard, wantLo int64 // wantHard -1: no limit
+	}{
+		{"max128", 128, 128 * mb, 64 * mb},
+		{"nolimit", -1, -1, 64 * mb},
+	} {
+		j := newDrvJob(t, "memmax-"+tc.name, 1)
+		hcl := strings.Replace(j.hcl(t), "memory = 64", fmt.Sprintf("memory = 64\n        memory_max = %d", tc.memoryMax), 1)
+		a.RunJobHCL(t, hcl)
+		t.Cleanup(func() { _ = a.Purge(j.id) })
+		start := j.waitStart(t, 60*time.Second, nil)
+		hard, low := drvMemoryLimits(t, start.AllocID)
+		// v1 spells "no limit" as the largest page-aligned value.
+		if (tc.wantHard < 0 && hard < 1<<62) || (tc.wantHard >= 0 && hard != tc.wantHard) || low != tc.wantLo {
+			t.Errorf("memory_max = %d: hard limit %d, reservation %d; want %d (-1: none), %d", tc.memoryMax, hard, low, tc.wantHard, tc.wantLo)
+		}
+	}
+}
+
+// drvMemoryLimits reads the hard limit and the reservation of the task's
+// memory cgroup (v1: limit_in_bytes and soft_limit_in_bytes; v2: memory.max
+// and memory.low, "max" read as 1<<63-1).
+func drvMemoryLimits(t *testing.T, allocID string) (hard, low int64) {
+	t.Helper()
+	read := func(p string) int64 {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := strings.TrimSpace(string(b))
+		if s == "max" {
+			return 1<<63 - 1
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		return n
+	}
+	if cgroupslib.GetMode() == cgroupslib.CG1 {
+		dir := cgroupslib.PathCG1(allocID, drvTask, "memory")
+		return read(filepath.Join(dir, "memory.limit_in_bytes")), read(filepath.Join(dir, "memory.soft_limit_in_bytes"))
+	}
+	dir := cgroupslib.LinuxResourcesPath(allocID, drvTask, false)
+	return read(filepath.Join(dir, "memory.max")), read(filepath.Join(dir, "memory.low"))
 }
