@@ -51,9 +51,11 @@ func TestReleaseIsReproducible(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	var dist string
 	sums := func(dir, umask string) []byte {
 		t.Helper()
 		out := filepath.Join(t.TempDir(), "dist")
+		dist = out
 		cmd := exec.CommandContext(ctx, "bash", "-c", "umask "+umask+" && scripts/release.sh "+version+" "+out+" linux/amd64")
 		cmd.Dir, cmd.Env = dir, env
 		if b, err := cmd.CombinedOutput(); err != nil {
@@ -74,4 +76,23 @@ func TestReleaseIsReproducible(t *testing.T) {
 		t.Fatalf("SHA256SUMS lists %d artifacts, want the plugin's and lock's tarballs:\n%s", n, here)
 	}
 	t.Logf("identical:\n%s", here)
+
+	// Both binaries carry the version: lock prints it, and the plugin
+	// reports it as driver.singleton.version (shim.Version, stamped alike).
+	unpacked := t.TempDir()
+	for _, tgz := range []string{"lock_" + version + "_linux_amd64.tar.gz", "nomad-driver-singleton_" + version + "_linux_amd64.tar.gz"} {
+		if out, err := exec.CommandContext(ctx, "tar", "-xzf", filepath.Join(dist, tgz), "-C", unpacked).CombinedOutput(); err != nil {
+			t.Fatalf("unpack %s: %v\n%s", tgz, err, out)
+		}
+	}
+	if out, err := exec.CommandContext(ctx, filepath.Join(unpacked, "lock"), "-version").Output(); err != nil || strings.TrimSpace(string(out)) != "lock "+version {
+		t.Errorf("lock -version = %q, %v; want %q", out, err, "lock "+version)
+	}
+	plugin, err := os.ReadFile(filepath.Join(unpacked, "nomad-driver-singleton"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(plugin, []byte(version)) {
+		t.Errorf("the released plugin does not carry version %s", version)
+	}
 }
