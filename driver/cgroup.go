@@ -70,52 +70,122 @@ func (c *taskCgroup) procsFiles() []string {
 	return files
 }
 
-// applyLimits writes the task's memory and CPU limits, as Nomad's executor does.
-func (c *taskCgroup) applyLimits(res *drivers.Resources) error {
+// memoryNoLimit is memory_max = -1: with memory oversubscription, memory
+// is only a reservation and there is no hard limit.
+const memoryNoLimit = -1
+
+// memoryLimits turns the task's memory and memory_max (MB) into the hard
+// limit and the reservation (bytes), as Nomad's executor does: memory alone
+// is the hard limit; memory_max > 0 is the hard limit with memory reserved;
+// memory_max = -1 is no hard limit (hard = -1) with memory reserved.
+func memoryLimits(memoryMB, memoryMaxMB int64) (hard, reserved int64) {
+	const mb = 1 << 20
+	switch {
+	case memoryMaxMB == memoryNoLimit:
+		return -1, memoryMB * mb
+	case memoryMaxMB <= 0:
+		return memoryMB * mb, 0
+	default:
+		return memoryMaxMB * mb, memoryMB * mb
+	}
+}
+
+// cgroupWrite is one value for one cgroup interface file.
+type cgroupWrite struct {
+	dir, file, value string
+	// optional writes may fail (a kernel or controller without the file).
+	optional bool
+}
+
+// limitWrites are the task's memory, CPU weight and cpuset limits for its
+// cgroup version, as Nomad's executor writes them.
+func (c *taskCgroup) limitWrites(res *drivers.Resources) []cgroupWrite {
 	if c == nil || res == nil || res.LinuxResources == nil || res.NomadResources == nil {
 		return nil
 	}
-	mem := res.NomadResources.Memory
-	hard := mem.MemoryMB * 1024 * 1024
-	var soft int64
-	if mem.MemoryMaxMB > mem.MemoryMB {
-		soft, hard = hard, mem.MemoryMaxMB*1024*1024
-	}
+	hard, reserved := memoryLimits(res.NomadResources.Memory.MemoryMB, res.NomadResources.Memory.MemoryMaxMB)
 	shares := res.LinuxResources.CPUShares
-	write := func(dir, file, value string) error {
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0o644); err != nil {
-			return fmt.Errorf("set %s: %w", file, err)
-		}
-		return nil
-	}
+	cpus := res.LinuxResources.CpusetCpus
+	var w []cgroupWrite
 	if c.mode == cgroupslib.CG1 {
-		if hard > 0 {
-			if err := write(c.v1dir("memory"), "memory.limit_in_bytes", strconv.FormatInt(hard, 10)); err != nil {
-				return err
-			}
+		mem := c.v1dir("memory")
+		if hard != 0 {
+			// -1 is v1's "no limit".
+			w = append(w, cgroupWrite{dir: mem, file: "memory.limit_in_bytes", value: strconv.FormatInt(hard, 10)})
 		}
-		if soft > 0 {
-			_ = write(c.v1dir("memory"), "memory.soft_limit_in_bytes", strconv.FormatInt(soft, 10))
+		if reserved > 0 {
+			w = append(w, cgroupWrite{dir: mem, file: "memory.soft_limit_in_bytes", value: strconv.FormatInt(reserved, 10), optional: true})
 		}
 		if shares > 0 {
-			return write(c.v1dir("cpu"), "cpu.shares", strconv.FormatInt(shares, 10))
+			w = append(w, cgroupWrite{dir: c.v1dir("cpu"), file: "cpu.shares", value: strconv.FormatInt(shares, 10)})
 		}
-		return nil
-	}
-	if hard > 0 {
-		if err := write(c.path, "memory.max", strconv.FormatInt(hard, 10)); err != nil {
-			return err
+		if cpus != "" && c.cpuset != "" {
+			// Nomad's v1 core partitioning has set it already; best effort, as the executor.
+			w = append(w, cgroupWrite{dir: c.cpuset, file: "cpuset.cpus", value: cpus, optional: true})
 		}
+		return w
 	}
-	if soft > 0 {
-		_ = write(c.path, "memory.low", strconv.FormatInt(soft, 10))
+	switch {
+	case hard < 0:
+		w = append(w, cgroupWrite{dir: c.path, file: "memory.max", value: "max"})
+	case hard > 0:
+		w = append(w, cgroupWrite{dir: c.path, file: "memory.max", value: strconv.FormatInt(hard, 10)})
+	}
+	if reserved > 0 {
+		w = append(w, cgroupWrite{dir: c.path, file: "memory.low", value: strconv.FormatInt(reserved, 10), optional: true})
 	}
 	if shares > 0 {
 		// The kernel's shares → weight mapping (runc's ConvertCPUSharesToCgroupV2Value).
 		weight := 1 + ((shares-2)*9999)/262142
-		return write(c.path, "cpu.weight", strconv.FormatInt(weight, 10))
+		w = append(w, cgroupWrite{dir: c.path, file: "cpu.weight", value: strconv.FormatInt(weight, 10)})
+	}
+	if cpus != "" {
+		// resources.cores: the task's reserved cores.
+		w = append(w, cgroupWrite{dir: c.path, file: "cpuset.cpus", value: cpus})
+	}
+	return w
+}
+
+// applyLimits writes the task's limits (see limitWrites).
+func (c *taskCgroup) applyLimits(res *drivers.Resources) error {
+	for _, w := range c.limitWrites(res) {
+		err := os.WriteFile(filepath.Join(w.dir, w.file), []byte(w.value), 0o644)
+		if err != nil && !w.optional {
+			return fmt.Errorf("set %s to %s in %s: %w", w.file, w.value, w.dir, err)
+		}
 	}
 	return nil
+}
+
+// oomKills is how many processes the kernel has OOM-killed in the task's
+// memory cgroup: `oom_kill` of memory.oom_control (v1) or memory.events (v2).
+func (c *taskCgroup) oomKills() (uint64, error) {
+	if c == nil {
+		return 0, errors.New("no task cgroup")
+	}
+	file := filepath.Join(c.path, "memory.events")
+	if c.mode == cgroupslib.CG1 {
+		file = filepath.Join(c.v1dir("memory"), "memory.oom_control")
+	}
+	kv, err := readKV(file)
+	if err != nil {
+		return 0, err
+	}
+	n, ok := kv["oom_kill"]
+	if !ok {
+		return 0, fmt.Errorf("%s has no oom_kill counter (it needs Linux 4.13 or later)", file)
+	}
+	return n, nil
+}
+
+// oomKilledSince reports whether the OOM kill count grew past before (nil:
+// unknown, so no).
+func (c *taskCgroup) oomKilledSince(before *uint64) bool {
+	if c == nil || before == nil {
+		return false
+	}
+	n, err := c.oomKills()
+	return err == nil && n > *before
 }
 
 // cpuSample is cumulative CPU time of the cgroup at a moment.

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -32,6 +33,9 @@ type PluginConfig struct {
 	// AllowRoot lets tasks run as uid 0. Off by default: whoever may submit
 	// a job would otherwise have root on every client.
 	AllowRoot bool `codec:"allow_root"`
+	// DeniedEnvvars are glob patterns (as raw_exec's) of environment
+	// variables removed from every task's workload.
+	DeniedEnvvars []string `codec:"denied_envvars"`
 }
 
 // Plugin config defaults.
@@ -53,6 +57,7 @@ var pluginConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewLiteral(`"`+DefaultUser+`"`)),
 	"allow_root": hclspec.NewDefault(hclspec.NewAttr("allow_root", "bool", false),
 		hclspec.NewLiteral("false")),
+	"denied_envvars": hclspec.NewAttr("denied_envvars", "list(string)", false),
 })
 
 // defaults parses the plugin-level lock defaults.
@@ -83,6 +88,16 @@ type TaskConfig struct {
 	// to the workload. Off by default: the token can write the lock path,
 	// so a workload holding it could release or renew the lock itself.
 	ShareNomadToken bool `codec:"share_nomad_token"`
+	// OOMScoreAdj is the workload's oom_score_adj (0–1000, as raw_exec's).
+	OOMScoreAdj int `codec:"oom_score_adj"`
+	// WorkDir is the workload's working directory (absolute); the default
+	// is the task dir. The workload helper changes into it only after it has
+	// dropped to the task user, so a job cannot use it to reach what that
+	// user cannot.
+	WorkDir string `codec:"work_dir"`
+	// DeniedEnvvars are glob patterns of environment variables removed from
+	// the workload, on top of the plugin's.
+	DeniedEnvvars []string `codec:"denied_envvars"`
 }
 
 // LockConfig is the task's `lock {}` block.
@@ -103,6 +118,9 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"command":           hclspec.NewAttr("command", "string", true),
 	"args":              hclspec.NewAttr("args", "list(string)", false),
 	"share_nomad_token": hclspec.NewAttr("share_nomad_token", "bool", false),
+	"oom_score_adj":     hclspec.NewAttr("oom_score_adj", "number", false),
+	"work_dir":          hclspec.NewAttr("work_dir", "string", false),
+	"denied_envvars":    hclspec.NewAttr("denied_envvars", "list(string)", false),
 	"lock": hclspec.NewBlock("lock", false, hclspec.NewObject(map[string]*hclspec.Spec{
 		"path":         hclspec.NewAttr("path", "string", false),
 		"ttl":          hclspec.NewAttr("ttl", "string", false),
@@ -240,6 +258,7 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 		errs = append(errs, err)
 	}
 	c.LB = lb
+	errs = append(errs, tc.validateProcess()...)
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)
 	}
@@ -258,4 +277,16 @@ func parseDuration(field, v string, def time.Duration) (time.Duration, error) {
 		return 0, fmt.Errorf("%s = %q is not a duration: use e.g. \"10s\"", field, v)
 	}
 	return d, nil
+}
+
+// validateProcess checks the options that shape the workload's process.
+func (tc TaskConfig) validateProcess() []error {
+	var errs []error
+	if tc.OOMScoreAdj < 0 || tc.OOMScoreAdj > 1000 {
+		errs = append(errs, fmt.Errorf("config.oom_score_adj = %d: use 0 to 1000 (a negative value would shield the workload from the OOM killer)", tc.OOMScoreAdj))
+	}
+	if tc.WorkDir != "" && !filepath.IsAbs(tc.WorkDir) {
+		errs = append(errs, fmt.Errorf("config.work_dir = %q: use an absolute path, e.g. \"${NOMAD_TASK_DIR}\" or \"/srv/app\"", tc.WorkDir))
+	}
+	return errs
 }

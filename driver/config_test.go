@@ -300,3 +300,22 @@ func decodeJobspecConfig(t *testing.T, config string) TaskConfig {
 	}
 	return tc
 }
+
+func TestProcessOptionsNameTheField(t *testing.T) {
+	for _, tc := range []struct {
+		tc   TaskConfig
+		want string
+	}{
+		{TaskConfig{OOMScoreAdj: -1}, "config.oom_score_adj"},
+		{TaskConfig{OOMScoreAdj: 1001}, "config.oom_score_adj"},
+		{TaskConfig{WorkDir: "data"}, "config.work_dir"},
+	} {
+		errs := tc.tc.validateProcess()
+		if len(errs) != 1 || !strings.Contains(errs[0].Error(), tc.want) {
+			t.Errorf("validateProcess(%+v) = %v, want one error naming %s", tc.tc, errs, tc.want)
+		}
+	}
+	if errs := (TaskConfig{OOMScoreAdj: 1000, WorkDir: "/srv/app"}).validateProcess(); len(errs) != 0 {
+		t.Errorf("valid options refused: %v", errs)
+	}
+}

@@ -24,7 +24,8 @@ import (
 
 // ExecCommand is the hidden argv[1] that runs a command inside a task's
 // context for `nomad alloc exec` and script checks: it joins the task cgroup,
-// drops to the task user, changes to the task dir, then execs the command.
+// sets the workload's oom_score_adj, drops to the task user, changes to the
+// task's work_dir (the task dir by default), then execs the command.
 const ExecCommand = "__singleton-exec"
 
 // WorkloadCommand is the same helper as the supervisor's way to start the
@@ -49,7 +50,8 @@ func workloadArgv(self, stateDir string, argv []string) []string {
 	return append([]string{self, WorkloadCommand, stateDir, "--"}, argv...)
 }
 
-// execInTask joins the task cgroup, drops to the task user and execs argv.
+// execInTask joins the task cgroup, drops to the task user, enters work_dir
+// and execs argv.
 // It returns only on failure, with the exit code to use: 127 when the
 // command is not found, 126 when it cannot be run.
 func execInTask(path string, argv []string, workload bool) (int, error) {
@@ -70,12 +72,12 @@ func execInTask(path string, argv []string, workload bool) (int, error) {
 	if err := joinCgroups(spec.CgroupProcs); err != nil {
 		return shim.ExitCannotExec, err
 	}
-	if spec.WorkDir != "" {
-		if err := os.Chdir(spec.WorkDir); err != nil {
-			return shim.ExitCannotExec, err
-		}
+	// Before dropping privileges: lowering it back from the supervisor's
+	// value needs CAP_SYS_RESOURCE, and the workload cannot lower it again.
+	if err := setOOMScoreAdj(spec.OOMScoreAdj); err != nil {
+		return shim.ExitCannotExec, fmt.Errorf("set the workload's oom_score_adj to config.oom_score_adj = %d: %w", spec.OOMScoreAdj, err)
 	}
-	env := workloadEnv(os.Environ(), spec.ShareNomadToken)
+	env := workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars)
 	if spec.UID != nil {
 		groups := make([]int, len(spec.Groups))
 		for i, g := range spec.Groups {
@@ -89,6 +91,13 @@ func execInTask(path string, argv []string, workload bool) (int, error) {
 		}
 		if err := syscall.Setuid(int(*spec.UID)); err != nil {
 			return shim.ExitCannotExec, fmt.Errorf("setuid: %w", err)
+		}
+	}
+	// Only now, as the task user: a work_dir of the job's choosing must not
+	// give the workload a way into a directory it could not reach itself.
+	if spec.WorkDir != "" {
+		if err := os.Chdir(spec.WorkDir); err != nil {
+			return shim.ExitCannotExec, fmt.Errorf("config.work_dir: the task user cannot enter %s: %w", spec.WorkDir, err)
 		}
 	}
 	if workload {

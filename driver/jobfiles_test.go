@@ -60,10 +60,10 @@ func TestResolveLBFiles(t *testing.T) {
 
 func TestWorkloadEnvDropsSecrets(t *testing.T) {
 	env := []string{"PATH=/bin", "NOMAD_TOKEN=t0k", "SINGLETON_LB_AUTHKEY=k", "NOMAD_ALLOC_ID=a"}
-	if got := workloadEnv(env, false); !slices.Equal(got, []string{"PATH=/bin", "NOMAD_ALLOC_ID=a"}) {
+	if got := workloadEnv(env, false, nil); !slices.Equal(got, []string{"PATH=/bin", "NOMAD_ALLOC_ID=a"}) {
 		t.Errorf("workloadEnv = %q", got)
 	}
-	if got := workloadEnv(env, true); !slices.Contains(got, "NOMAD_TOKEN=t0k") || slices.Contains(got, "SINGLETON_LB_AUTHKEY=k") {
+	if got := workloadEnv(env, true, nil); !slices.Contains(got, "NOMAD_TOKEN=t0k") || slices.Contains(got, "SINGLETON_LB_AUTHKEY=k") {
 		t.Errorf("workloadEnv(share) = %q", got)
 	}
 }
@@ -79,4 +79,12 @@ func testTaskConfig(t *testing.T) (*drivers.TaskConfig, *allocdir.TaskDir) {
 		t.Fatal(err)
 	}
 	return cfg, td
+}
+
+func TestWorkloadEnvDeniedEnvvars(t *testing.T) {
+	env := []string{"PATH=/bin", "NOMAD_TOKEN=t0k", "AWS_SECRET_ACCESS_KEY=s", "AWS_REGION=r", "NOMAD_META_a=1", "KEEP=1"}
+	got := workloadEnv(env, true, []string{"AWS_*", "NOMAD_TOKEN", "*_META_*"})
+	if !slices.Equal(got, []string{"PATH=/bin", "KEEP=1"}) {
+		t.Errorf("workloadEnv with denied globs = %q; want only PATH and KEEP (denied_envvars wins over share_nomad_token)", got)
+	}
 }

@@ -113,6 +113,16 @@ type supervisorSpec struct {
 	Groups []uint32
 	// ShareNomadToken leaves NOMAD_TOKEN in the workload's environment.
 	ShareNomadToken bool
+	// DeniedEnvvars are glob patterns of variables removed from the
+	// workload's environment (plugin's and task's denied_envvars).
+	DeniedEnvvars []string
+	// OOMScoreAdj is the workload's oom_score_adj (the supervisor's own is
+	// supervisorOOMScoreAdj, which the helper must not pass on).
+	OOMScoreAdj int
+	// OOMKillsAtStart is the task memory cgroup's OOM kill count before the
+	// supervisor started; nil when it could not be read. A higher count at
+	// exit means the kernel OOM-killed a workload process.
+	OOMKillsAtStart *uint64
 }
 
 // supervisorStatus is the supervisor's latest state. Deadlines are
@@ -164,6 +174,8 @@ type exitStatus struct {
 	ExitCode int
 	Signal   int
 	Message  string `json:",omitempty"`
+	// OOMKilled: the task's memory cgroup OOM-killed a workload process.
+	OOMKilled bool `json:",omitempty"`
 }
 
 // wroteExitStatus reports whether the supervisor recorded its exit, which

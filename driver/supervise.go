@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+	"github.com/ryanuber/go-glob"
 )
 
 // SuperviseCommand is the hidden argv[1] with which the plugin re-execs its
@@ -40,24 +42,46 @@ func MaybeRunSupervisor(args []string) {
 // its exit status. Its stdout and stderr are the task's log FIFOs.
 func runSupervisor(path string) int {
 	log := hclog.New(&hclog.LoggerOptions{Name: "singleton", Output: os.Stderr, Level: hclog.Info})
+	if err := setOOMScoreAdj(supervisorOOMScoreAdj); err != nil {
+		log.Warn("cannot shield the supervisor from the system OOM killer", "error", err)
+	}
 	dir, err := securefs.OpenPrivate(path, false)
 	if err != nil {
 		log.Error("open the task's state dir", "error", err)
 		return shim.ExitInfra
 	}
-	code, msg := superviseTask(dir, log)
-	if err := writeJSON(dir, exitFile, exitStatus{ExitCode: code, Message: msg}); err != nil {
+	var spec supervisorSpec
+	if err := readJSON(dir, specFile, &spec); err != nil {
+		log.Error("read supervisor spec", "error", err)
+		_ = writeJSON(dir, exitFile, exitStatus{ExitCode: shim.ExitConfig, Message: err.Error()})
+		return shim.ExitConfig
+	}
+	code, msg := superviseTask(dir, spec, log)
+	es := exitStatus{ExitCode: code, Message: msg}
+	if spec.CgroupPath != "" {
+		tree := &taskCgroup{mode: cgroupslib.Mode(spec.CgroupMode), path: spec.CgroupPath}
+		es.OOMKilled = tree.oomKilledSince(spec.OOMKillsAtStart)
+	}
+	if es.OOMKilled {
+		log.Warn("the kernel OOM-killed a workload process: it used more than the task's memory limit (resources.memory, memory_max)")
+	}
+	if err := writeJSON(dir, exitFile, es); err != nil {
 		log.Error("write exit status", "error", err)
 	}
 	return code
 }
 
-func superviseTask(dir *securefs.Dir, log hclog.Logger) (int, string) {
-	var spec supervisorSpec
-	if err := readJSON(dir, specFile, &spec); err != nil {
-		log.Error("read supervisor spec", "error", err)
-		return shim.ExitConfig, err.Error()
-	}
+// supervisorOOMScoreAdj keeps the system OOM killer off the supervisor: it
+// must outlive its workload to prove it dead and release the lock. The
+// workload helper sets the workload's own value (default 0) before it execs.
+const supervisorOOMScoreAdj = -999
+
+// setOOMScoreAdj sets this process's oom_score_adj; children inherit it.
+func setOOMScoreAdj(v int) error {
+	return os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(v)), 0o644)
+}
+
+func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (int, string) {
 
 	cfg := shim.DefaultConfig()
 	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
@@ -106,8 +130,10 @@ func superviseTask(dir *securefs.Dir, log hclog.Logger) (int, string) {
 			}
 		},
 		Stdin: nil, Stdout: os.Stdout, Stderr: os.Stderr,
-		Dir: spec.WorkDir,
-		Env: workloadEnv(os.Environ(), spec.ShareNomadToken),
+		// The helper joins the task cgroup, drops to the task user, and only
+		// then changes into spec.WorkDir (so work_dir reaches only what the
+		// task user may reach). Until then it stays in our dir, the task dir.
+		Env: workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars),
 		// The helper joins the task cgroup and drops to the task user.
 		Wrap:         func(argv []string) []string { return workloadArgv(self, dir.Path(), argv) },
 		Tree:         workloadTree(spec),
@@ -172,13 +198,15 @@ func routeSignals(dir *securefs.Dir, log hclog.Logger, forward chan<- os.Signal,
 
 // workloadEnv is the supervisor's environment less what the workload must
 // not hold: the workload identity token (it can write the lock path, so a
-// workload with it could release or renew the lock; shareToken keeps it) and
-// the LB auth key.
-func workloadEnv(env []string, shareToken bool) []string {
+// workload with it could release or renew the lock; shareToken keeps it),
+// the LB auth key, and every variable matching a denied glob pattern (raw_exec's
+// denied_envvars: "*" matches any run of characters).
+func workloadEnv(env []string, shareToken bool, denied []string) []string {
 	out := make([]string, 0, len(env))
 	for _, kv := range env {
 		name, _, _ := strings.Cut(kv, "=")
-		if (name == "NOMAD_TOKEN" && !shareToken) || name == lbhook.DefaultAuthKeyEnv {
+		if (name == "NOMAD_TOKEN" && !shareToken) || name == lbhook.DefaultAuthKeyEnv ||
+			slices.ContainsFunc(denied, func(pattern string) bool { return glob.Glob(pattern, name) }) {
 			continue
 		}
 		out = append(out, kv)

@@ -1,12 +1,14 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -90,7 +92,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, fmt.Errorf("decode task config: %w", err)
 	}
 	d.mu.RLock()
-	ttl, delay, root, users := d.ttl, d.delay, d.stateRoot, d.users
+	ttl, delay, root, users, denied := d.ttl, d.delay, d.stateRoot, d.users, d.config.DeniedEnvvars
 	d.mu.RUnlock()
 	if root == nil {
 		return nil, nil, errors.New("the plugin has no state dir: see the agent log for the plugin config error")
@@ -112,6 +114,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, err
 	}
+	spec.DeniedEnvvars = slices.Concat(denied, tc.DeniedEnvvars)
 	cg, err := newTaskCgroup(cfg)
 	if err != nil {
 		return nil, nil, err
@@ -122,6 +125,11 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	spec.CgroupProcs = cg.procsFiles()
 	if cg != nil {
 		spec.CgroupMode, spec.CgroupPath = int(cg.mode), cg.path
+		if n, err := cg.oomKills(); err == nil {
+			spec.OOMKillsAtStart = &n
+		} else {
+			d.logger.Warn("cannot read the task cgroup's OOM kill count: an OOM kill will not be reported", "error", err)
+		}
 	}
 
 	dir, err := openTaskState(root, cfg)
@@ -176,13 +184,17 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
 		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait,
 		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
-		WorkDir: cfg.TaskDir().Dir, ShareNomadToken: tc.ShareNomadToken,
+		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), ShareNomadToken: tc.ShareNomadToken,
+		OOMScoreAdj: tc.OOMScoreAdj,
 	}
 	id, err := users.resolve(cfg.User)
 	if err != nil {
 		return spec, err
 	}
-	if err := checkReach(spec.WorkDir, id); err != nil {
+	// A work_dir of the job's choosing is not checked here (that would tell
+	// the job about paths its user cannot see): the helper changes into it
+	// as the task user, so the kernel's permission checks decide.
+	if err := checkReach(cfg.TaskDir().Dir, id); err != nil {
 		return spec, err
 	}
 	if id.uid != 0 {
@@ -435,23 +447,35 @@ func (d *Driver) watchdog(h *taskHandle) {
 
 // exitResult is the task's exit: the supervisor's exit code (the workload's
 // own, or a documented lock code) from exit.json, else from the wait status.
+// errOOMKilled is the exit message of a task whose memory cgroup OOM-killed a
+// workload process (the docker driver says "OOM Killed" too).
+var errOOMKilled = errors.New("OOM Killed: a workload process went over the task's memory limit; raise resources.memory (or memory_max)")
+
 func (d *Driver) exitResult(h *taskHandle, ps *os.ProcessState, waitErr error) *drivers.ExitResult {
 	var es exitStatus
 	if err := readJSON(h.dir, exitFile, &es); err == nil {
-		return &drivers.ExitResult{ExitCode: es.ExitCode, Signal: es.Signal}
+		res := &drivers.ExitResult{ExitCode: es.ExitCode, Signal: es.Signal, OOMKilled: es.OOMKilled}
+		if es.OOMKilled {
+			res.Err = errOOMKilled
+		}
+		return res
 	}
+	// The supervisor died without its exit status: the plugin compares the
+	// OOM kill count itself.
+	var spec supervisorSpec
+	oom := readJSON(h.dir, specFile, &spec) == nil && h.cgroup.oomKilledSince(spec.OOMKillsAtStart)
 	if ps != nil {
 		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return &drivers.ExitResult{ExitCode: 128 + int(ws.Signal()), Signal: int(ws.Signal()),
+			return &drivers.ExitResult{ExitCode: 128 + int(ws.Signal()), Signal: int(ws.Signal()), OOMKilled: oom,
 				Err: fmt.Errorf("the supervisor was killed by %s", unix.SignalName(ws.Signal()))}
 		}
-		return &drivers.ExitResult{ExitCode: ps.ExitCode()}
+		return &drivers.ExitResult{ExitCode: ps.ExitCode(), OOMKilled: oom}
 	}
 	err := errors.New("supervisor exited without an exit status (killed)")
 	if waitErr != nil {
 		err = fmt.Errorf("wait for supervisor: %w", waitErr)
 	}
-	return &drivers.ExitResult{ExitCode: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL), Err: err}
+	return &drivers.ExitResult{ExitCode: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL), OOMKilled: oom, Err: err}
 }
 
 func (h *taskHandle) finish(res *drivers.ExitResult) {

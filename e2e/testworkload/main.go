@@ -107,6 +107,7 @@ func main() {
 		httpAddr   = flag.String("http", "", "serve HTTP on this host:port until stopped")
 		daemon     = flag.Bool("daemon", false, "start the grandchildren in their own sessions, detached")
 		stopAfter  = flag.Duration("stop-after", 0, "on SIGTERM/SIGINT, wait this long before the stop record and exit")
+		eatMB      = flag.Int("eat-mb", 0, "after the start record, allocate and touch this many MiB and hold them")
 	)
 	flag.Parse()
 
@@ -147,6 +148,8 @@ func main() {
 			}
 		}
 	}
+
+	heldMemory = eat(*eatMB)
 
 	var exitTimer <-chan time.Time
 	if *exitCode >= 0 {
@@ -269,4 +272,21 @@ func (w *workload) write(r record) {
 		fmt.Fprintf(os.Stderr, "testworkload: write record: %v\n", err)
 		os.Exit(2)
 	}
+}
+
+// heldMemory keeps what -eat-mb allocated reachable until the process ends.
+var heldMemory [][]byte
+
+// eat allocates mb MiB one at a time and writes every page, so the memory is
+// charged to the process's memory cgroup (an OOM test goes over its limit).
+func eat(mb int) [][]byte {
+	var held [][]byte
+	for i := 0; i < mb; i++ {
+		b := make([]byte, 1<<20)
+		for j := 0; j < len(b); j += 4096 {
+			b[j] = 1
+		}
+		held = append(held, b)
+	}
+	return held
 }
