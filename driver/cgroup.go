@@ -19,8 +19,8 @@ import (
 )
 
 // taskCgroup is where Nomad's wrangler put the task: the cgroups the
-// workload helper joins before it execs the workload (the supervisor stays
-// out), so the workload's resources {} limits apply, and the cgroup holds
+// workload is born in (the supervisor joins them only around the fork; see
+// taskStarter), so the workload's resources {} limits apply, and the cgroup holds
 // every process of the workload and nothing else.
 type taskCgroup struct {
 	mode cgroupslib.Mode

@@ -91,7 +91,7 @@ type TaskConfig struct {
 	// OOMScoreAdj is the workload's oom_score_adj (0–1000, as raw_exec's).
 	OOMScoreAdj int `codec:"oom_score_adj"`
 	// WorkDir is the workload's working directory (absolute); the default
-	// is the task dir. The workload helper changes into it only after it has
+	// is the task dir. The forked workload changes into it only after it has
 	// dropped to the task user, so a job cannot use it to reach what that
 	// user cannot.
 	WorkDir string `codec:"work_dir"`

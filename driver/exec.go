@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"syscall"
@@ -19,7 +18,6 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
-	"golang.org/x/sys/unix"
 )
 
 // ExecCommand is the hidden argv[1] that runs a command inside a task's
@@ -28,37 +26,21 @@ import (
 // task's work_dir (the task dir by default), then execs the command.
 const ExecCommand = "__singleton-exec"
 
-// WorkloadCommand is the same helper as the supervisor's way to start the
-// workload: the supervisor itself stays out of the task cgroup (so the
-// cgroup holds the workload's processes and nothing else, and a memory-cgroup
-// OOM kill cannot pick the supervisor), and the helper re-arms the
-// parent-death signal that dropping privileges clears.
-const WorkloadCommand = "__singleton-workload"
-
 // MaybeRunExec execs into the command and never returns if args ask for it.
 func MaybeRunExec(args []string) {
-	if len(args) < 5 || (args[1] != ExecCommand && args[1] != WorkloadCommand) || args[3] != "--" {
+	if len(args) < 5 || args[1] != ExecCommand || args[3] != "--" {
 		return
 	}
-	code, err := execInTask(args[2], args[4:], args[1] == WorkloadCommand)
+	code, err := execInTask(args[2], args[4:])
 	fmt.Fprintf(os.Stderr, "singleton: cannot run %q: %v\n", args[4], err)
 	os.Exit(code)
-}
-
-// workloadArgv is how the supervisor starts argv through the helper.
-func workloadArgv(self, stateDir string, argv []string) []string {
-	return append([]string{self, WorkloadCommand, stateDir, "--"}, argv...)
 }
 
 // execInTask joins the task cgroup, drops to the task user, enters work_dir
 // and execs argv.
 // It returns only on failure, with the exit code to use: 127 when the
 // command is not found, 126 when it cannot be run.
-func execInTask(path string, argv []string, workload bool) (int, error) {
-	// The parent-death signal belongs to a thread: set it on the thread
-	// that execs, and never leave that thread.
-	runtime.LockOSThread()
-	parent := os.Getppid()
+func execInTask(path string, argv []string) (int, error) {
 	dir, err := securefs.OpenPrivate(path, false)
 	if err != nil {
 		return shim.ExitCannotExec, err
@@ -98,16 +80,6 @@ func execInTask(path string, argv []string, workload bool) (int, error) {
 	if spec.WorkDir != "" {
 		if err := os.Chdir(spec.WorkDir); err != nil {
 			return shim.ExitCannotExec, fmt.Errorf("config.work_dir: the task user cannot enter %s: %w", spec.WorkDir, err)
-		}
-	}
-	if workload {
-		// A credential change clears the parent-death signal: set it again,
-		// then make sure the supervisor did not die in between.
-		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0, 0, 0); err != nil {
-			return shim.ExitCannotExec, fmt.Errorf("set the parent-death signal: %w", err)
-		}
-		if os.Getppid() != parent {
-			return shim.ExitCannotExec, errors.New("the supervisor is gone")
 		}
 	}
 	// The command is looked up as the task user, in the workload's PATH.

@@ -99,8 +99,8 @@ type supervisorSpec struct {
 	Health shim.HealthSpec
 
 	// CgroupProcs are the task cgroup's cgroup.procs files, which the
-	// workload helper joins before it execs the workload (the supervisor
-	// stays out). CgroupMode and CgroupPath name the cgroup that proves the
+	// supervisor joins only around the workload's fork (see taskStarter),
+	// and the exec helper joins for `nomad alloc exec`. CgroupMode and CgroupPath name the cgroup that proves the
 	// workload dead (v1: the freezer cgroup; v2: the task's cgroup); an
 	// empty CgroupPath means there is none.
 	CgroupProcs []string
@@ -117,7 +117,7 @@ type supervisorSpec struct {
 	// workload's environment (plugin's and task's denied_envvars).
 	DeniedEnvvars []string
 	// OOMScoreAdj is the workload's oom_score_adj (the supervisor's own is
-	// supervisorOOMScoreAdj, which the helper must not pass on).
+	// supervisorOOMScoreAdj, which the workload must not inherit).
 	OOMScoreAdj int
 	// OOMKillsAtStart is the task memory cgroup's OOM kill count before the
 	// supervisor started; nil when it could not be read. A higher count at

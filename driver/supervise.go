@@ -73,7 +73,7 @@ func runSupervisor(path string) int {
 
 // supervisorOOMScoreAdj keeps the system OOM killer off the supervisor: it
 // must outlive its workload to prove it dead and release the lock. The
-// workload helper sets the workload's own value (default 0) before it execs.
+// workload gets its own value (default 0) at fork (see taskStarter).
 const supervisorOOMScoreAdj = -999
 
 // setOOMScoreAdj sets this process's oom_score_adj; children inherit it.
@@ -103,9 +103,9 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 		return shim.ExitConfig, err.Error()
 	}
 
-	self, err := os.Executable()
+	starter, err := newTaskStarter(spec, log)
 	if err != nil {
-		log.Error("find own binary", "error", err)
+		log.Error("find the cgroups to start the workload in", "error", err)
 		return shim.ExitInfra, err.Error()
 	}
 	pub := &publisher{dir: dir, path: cfg.Path, log: log}
@@ -130,14 +130,18 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 			}
 		},
 		Stdin: nil, Stdout: os.Stdout, Stderr: os.Stderr,
-		// The helper joins the task cgroup, drops to the task user, and only
-		// then changes into spec.WorkDir (so work_dir reaches only what the
-		// task user may reach). Until then it stays in our dir, the task dir.
 		Env: workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars),
-		// The helper joins the task cgroup and drops to the task user.
-		Wrap:         func(argv []string) []string { return workloadArgv(self, dir.Path(), argv) },
+		// The forked child drops to the task user first and only then
+		// changes into spec.WorkDir (Go's exec does it in that order), so
+		// work_dir reaches only what the task user may reach.
+		Dir: spec.WorkDir,
+		// The workload is born in the task cgroup (see taskStarter).
+		StartIn:      starter.within,
 		Tree:         workloadTree(spec),
 		RequireGuard: true,
+	}
+	if spec.UID != nil {
+		sup.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
 	}
 	if spec.CgroupPath == "" {
 		pub.note("No task cgroup on this client (cgroups are disabled): nothing can prove every process of the task dead, " +

@@ -192,7 +192,7 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 		return spec, err
 	}
 	// A work_dir of the job's choosing is not checked here (that would tell
-	// the job about paths its user cannot see): the helper changes into it
+	// the job about paths its user cannot see): the workload changes into it
 	// as the task user, so the kernel's permission checks decide.
 	if err := checkReach(cfg.TaskDir().Dir, id); err != nil {
 		return spec, err

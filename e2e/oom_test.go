@@ -131,7 +131,7 @@ func TestDriverProcessOptions(t *testing.T) {
 				if term[0].Details["exit_code"] != "126" {
 					t.Errorf("work_dir /root: Terminated with exit code %q, want 126 (cannot run): %s", term[0].Details["exit_code"], drvEventText(term[0]))
 				}
-				if logs := a.AllocLogs(t, allocs[0].ID, drvTask, "stderr"); !strings.Contains(logs, "config.work_dir: the task user cannot enter /root") {
+				if logs := a.AllocLogs(t, allocs[0].ID, drvTask, "stderr"); !strings.Contains(logs, "config.work_dir") || !strings.Contains(logs, "/root") {
 					t.Errorf("the task's stderr does not name config.work_dir:\n%s", logs)
 				}
 				break

@@ -125,10 +125,11 @@ type Supervisor struct {
 	// signal it too, wait for it, and the lock is released only once it is
 	// proven empty.
 	Tree Tree
-	// Wrap, if set, rewrites the workload's argv before it is started (the
-	// driver starts it through a helper that joins the task cgroup and
-	// drops to the task user first).
-	Wrap func(argv []string) []string
+	// StartIn, if set, runs start (the fork and exec of the workload) with
+	// the supervisor placed where the workload must begin: the driver joins
+	// the task cgroup around it and leaves again, so the workload is born
+	// in the cgroup and the supervisor is not in it.
+	StartIn func(start func() error) error
 	// Subreaper makes the supervisor a child subreaper whose descendants
 	// are all the workload's (the `lock` binary, which has no cgroup): they
 	// become its Tree.
@@ -416,9 +417,6 @@ func (s *Supervisor) startWorkload(lease *lockclient.Lease, g *group) (*exec.Cmd
 		}
 		argv = []string{sh, "-c", strings.Join(argv, " ")}
 	}
-	if s.Wrap != nil {
-		argv = s.Wrap(argv)
-	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		return nil, g, fmt.Errorf("command %q: %w", argv[0], err)
@@ -431,7 +429,13 @@ func (s *Supervisor) startWorkload(lease *lockclient.Lease, g *group) (*exec.Cmd
 		attr.Pgid = g.pgid
 	}
 	cmd.SysProcAttr = attr
-	if err := s.spawner.start(cmd); err != nil {
+	start := func() error { return s.spawner.start(cmd) }
+	if s.StartIn != nil {
+		err = s.StartIn(start)
+	} else {
+		err = start()
+	}
+	if err != nil {
 		return nil, g, fmt.Errorf("start %q: %w", path, err)
 	}
 	if g == nil {
