@@ -345,25 +345,9 @@ func jsonValue(v any) (any, error) {
 		}
 		return out, nil
 	case []any:
-		out := make([]any, len(x))
-		for i, e := range x {
-			j, err := jsonValue(e)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = j
-		}
-		return out, nil
+		return jsonList(x)
 	case []map[string]any:
-		out := make([]any, len(x))
-		for i, e := range x {
-			j, err := jsonValue(e)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = j
-		}
-		return out, nil
+		return jsonList(x)
 	case []byte:
 		return string(x), nil
 	}
@@ -371,4 +355,17 @@ func jsonValue(v any) (any, error) {
 		return nil, err
 	}
 	return v, nil
+}
+
+// jsonList converts each element of a decoded list with jsonValue.
+func jsonList[T any](x []T) ([]any, error) {
+	out := make([]any, len(x))
+	for i, e := range x {
+		j, err := jsonValue(e)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = j
+	}
+	return out, nil
 }
