@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,16 +40,7 @@ func TestRootPeerClientRefusesOtherServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
-			c.Close()
-		}
-	}()
+	go func() { _ = http.Serve(ln, okHandler) }()
 	if resp, err := rootPeerClient(rootSock).Get("http://127.0.0.1/"); err != nil {
 		t.Fatalf("a socket served by root: %v", err)
 	} else {
@@ -101,6 +93,9 @@ func TestRootPeerClientRefusesOtherServers(t *testing.T) {
 // request 200 (see TestMain).
 const fakeServerEnv = "LOCKCLIENT_TEST_FAKE_SERVER"
 
+// okHandler answers every request 200 "ok".
+var okHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+
 func TestMain(m *testing.M) {
 	if path := os.Getenv(fakeServerEnv); path != "" {
 		ln, err := net.Listen("unix", path)
@@ -108,14 +103,8 @@ func TestMain(m *testing.M) {
 			os.Exit(2)
 		}
 		os.Stdout.WriteString("ready\n")
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				os.Exit(0)
-			}
-			_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
-			c.Close()
-		}
+		_ = http.Serve(ln, okHandler)
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
@@ -131,13 +120,14 @@ func TestDiscoverRootEndpointRefusesTokenSymlink(t *testing.T) {
 	if err := os.Symlink(secret, filepath.Join(dir, "nomad_token")); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"NOMAD_SECRETS_DIR": dir}
-	ep, err := DiscoverRootEndpoint(func(k string) string { return env[k] })
+	// A job can set these in its env block: they must not move the socket.
+	env := map[string]string{"NOMAD_SECRETS_DIR": "/elsewhere", "NOMAD_UNIX_ADDR": "/run/docker.sock"}
+	ep, err := DiscoverRootEndpoint(dir, func(k string) string { return env[k] })
 	if err == nil || ep.Token != "" {
 		t.Fatalf("DiscoverRootEndpoint followed a symlinked token file: %+v, %v", ep, err)
 	}
 	env["NOMAD_TOKEN"] = "t0ken"
-	ep, err = DiscoverRootEndpoint(func(k string) string { return env[k] })
+	ep, err = DiscoverRootEndpoint(dir, func(k string) string { return env[k] })
 	if err != nil || ep.Token != "t0ken" || !ep.RootPeer || ep.Address != "unix://"+filepath.Join(dir, "api.sock") {
 		t.Fatalf("with NOMAD_TOKEN: %+v, %v", ep, err)
 	}
