@@ -94,7 +94,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 // identity stays valid while the allocation is not terminal. The socket must
 // be served by root (the task user can replace api.sock with its own).
 func (h *taskHandle) taskEndpoint() lockclient.Endpoint {
-	ep, err := lockclient.DiscoverRootEndpoint(func(k string) string { return h.cfg.Env[k] })
+	ep, err := lockclient.DiscoverRootEndpoint(h.cfg.TaskDir().SecretsDir, func(k string) string { return h.cfg.Env[k] })
 	if err != nil {
 		h.logger.Debug("task endpoint", "error", err)
 	}

@@ -111,6 +111,9 @@ type supervisorSpec struct {
 	UID    *uint32
 	GID    uint32
 	Groups []uint32
+	// SecretsDir is the task's secrets dir, from the plugin (never from the
+	// task environment, which a job can set): where the Task API socket is.
+	SecretsDir string
 	// ShareNomadToken leaves NOMAD_TOKEN in the workload's environment.
 	ShareNomadToken bool
 	// DeniedEnvvars are glob patterns of variables removed from the

@@ -85,7 +85,7 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 
 	cfg := shim.DefaultConfig()
 	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
-	cfg.RootTaskAPI = true
+	cfg.RootSecretsDir = spec.SecretsDir
 	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
 	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
 

@@ -184,7 +184,7 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
 		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait,
 		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
-		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), ShareNomadToken: tc.ShareNomadToken,
+		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), SecretsDir: cfg.TaskDir().SecretsDir, ShareNomadToken: tc.ShareNomadToken,
 		OOMScoreAdj: tc.OOMScoreAdj,
 	}
 	id, err := users.resolve(cfg.User)

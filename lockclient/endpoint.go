@@ -81,31 +81,26 @@ func DiscoverEndpoint(getenv func(string) string) (Endpoint, error) {
 }
 
 // DiscoverRootEndpoint is DiscoverEndpoint for a caller that runs as root
-// beside a task it does not trust (the driver's plugin and supervisor): the
-// task's secrets dir is writable by the task user. Only the Task API socket
-// is used, and it must be served by root; a token file is read as a regular
-// file in the secrets dir, never through a symlink, a FIFO or a hard link.
-func DiscoverRootEndpoint(getenv func(string) string) (Endpoint, error) {
-	secrets := getenv("NOMAD_SECRETS_DIR")
+// beside a task it does not trust (the driver's plugin and supervisor). The
+// socket is <secretsDir>/api.sock, where secretsDir comes from the caller,
+// never from the task environment (a job can set NOMAD_UNIX_ADDR or
+// NOMAD_SECRETS_DIR in its env block), and it must be served by root. The
+// token is NOMAD_TOKEN, else secretsDir/nomad_token read as a regular file,
+// never through a symlink, a FIFO or a hard link (the task user can write
+// the secrets dir).
+func DiscoverRootEndpoint(secretsDir string, getenv func(string) string) (Endpoint, error) {
+	if secretsDir == "" {
+		return Endpoint{}, ErrNoEndpoint
+	}
 	token := strings.TrimSpace(getenv("NOMAD_TOKEN"))
-	if token == "" && secrets != "" {
-		b, err := securefs.ReadBeneath(secrets, "nomad_token", maxTokenBytes)
+	if token == "" {
+		b, err := securefs.ReadBeneath(secretsDir, "nomad_token", maxTokenBytes)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return Endpoint{}, fmt.Errorf("read workload identity token in %s: %w", secrets, err)
+			return Endpoint{}, fmt.Errorf("read workload identity token in %s: %w", secretsDir, err)
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	addr := getenv("NOMAD_UNIX_ADDR")
-	if addr == "" && secrets != "" {
-		addr = filepath.Join(secrets, "api.sock")
-	}
-	if addr == "" {
-		return Endpoint{}, ErrNoEndpoint
-	}
-	if !strings.HasPrefix(addr, "unix://") {
-		addr = "unix://" + addr
-	}
-	ep, err := taskAPIEndpoint(addr, token)
+	ep, err := taskAPIEndpoint("unix://"+filepath.Join(secretsDir, "api.sock"), token)
 	ep.RootPeer = true
 	return ep, err
 }

@@ -146,8 +146,8 @@ func newLogger(w io.Writer, verbose bool) hclog.Logger {
 // is written into the lock on acquire.
 func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockclient.Locker, error) {
 	ep, err := endpointFor(cfg.Address)
-	if cfg.RootTaskAPI {
-		ep, err = lockclient.DiscoverRootEndpoint(os.Getenv)
+	if cfg.RootSecretsDir != "" {
+		ep, err = lockclient.DiscoverRootEndpoint(cfg.RootSecretsDir, os.Getenv)
 	}
 	if err != nil {
 		return nil, err

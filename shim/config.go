@@ -31,10 +31,11 @@ type Config struct {
 	Path      string
 	Namespace string
 	Address   string // NOMAD_ADDR override for use outside a task
-	// RootTaskAPI: the caller runs as root beside a task it does not trust
-	// (the driver's supervisor): only the Task API socket, served by root,
-	// and no token file read through a symlink (lockclient.DiscoverRootEndpoint).
-	RootTaskAPI bool
+	// RootSecretsDir, when set, is the task's secrets dir for a caller that
+	// runs as root beside a task it does not trust (the driver's
+	// supervisor): only its Task API socket, served by root, and no token
+	// file read through a symlink (lockclient.DiscoverRootEndpoint).
+	RootSecretsDir string
 
 	TTL         time.Duration
 	LockDelay   time.Duration
