@@ -79,6 +79,9 @@ func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
 
 // TaskConfig is a task's `config {}` block.
 type TaskConfig struct {
+	// Gate makes the task hold the lock for the other tasks of its group
+	// (any driver) instead of, or besides, running a command: see shim.Gate.
+	Gate         bool            `codec:"gate"`
 	Command      string          `codec:"command"`
 	Args         []string        `codec:"args"`
 	Lock         LockConfig      `codec:"lock"`
@@ -115,7 +118,8 @@ type LockConfig struct {
 }
 
 var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
-	"command":           hclspec.NewAttr("command", "string", true),
+	"command":           hclspec.NewAttr("command", "string", false),
+	"gate":              hclspec.NewAttr("gate", "bool", false),
 	"args":              hclspec.NewAttr("args", "list(string)", false),
 	"share_nomad_token": hclspec.NewAttr("share_nomad_token", "bool", false),
 	"oom_score_adj":     hclspec.NewAttr("oom_score_adj", "number", false),
@@ -222,7 +226,12 @@ func truncateEscaped(s string, n int) string {
 func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duration) (shim.Config, error) {
 	c := shim.DefaultConfig()
 	c.TTL, c.LockDelay = ttl, delay
-	c.Command = append([]string{tc.Command}, tc.Args...)
+	if tc.Command != "" || !tc.Gate {
+		c.Command = append([]string{tc.Command}, tc.Args...)
+	}
+	if tc.Gate {
+		c.Gate = &shim.Gate{AllocID: cfg.AllocID, Task: cfg.Name, Namespace: cfg.Namespace}
+	}
 	c.Path = tc.Lock.Path
 	if c.Path == "" {
 		c.Path = DefaultLockPath(cfg)
@@ -259,6 +268,13 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 	}
 	c.LB = lb
 	errs = append(errs, tc.validateProcess()...)
+	if tc.Command == "" && !tc.Gate {
+		errs = append(errs, errors.New("config.command is missing: give the program to run, or set config.gate = true "+
+			"to hold the lock for the group's other tasks"))
+	}
+	if tc.Command == "" && len(tc.Args) > 0 {
+		errs = append(errs, errors.New("config.args without config.command: a gate with args needs a command to pass them to"))
+	}
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)
 	}

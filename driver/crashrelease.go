@@ -59,6 +59,20 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 		whose = "supervisor, which could not prove its workload dead"
 	}
 
+	var spec supervisorSpec
+	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.Gate != nil {
+		// A gate's lock covers its gated tasks, which run in other task
+		// cgroups, under other drivers: the plugin cannot prove them
+		// dead. The gate now fails and Nomad kills them; the server's
+		// expiry (checked at start to outlast their kill_timeout) lets the
+		// next holder in.
+		log.Warn("gate ended holding the lock: not releasing it while its gated tasks may run")
+		if crashed {
+			d.emitEvent(h.cfg, fmt.Sprintf("Lock kept after the gate's %s: Nomad kills the gated tasks now that the gate has failed, "+
+				"and the lock expires on the server within 2×TTL + delay (%s)", whose, 2*held.TTL+held.LockDelay), ann)
+		}
+		return // the lease record stays: a restarted gate takes it over (gateLeases)
+	}
 	if err := h.killRemains(confirmDeadWithin); err != nil {
 		log.Error("supervisor died holding the lock, but its processes are not confirmed dead: not releasing", "error", err)
 		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay", whose, err), ann)

@@ -64,6 +64,8 @@ type Driver struct {
 	stateRoot *securefs.Dir
 
 	tasks *taskStore
+	// gateLeases are the leases of gates that Nomad may restart.
+	gateLeases gateLeases
 
 	// Events emitted before Nomad has subscribed (the first moments after a
 	// plugin restart, while tasks are recovered) wait here: the eventer drops

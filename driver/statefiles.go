@@ -81,7 +81,10 @@ var allocIDPattern = regexp.MustCompile(`^[0-9a-fA-F-]{1,64}$`)
 
 // supervisorSpec is everything the supervisor needs that is not a secret.
 type supervisorSpec struct {
-	TaskID      string
+	TaskID string
+	// Gate holds the lock for the group's other tasks (config.gate): its
+	// allocation, task and namespace, from Nomad.
+	Gate        *gateSpec `json:",omitempty"`
 	Path        string
 	Namespace   string
 	Command     []string
@@ -281,4 +284,13 @@ func (t *eventTail) read() ([]taskEventLine, error) {
 		}
 	}
 	return out, nil
+}
+
+// gateSpec names a gate's own task, for its supervisor's reads of the
+// allocation.
+type gateSpec struct {
+	AllocID, Task, Namespace string
+	// Adopt is the lease the gate's previous run in this allocation left
+	// held (see gateLeases).
+	Adopt *shim.AdoptLease `json:",omitempty"`
 }

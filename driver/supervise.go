@@ -88,6 +88,9 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 	cfg.RootSecretsDir = spec.SecretsDir
 	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
 	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
+	if g := spec.Gate; g != nil {
+		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}
+	}
 
 	lb, err := shim.BuildLoadBalancer(spec.LB, spec.Health, os.Getenv, "config.")
 	if err != nil {

@@ -59,6 +59,10 @@ type taskHandle struct {
 	logger    hclog.Logger
 
 	done chan struct{}
+	// holding, for a gate, is closed once its supervisor holds the lock
+	// (StartTask returns only then); nil for other tasks.
+	holding     chan struct{}
+	holdingOnce sync.Once
 
 	mu          sync.Mutex
 	exit        *drivers.ExitResult
@@ -132,6 +136,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		}
 	}
 
+	if spec.Gate != nil {
+		spec.Gate.Adopt = d.gateLeases.take(cfg)
+	}
 	dir, err := openTaskState(root, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("task state dir: %w", err)
@@ -152,6 +159,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
 		done:   make(chan struct{}),
 	}
+	if tc.Gate {
+		h.holding = make(chan struct{})
+	}
 	handle := drivers.NewTaskHandle(taskHandleVersion)
 	handle.Config = cfg
 	if err := handle.SetDriverState(&driverState{PID: proc.pid, StartTicks: ticks, StartedAt: h.startedAt, StateDir: dir.Path()}); err != nil {
@@ -161,6 +171,11 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	d.tasks.set(cfg.ID, h)
 	go d.run(h, &eventTail{dir: dir})
 	h.logger.Info("started supervisor", "pid", proc.pid, "lock", sc.Path)
+	if h.holding != nil {
+		if err := d.waitGateHolding(h, root, sc.Path); err != nil {
+			return nil, nil, err
+		}
+	}
 	return handle, nil, nil
 }
 
@@ -186,6 +201,9 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
 		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), SecretsDir: cfg.TaskDir().SecretsDir, ShareNomadToken: tc.ShareNomadToken,
 		OOMScoreAdj: tc.OOMScoreAdj,
+	}
+	if g := sc.Gate; g != nil {
+		spec.Gate = &gateSpec{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace}
 	}
 	id, err := users.resolve(cfg.User)
 	if err != nil {
@@ -391,6 +409,9 @@ func (d *Driver) drainEvents(h *taskHandle, tail *eventTail) {
 		h.mu.Lock()
 		h.status = st
 		h.mu.Unlock()
+		if h.holding != nil && shim.State(st.State).Holds() {
+			h.holdingOnce.Do(func() { close(h.holding) })
+		}
 	}
 	evs, err := tail.read()
 	if err != nil {
@@ -606,6 +627,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 		}
 	}
 	d.tasks.delete(taskID)
+	d.gateLeases.keep(h)
 	d.mu.RLock()
 	root := d.stateRoot
 	d.mu.RUnlock()
@@ -650,6 +672,9 @@ func (d *Driver) SignalTask(taskID string, signal string) error {
 		return err
 	}
 	st := h.lastStatus()
+	if h.holding != nil && st.WorkloadPID == 0 && shim.State(st.State).Holds() {
+		return fmt.Errorf("task %q is a gate with no command: there is no workload to signal; signal the gated tasks", h.cfg.Name)
+	}
 	if st.WorkloadPID <= 1 || h.proc == nil || !(shim.State(st.State).Holds() || st.State == string(shim.StateStopping)) {
 		return fmt.Errorf("task %q is waiting for lock %s: there is no workload to signal yet", h.cfg.Name, st.Path)
 	}

@@ -82,7 +82,7 @@ func countStarts(recs []harness.Record, role string) int {
 // once: by their records, with a SIGKILLed daemon's end from the sampler's
 // pidfd, and by the sampler's scans. At least minDaemons daemons must have
 // started, or the check proves nothing.
-func checkNoTwoAllocs(t *testing.T, marker, record string, smp *harness.Sampler, minDaemons int) {
+func checkNoTwoAllocs(t *testing.T, marker, record string, smp *harness.Sampler, minDaemons int, known ...harness.KnownEnd) {
 	t.Helper()
 	gone := time.Now().Add(60 * time.Second)
 	for procs, _ := harness.FindProcs(marker); len(procs) > 0; procs, _ = harness.FindProcs(marker) {
@@ -101,7 +101,7 @@ func checkNoTwoAllocs(t *testing.T, marker, record string, smp *harness.Sampler,
 		r.Role = harness.RoleMain
 		asMain[i] = r
 	}
-	ivs := harness.Intervals(asMain, sum.GoneByPIDOr())
+	ivs := harness.Intervals(asMain, sum.GoneByPIDOr(known...))
 	for _, iv := range ivs {
 		if !iv.Ended {
 			t.Errorf("no end known for %+v", iv)

@@ -59,6 +59,10 @@ type Config struct {
 	// LB registers the instance with a load balancer; nil for none.
 	LB *LoadBalancer
 
+	// Gate holds the lock for the other tasks of the allocation (the
+	// driver's `gate = true`); nil for none. A gate's Command may be empty.
+	Gate *Gate
+
 	// The -config file's load_balancer and health_check blocks, before
 	// flags are laid over them and ports resolved.
 	fileLB     LBSpec
@@ -92,7 +96,7 @@ func (c Config) Validate() error {
 	if err := c.Timing().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if len(c.Command) == 0 || c.Command[0] == "" {
+	if (len(c.Command) == 0 && c.Gate == nil) || (len(c.Command) > 0 && c.Command[0] == "") {
 		errs = append(errs, errors.New("missing command: give it after the lock path, or as command in -config"))
 	}
 	if c.Wait < 0 {
@@ -108,6 +112,9 @@ func (c Config) Validate() error {
 		if err := c.LB.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("load balancer: %w", err))
 		}
+	}
+	if c.Gate != nil && c.LB != nil {
+		errs = append(errs, errors.New("a gate has no load_balancer of its own yet: register the gated task with the load balancer by other means"))
 	}
 	if c.KillSignal == syscall.SIGKILL || c.KillSignal == syscall.SIGSTOP {
 		errs = append(errs, fmt.Errorf("kill signal %s cannot be handled by the workload; use SIGTERM, SIGINT or another catchable signal", c.KillSignal))

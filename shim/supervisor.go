@@ -207,13 +207,51 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 		}
 	}
 
-	lease, code, done := s.acquire(ctx, sigs)
-	if done {
-		return code
+	if s.Config.Gate != nil {
+		if err := s.gateCheck(ctx); err != nil {
+			s.Logger.Error("gate: not taking the lock", "error", err)
+			s.emit(Event{State: StateStopping, Message: "Gate not started: " + err.Error()})
+			var ge *GateConfigError
+			var pe *lockclient.AllocPermissionError
+			switch {
+			case errors.As(err, &ge):
+				return ExitConfig
+			case errors.As(err, &pe):
+				return ExitPermission
+			}
+			return ExitInfra
+		}
+	}
+	var lease *lockclient.Lease
+	if g := s.Config.Gate; g != nil && g.Adopt != nil {
+		l, err := s.gateAdopt(ctx)
+		if err != nil {
+			s.Logger.Error("gate: cannot take over the previous run's lease", "error", err)
+			s.emit(Event{State: StateLost, Fence: g.Adopt.Fence, Message: "Lock lost: the restarted gate could not take over its lease (" +
+				err.Error() + "): it fails, and Nomad kills the gated tasks"})
+			return ExitLost
+		}
+		lease = l
+	} else {
+		l, code, done := s.acquire(ctx, sigs)
+		if done {
+			return code
+		}
+		lease = l
 	}
 	log := s.Logger.With("fence", lease.Fence)
 	if s.OnAcquire != nil {
 		s.OnAcquire(lease)
+	}
+	if s.Config.Gate != nil {
+		if !s.gateAwaitPrevious(lease) {
+			s.emit(Event{State: StateLost, Fence: lease.Fence, Message: "Lock lost: " +
+				strings.TrimPrefix(lease.Err().Error(), "lock lost: ")})
+			return ExitLost
+		}
+		if len(s.Config.Command) == 0 {
+			return s.holdGate(lease, sigs)
+		}
 	}
 
 	g, err := startGuard(s.spawner)
@@ -309,6 +347,9 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 
 		case req := <-s.Stop:
 			log.Info("stop requested", "kill_signal", signalName(req.Signal), "kill_timeout", req.Timeout)
+			if s.Config.Gate != nil {
+				s.Config.Gate.stopRequested = true
+			}
 			shutdown(req.Signal, req.Timeout)
 			return exitCode(cmd.ProcessState)
 
@@ -355,8 +396,14 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 	}()
 
 	var interrupted os.Signal
+	stopping := s.gateStopping(actx)
 	for {
 		select {
+		case <-stopping:
+			s.Logger.Info("gate: the allocation is being stopped, no longer waiting for the lock")
+			s.emit(Event{State: StateWaiting, Message: "Allocation stopped while waiting for the lock: not taking it"})
+			interrupted, stopping = syscall.SIGTERM, nil
+			cancel()
 		case r := <-results:
 			switch {
 			case r.err == nil && interrupted != nil:
@@ -556,6 +603,9 @@ func (s *Supervisor) finish(lease *lockclient.Lease, g *group, exited <-chan str
 	}
 	if exited != nil {
 		<-exited
+	}
+	if s.Config.Gate != nil && !s.gateMayRelease(lease) {
+		return
 	}
 	s.release(lease)
 }
