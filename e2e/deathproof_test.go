@@ -101,7 +101,15 @@ func checkNoTwoAllocs(t *testing.T, marker, record string, smp *harness.Sampler,
 		r.Role = harness.RoleMain
 		asMain[i] = r
 	}
-	ivs := harness.Intervals(asMain, sum.GoneByPIDOr(known...))
+	byPID, byAlloc := sum.GoneByPIDOr(known...), sum.GoneByAlloc()
+	ivs := harness.Intervals(asMain, func(iv harness.Interval) (int64, bool) {
+		if end, ok := byPID(iv); ok {
+			return end, true
+		}
+		// In a PID namespace of its own (exec, docker) a process records
+		// its PID there: the allocation's last process seen gone ends it.
+		return byAlloc(iv)
+	})
 	for _, iv := range ivs {
 		if !iv.Ended {
 			t.Errorf("no end known for %+v", iv)

@@ -20,7 +20,7 @@ import (
 )
 
 // gateKinds are the drivers of the gated task that TestGate runs.
-var gateKinds = []string{"raw_exec", "exec"}
+var gateKinds = []string{"docker", "raw_exec", "exec"}
 
 func TestGate(t *testing.T) {
 	t.Parallel()
@@ -32,11 +32,13 @@ func TestGate(t *testing.T) {
 	opts := drvAgentOptions(t, true)
 	opts.HostVolumes = map[string]string{"testworkload": filepath.Dir(workload), "records": records}
 	opts.ChrootEnv = map[string]string{"/etc/hosts": "/etc/hosts"}
+	opts.Docker = harness.StartDocker(t)
+	opts.RequireDrivers = append(opts.RequireDrivers, "docker")
 	a := harness.StartAgent(t, opts)
 	var subtests []subtest
 	for _, kind := range gateKinds {
 		subtests = append(subtests, subtest{kind + "_never_twice", func(t *testing.T) {
-			testGateNeverTwice(t, a, newGateJob(t, kind, records))
+			testGateNeverTwice(t, a, newGateJob(t, kind, records), opts.Docker)
 		}})
 	}
 	subtests = append(subtests, subtest{"unsafe_jobs_are_refused", func(t *testing.T) { testGateRefusesUnsafeJobs(t, a, records) }})
@@ -55,6 +57,8 @@ type gateJob struct {
 	// gateRestart and appKill override the gate's restart block and the
 	// gated task's kill_timeout.
 	gateRestart, appKill string
+	// image is the docker kind's image (harness.Docker.Image).
+	image string
 }
 
 func newGateJob(t *testing.T, kind, records string) *gateJob {
@@ -97,6 +101,15 @@ func (j *gateJob) hcl(t *testing.T) string {
       }`
 	}
 	args := harness.HCLList("-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}")
+	config := fmt.Sprintf("command = %q\n        args    = %s", command, args)
+	if j.kind == "docker" {
+		// As real images often are: PID 1 ignores SIGTERM, so every stop
+		// takes the whole kill_timeout and ends in SIGKILL.
+		args = harness.HCLList("-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}", "-ignore-term")
+		config = fmt.Sprintf("image        = %q\n        network_mode = \"host\"\n        command      = %q\n        args         = %s\n        volumes      = [\"%s:/records\"]",
+			j.image, harness.ImageWorkloadPath, args, filepath.Dir(j.record))
+		volumes, mounts = "", ""
+	}
 	return fmt.Sprintf(`
 job %[1]q {
   group "g" {
@@ -136,10 +149,9 @@ job %[1]q {
     task "app" {
       driver = %[7]q%[8]s
       config {
-        command = %[9]q
-        args    = %[10]s
+        %[9]s
       }
-      kill_timeout = %[11]q
+      kill_timeout = %[11]q%[10]s
       restart {
         attempts = 10
         interval = "10m"
@@ -158,7 +170,7 @@ job %[1]q {
       }%[13]s
     }
   }
-}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, command, args, j.appKill, j.service(), j.appExtra)
+}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra)
 }
 
 // start waits for a start of the gated app in an allocation other than
@@ -238,7 +250,8 @@ func (j *gateJob) checkServiceHolder(t *testing.T, a *harness.Agent, holder stri
 // that the gated app of two allocations never ran at once (by the app's own
 // records, a SIGKILLed app's end by pidfd, and by sampling), that the
 // standby never starts it, and that the service lists the holder alone.
-func testGateNeverTwice(t *testing.T, a *harness.Agent, j *gateJob) {
+func testGateNeverTwice(t *testing.T, a *harness.Agent, j *gateJob, d *harness.Docker) {
+	j.image = d.Image
 	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsMainWorkload})
 	a.RunJobHCL(t, j.hcl(t))
 	t.Cleanup(func() { _ = a.Purge(j.id) })
@@ -262,7 +275,13 @@ func testGateNeverTwice(t *testing.T, a *harness.Agent, j *gateJob) {
 	// allocation, which keeps the lock.
 	app := j.appProc(t, holder)
 	t0 := harness.MonoNow()
-	if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
+	if j.kind == "docker" {
+		cs := d.TaskContainers(t, holder, "app")
+		if len(cs) == 0 || cs[0].State != "running" {
+			t.Fatalf("no running app container in %s: %+v", drvShort(holder), cs)
+		}
+		d.CLI(t, "kill", cs[0].ID)
+	} else if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	// A SIGKILLed app writes no end record; under exec and docker its
