@@ -165,25 +165,6 @@ func TestParseSignal(t *testing.T) {
 	}
 }
 
-func TestParseStat(t *testing.T) {
-	cases := []struct {
-		stat  string
-		state byte
-		pgrp  int
-		ok    bool
-	}{
-		{"123 (sleep) S 1 123 123 0 -1", 'S', 123, true},
-		{"77 (weird ) (name) Z 5 900 77 0", 'Z', 900, true},
-		{"garbage", 0, 0, false},
-	}
-	for _, tc := range cases {
-		state, pgrp, ok := parseStat([]byte(tc.stat))
-		if state != tc.state || pgrp != tc.pgrp || ok != tc.ok {
-			t.Errorf("parseStat(%q) = %c %d %v", tc.stat, state, pgrp, ok)
-		}
-	}
-}
-
 // TestLBConfigBaragonFields: the -config file's load_balancer block takes
 // options of any JSON type and the fields Singularity can set; -lb-* flags
 // set them too and win over the file.
