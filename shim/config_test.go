@@ -235,3 +235,24 @@ load_balancer {
 		}
 	}
 }
+
+func TestParseDurationKeepsDefaultAndNamesTheSetting(t *testing.T) {
+	tests := []struct {
+		v       string
+		want    time.Duration
+		wantErr string
+	}{
+		{"", 7 * time.Second, ""}, // empty: the default stands
+		{"250ms", 250 * time.Millisecond, ""},
+		{"1h2m", time.Hour + 2*time.Minute, ""},
+		{"10", 7 * time.Second, `lock.ttl = "10" is not a duration: use a number with a unit, e.g. "10s"`},
+		{"ten seconds", 7 * time.Second, `lock.ttl = "ten seconds" is not a duration`},
+	}
+	for _, tc := range tests {
+		d := 7 * time.Second
+		err := ParseDuration("lock.ttl", tc.v, "10s", &d)
+		if d != tc.want || (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v, error containing %q", tc.v, d, err, tc.want, tc.wantErr)
+		}
+	}
+}
