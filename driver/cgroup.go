@@ -16,6 +16,8 @@ import (
 	cstructs "github.com/hashicorp/nomad/client/structs"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 )
 
 // taskCgroup is where Nomad's wrangler put the task: the cgroups the
@@ -258,22 +260,18 @@ func procsCPU(procsFile string) (user, system time.Duration, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	const tick = 10 * time.Millisecond // USER_HZ is 100 on Linux
 	for _, f := range strings.Fields(string(b)) {
-		stat, err := os.ReadFile("/proc/" + f + "/stat")
+		pid, err := strconv.Atoi(f)
 		if err != nil {
 			continue
 		}
-		i := bytes.LastIndexByte(stat, ')')
-		fields := bytes.Fields(stat[i+1:])
-		if i < 0 || len(fields) < 13 {
-			continue
+		stat, err := procfs.Read(pid)
+		if err != nil {
+			continue // exited meanwhile
 		}
-		// utime and stime are fields 14 and 15; fields[0] is field 3.
-		u, _ := strconv.ParseUint(string(fields[11]), 10, 64)
-		s, _ := strconv.ParseUint(string(fields[12]), 10, 64)
-		user += time.Duration(u) * tick
-		system += time.Duration(s) * tick
+		u, s := stat.CPU()
+		user += u
+		system += s
 	}
 	return user, system, nil
 }

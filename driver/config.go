@@ -62,12 +62,11 @@ var pluginConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 
 // defaults parses the plugin-level lock defaults.
 func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
-	ttl, err = parseDuration("plugin config default_ttl", pc.DefaultTTL, shim.DefaultTTL)
-	if err != nil {
+	ttl, delay = shim.DefaultTTL, shim.DefaultLockDelay
+	if err := shim.ParseDuration("plugin config default_ttl", pc.DefaultTTL, "10s", &ttl); err != nil {
 		return 0, 0, err
 	}
-	delay, err = parseDuration("plugin config default_delay", pc.DefaultDelay, shim.DefaultLockDelay)
-	if err != nil {
+	if err := shim.ParseDuration("plugin config default_delay", pc.DefaultDelay, "10s", &delay); err != nil {
 		return 0, 0, err
 	}
 	t := lockclient.Timing{TTL: ttl, LockDelay: delay}
@@ -240,15 +239,9 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 
 	var errs []error
 	dur := func(field, v string, dst *time.Duration) {
-		if v == "" {
-			return
+		if err := shim.ParseDuration("config.lock."+field, v, "10s", dst); err != nil {
+			errs = append(errs, err)
 		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("config.lock.%s = %q is not a duration: use a number with a unit, e.g. \"10s\"", field, v))
-			return
-		}
-		*dst = d
 	}
 	dur("ttl", tc.Lock.TTL, &c.TTL)
 	dur("delay", tc.Lock.Delay, &c.LockDelay)
@@ -282,17 +275,6 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 		return c, fmt.Errorf("invalid config.lock: %w", err)
 	}
 	return c, nil
-}
-
-func parseDuration(field, v string, def time.Duration) (time.Duration, error) {
-	if v == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		return 0, fmt.Errorf("%s = %q is not a duration: use e.g. \"10s\"", field, v)
-	}
-	return d, nil
 }
 
 // validateProcess checks the options that shape the workload's process.

@@ -1,16 +1,16 @@
 package driver
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 )
 
 // supervisorProc is a handle on a task's supervisor process: the child we
@@ -31,33 +31,11 @@ func (p *supervisorProc) same() bool {
 	return err == nil && t == p.ticks
 }
 
-// startTicks is field 22 of /proc/<pid>/stat: when the process started, in
-// clock ticks since boot. With the PID it identifies a process for good.
+// startTicks is when the process started, in clock ticks since boot. With
+// the PID it identifies a process for good.
 func startTicks(pid int) (uint64, error) {
-	f, err := statField(pid, 22)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseUint(f, 10, 64)
-}
-
-// statField is field n (1-based, as in proc(5)) of /proc/<pid>/stat, n >= 3.
-// The comm field (2) may hold spaces and parentheses, so fields are counted
-// after its last ')'.
-func statField(pid, n int) (string, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return "", err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return "", fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	fields := bytes.Fields(b[i+1:])
-	if len(fields) <= n-3 {
-		return "", fmt.Errorf("short /proc/%d/stat", pid)
-	}
-	return string(fields[n-3]), nil
+	s, err := procfs.Read(pid)
+	return s.StartTime, err
 }
 
 // errSupervisorGone means the recorded supervisor no longer exists.
@@ -159,11 +137,8 @@ func signalChild(parent, pid int, sig syscall.Signal) error {
 	return unix.PidfdSendSignal(fd, sig, nil, 0)
 }
 
-// parentPID is field 4 of /proc/<pid>/stat.
+// parentPID is the parent of pid.
 func parentPID(pid int) (int, error) {
-	f, err := statField(pid, 4)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.Atoi(f)
+	s, err := procfs.Read(pid)
+	return s.PPID, err
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
@@ -71,14 +72,7 @@ type taskHandle struct {
 	watchdogHit bool
 }
 
-func (h *taskHandle) exited() bool {
-	select {
-	case <-h.done:
-		return true
-	default:
-		return false
-	}
-}
+func (h *taskHandle) exited() bool { return chans.Closed(h.done) }
 
 func (h *taskHandle) lastStatus() supervisorStatus {
 	h.mu.Lock()

@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 )
 
 // Helpers of driver_test.go. Every identifier here starts with drv (or d)
@@ -403,12 +404,8 @@ func drvPlugin(t *testing.T, agentPID, not int, timeout time.Duration) harness.P
 
 // drvAlive reports whether pid is a live process (not a zombie).
 func drvAlive(pid int) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(stat), ')')
-	return i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' && stat[i+2] != 'X'
+	stat, err := procfs.Read(pid)
+	return err == nil && !stat.Gone()
 }
 
 // drvWaitGone polls until pid is gone (or a zombie) and returns when it saw

@@ -36,10 +36,10 @@ func TestDriverDev(t *testing.T) {
 
 	runConcurrently(t, []subtest{
 		{"singleton_and_handover", func(t *testing.T) { testDrvSingletonHandover(t, a) }},
-		{"watchdog", func(t *testing.T) { testDrvWatchdog(t, a) }},
+		{"watchdog_kills_when_supervisor_frozen", func(t *testing.T) { testDrvWatchdogKillsFrozenSupervisorsWorkload(t, a) }},
 		{"exec_signal_logs_stats", func(t *testing.T) { testDrvExecSignalLogsStats(t, a) }},
-		{"bad_config", func(t *testing.T) { testDrvBadConfig(t, a) }},
-		{"rolling_update", func(t *testing.T) { testDrvRollingUpdate(t, a) }},
+		{"bad_config_fails_fast", func(t *testing.T) { testDrvBadConfigFailsFast(t, a) }},
+		{"rolling_update_never_overlaps", func(t *testing.T) { testDrvRollingUpdateNeverOverlaps(t, a) }},
 		{"examples_validate", func(t *testing.T) { testDrvExamplesValidate(t, a) }},
 	})
 }
@@ -61,11 +61,11 @@ func TestDriverRecovery(t *testing.T) {
 	pk.run(t, a)
 	rs.run(t, a)
 
-	t.Run("plugin_kill", func(t *testing.T) { testDrvPluginKill(t, a, pk) })
-	t.Run("client_restart", func(t *testing.T) { testDrvClientRestart(t, a, rs) })
+	t.Run("plugin_kill_recovers_task", func(t *testing.T) { testDrvPluginKillRecoversTask(t, a, pk) })
+	t.Run("client_restart_keeps_lock", func(t *testing.T) { testDrvClientRestartKeepsLock(t, a, rs) })
 }
 
-// testDrvSingletonHandover (scenarios 1 and 2): three allocations of one
+// testDrvSingletonHandover: three allocations of one
 // singleton task. For 30 s exactly one workload runs at every sample; the
 // task events show one holder and two waiters naming it. Then the holder's
 // allocation is stopped: a standby takes over within 3 s of the old
@@ -184,12 +184,12 @@ func testDrvSingletonHandover(t *testing.T, a *harness.Agent) {
 	}
 }
 
-// testDrvWatchdog (scenario 5): the holder's supervisor is frozen with
-// SIGSTOP, so it can neither renew nor stop its workload. The plugin's
-// watchdog must kill the workload by the fence deadline (+1 s grace), say
-// so in a task event, and a standby takes over once the server expires the
+// testDrvWatchdogKillsFrozenSupervisorsWorkload: the holder's supervisor is
+// frozen with SIGSTOP, so it can neither renew nor stop its workload. The
+// plugin's watchdog must kill the workload by the fence deadline (+1 s grace),
+// say so in a task event, and a standby takes over once the server expires the
 // lock, with no overlap.
-func testDrvWatchdog(t *testing.T, a *harness.Agent) {
+func testDrvWatchdogKillsFrozenSupervisorsWorkload(t *testing.T, a *harness.Agent) {
 	j := newDrvJob(t, "watchdog", 2)
 	j.run(t, a)
 	a.WaitAllocs(t, j.id, 2, api.AllocClientStatusRunning, 60*time.Second)
@@ -247,7 +247,7 @@ func testDrvWatchdog(t *testing.T, a *harness.Agent) {
 	}
 }
 
-// testDrvExecSignalLogsStats (scenario 6): `nomad alloc exec` runs in the
+// testDrvExecSignalLogsStats: `nomad alloc exec` runs in the
 // task dir and the task's cgroups and passes exit codes through; `nomad
 // alloc signal` reaches the workload; `nomad alloc logs` shows its stdout;
 // stats report memory. Also measures the start latency next to raw_exec
@@ -387,9 +387,9 @@ func drvAllocCgroups(text, allocID string) []string {
 	return out
 }
 
-// testDrvBadConfig (scenario 7): configuration mistakes fail the task fast
+// testDrvBadConfigFailsFast: configuration mistakes fail the task fast
 // with an event that says what to fix.
-func testDrvBadConfig(t *testing.T, a *harness.Agent) {
+func testDrvBadConfigFailsFast(t *testing.T, a *harness.Agent) {
 	cases := []struct {
 		name   string
 		modify func(j *drvJob)
@@ -424,10 +424,10 @@ func testDrvBadConfig(t *testing.T, a *harness.Agent) {
 	runConcurrently(t, subtests)
 }
 
-// testDrvRollingUpdate (scenario 8): a changed jobspec (a workload argument
+// testDrvRollingUpdateNeverOverlaps: a changed jobspec (a workload argument
 // and meta) rolls out one allocation at a time; the new version ends up
 // holding the lock, and no two workloads ever overlap.
-func testDrvRollingUpdate(t *testing.T, a *harness.Agent) {
+func testDrvRollingUpdateNeverOverlaps(t *testing.T, a *harness.Agent) {
 	j := newDrvJob(t, "rolling", 2)
 	j.update = `    max_parallel     = 1
     min_healthy_time = "1s"
@@ -521,12 +521,12 @@ func testDrvExamplesValidate(t *testing.T, a *harness.Agent) {
 	}
 }
 
-// testDrvPluginKill (scenario 3): the plugin process is SIGKILLed. Nomad
+// testDrvPluginKillRecoversTask: the plugin process is SIGKILLed. Nomad
 // relaunches it and it recovers the task: the same workload keeps running
 // past a TTL, the lock is never lost (same holder and fence on the server,
 // no "Lock lost" event), and the recovered handle still stops the task
 // gracefully, with its exit code.
-func testDrvPluginKill(t *testing.T, a *harness.Agent, j *drvJob) {
+func testDrvPluginKillRecoversTask(t *testing.T, a *harness.Agent, j *drvJob) {
 	a.WaitAllocs(t, j.id, 2, api.AllocClientStatusRunning, 60*time.Second)
 	first := j.waitStart(t, 60*time.Second, nil)
 	holder := first.AllocID
@@ -624,11 +624,11 @@ const (
 // drvRestartLockBlock is the lock block of the client-restart jobs.
 var drvRestartLockBlock = fmt.Sprintf("ttl = %q\n          delay = %q", drvRestartTTL.String(), drvDelayHCL)
 
-// testDrvClientRestart (scenario 4): the client agent is stopped right after
+// testDrvClientRestartKeepsLock: the client agent is stopped right after
 // a renewal and started again 5.3 s later, within the TTL: one renew fails
 // and is retried. The workload keeps running (same PID), the standby never
 // starts, and no lock is lost.
-func testDrvClientRestart(t *testing.T, a *harness.Agent, j *drvJob) {
+func testDrvClientRestartKeepsLock(t *testing.T, a *harness.Agent, j *drvJob) {
 	a.WaitAllocs(t, j.id, 2, api.AllocClientStatusRunning, 60*time.Second)
 	first := j.waitStart(t, 60*time.Second, nil)
 	holder := first.AllocID

@@ -36,9 +36,9 @@ func TestHAProxy(t *testing.T) {
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
 
 	runConcurrently(t, []subtest{
-		{"only_the_holder_answers", func(t *testing.T) { testHAProxyHolder(t, a) }},
-		{"graceful_handover", func(t *testing.T) { testHAProxyHandover(t, a) }},
-		{"crash_swaps_upstream", func(t *testing.T) { testHAProxyCrash(t, a) }},
+		{"only_the_holder_answers", func(t *testing.T) { testHAProxyOnlyHolderAnswers(t, a) }},
+		{"graceful_handover", func(t *testing.T) { testHAProxyGracefulHandover(t, a) }},
+		{"crash_swaps_upstream", func(t *testing.T) { testHAProxyCrashSwapsUpstream(t, a) }},
 		{"restart_reconciled_by_lbapi", func(t *testing.T) { testHAProxyRestart(t, a, lbapi.DefaultReconcileInterval) }},
 		{"restart_repaired_by_recheck", func(t *testing.T) { testHAProxyRestart(t, a, -1) }},
 		{"failovers_under_load", func(t *testing.T) { testHAProxyFailoversUnderLoad(t, a) }},
@@ -102,10 +102,10 @@ func (j *haJob) registered(t *testing.T, a *harness.Agent) (harness.Record, stri
 	return first, up
 }
 
-// testHAProxyHolder (scenario 1): with three allocations, every request
+// testHAProxyOnlyHolderAnswers: with three allocations, every request
 // through HAProxy over three re-check intervals is answered by the holder,
 // never by a standby, and HAProxy holds exactly one server.
-func testHAProxyHolder(t *testing.T, a *harness.Agent) {
+func testHAProxyOnlyHolderAnswers(t *testing.T, a *harness.Agent) {
 	j := newHAJob(t, "holder", 3, lbapi.DefaultReconcileInterval)
 	first, up := j.registered(t, a)
 	standbys := slices.DeleteFunc(drvRunning(t, a, j.id), func(id string) bool { return id == first.AllocID })
@@ -132,13 +132,13 @@ func testHAProxyHolder(t *testing.T, a *harness.Agent) {
 	}
 }
 
-// testHAProxyHandover (scenario 2): a client loop runs through HAProxy while
+// testHAProxyGracefulHandover: a client loop runs through HAProxy while
 // the holder's allocation is stopped. Answers come from the old holder,
 // then only from the new one (never the old one again, never a third); the
 // loop counts the failed requests and the longest stretch with no backend.
 // The old holder is removed before it is signalled and the new one added
 // once healthy, so the gap is expected; it is measured, with a loose bound.
-func testHAProxyHandover(t *testing.T, a *harness.Agent) {
+func testHAProxyGracefulHandover(t *testing.T, a *harness.Agent) {
 	j := newHAJob(t, "handover", 2, lbapi.DefaultReconcileInterval)
 	first, _ := j.registered(t, a)
 	holder := "alloc " + first.AllocID
@@ -202,12 +202,12 @@ func testHAProxyHandover(t *testing.T, a *harness.Agent) {
 	j.waitServing(t, lbUpstreamOf(t, a, next.AllocID), next.AllocID, 5*time.Second)
 }
 
-// testHAProxyCrash (scenario 3): the holder's supervisor is SIGKILLed (its
+// testHAProxyCrashSwapsUpstream: the holder's supervisor is SIGKILLed (its
 // workload dies with it). The dead upstream is swapped out by the new
 // holder's request (or already removed by the plugin on the dead
 // supervisor's behalf), and HAProxy ends with exactly one server: the new
 // holder, which answers.
-func testHAProxyCrash(t *testing.T, a *harness.Agent) {
+func testHAProxyCrashSwapsUpstream(t *testing.T, a *harness.Agent) {
 	j := newHAJob(t, "crash", 2, lbapi.DefaultReconcileInterval)
 	first, up1 := j.registered(t, a)
 	sup := drvSupervisor(t, first.AllocID)
@@ -235,7 +235,7 @@ func testHAProxyCrash(t *testing.T, a *harness.Agent) {
 	}
 }
 
-// testHAProxyRestart (scenario 4): HAProxy is restarted under the LB API and
+// testHAProxyRestart: HAProxy is restarted under the LB API and
 // comes back with every server slot in maintenance. With reconcile > 0 the LB API's
 // reconcile loop puts the holder back; with reconcile < 0 the loop is off
 // and the holder's next re-check (GET /state, which repairs what it reads)

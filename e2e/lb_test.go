@@ -50,15 +50,15 @@ func TestLB(t *testing.T) {
 		{"holder_registered", func(t *testing.T) { testLBHolderRegistered(t, a, lb) }},
 		{"stop_removes_before_signal", func(t *testing.T) { testLBStopRemovesFirst(t, a, lb) }},
 		{"crash_swaps_upstream", func(t *testing.T) { testLBCrashSwap(t, a, lb) }},
-		{"lb_5xx_converges", func(t *testing.T) { testLBFaults(t, a) }},
-		{"invalid_request_stops_task", func(t *testing.T) { testLBInvalid(t, a, lb) }},
-		{"out_of_band_removal_repaired", func(t *testing.T) { testLBOutOfBand(t, a, lb) }},
+		{"lb_5xx_converges", func(t *testing.T) { testLB5xxConverges(t, a) }},
+		{"invalid_request_stops_task", func(t *testing.T) { testLBInvalidRequestStopsTask(t, a, lb) }},
+		{"out_of_band_removal_repaired", func(t *testing.T) { testLBOutOfBandRemovalRepaired(t, a, lb) }},
 		{"plain_lock_binary", func(t *testing.T) { testLBPlainLock(t, a, lb) }},
 		{"baragon_fields", func(t *testing.T) { testLBBaragonFields(t, a, lb) }},
 	})
 }
 
-// testLBHolderRegistered (scenario 1): with three allocations, the LB
+// testLBHolderRegistered: with three allocations, the LB
 // service holds exactly the holder's upstream (its "http" port as Nomad
 // allocated it, which answers "alloc <holder>"), registered by one ADD
 // with the holder's request id, and it stays so over three re-check
@@ -131,7 +131,7 @@ func testLBHolderRegistered(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	}
 }
 
-// testLBStopRemovesFirst (scenario 2): stopping the holder's allocation
+// testLBStopRemovesFirst: stopping the holder's allocation
 // REMOVEs its upstream, and the REMOVE reached SUCCESS on the LB before the
 // workload received its stop signal (LB finish stamp < the workload's stop
 // record, both CLOCK_MONOTONIC). Then the standby takes over, its ADD (which
@@ -198,7 +198,7 @@ func testLBStopRemovesFirst(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	state.check(t, "stop handover")
 }
 
-// testLBCrashSwap (scenario 3): the holder's supervisor and workload are
+// testLBCrashSwap: the holder's supervisor and workload are
 // both SIGKILLed. The standby's single ADD adds its upstream and removes
 // the dead holder's (read from the lock); the plugin's REMOVE on behalf of
 // the crashed supervisor lands before the lock is released, so the two are
@@ -258,12 +258,12 @@ func testLBCrashSwap(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	harness.CheckNoOverlap(t, j.records(t), mains.Stop(), harness.KnownEnd{PID: first.PID, Mono: goneAt})
 }
 
-// testLBFaults (scenario 4): the LB answers 503 to everything for a few
+// testLB5xxConverges: the LB answers 503 to everything for a few
 // seconds (before the request takes effect), then 503 after the request took
 // effect (the answer is lost), then recovers. Registration converges with
 // one request id reused across every retry, and the service holds the
 // holder's upstream exactly once.
-func testLBFaults(t *testing.T, a *harness.Agent) {
+func testLB5xxConverges(t *testing.T, a *harness.Agent) {
 	lb := lbStartServer(t)
 	if err := lb.SetFaults(lbapi.Faults{ErrorRate: 1, ErrorStatus: 503}); err != nil {
 		t.Fatal(err)
@@ -325,11 +325,11 @@ func testLBFaults(t *testing.T, a *harness.Agent) {
 	}
 }
 
-// testLBInvalid (scenario 5): the service names a group the LB does not
+// testLBInvalidRequestStopsTask: the service names a group the LB does not
 // have, so the ADD ends INVALID_REQUEST_NOOP. The task stops with an event
 // quoting the LB's message and exit code 74; the restart policy (one
 // restart, then fail) applies: two runs, one restart, then failed.
-func testLBInvalid(t *testing.T, a *harness.Agent, lb *harness.LB) {
+func testLBInvalidRequestStopsTask(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	j := newLBJob(t, lb, "invalid", 1)
 	j.groups = []string{"no-such-group"}
 	j.restart = "      attempts = 1\n      delay    = \"1s\"\n      mode     = \"fail\""
@@ -409,12 +409,12 @@ func testLBInvalid(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	}
 }
 
-// testLBOutOfBand (scenario 6): someone removes our upstream through the LB
+// testLBOutOfBandRemovalRepaired: someone removes our upstream through the LB
 // API under their own request id. Within one re-check interval (+ slack)
 // the holder re-adds it under the next attempt id (<alloc>-ADD-<fence>-2),
 // says so in a "Re-registered" event; a second removal gets a second re-add
 // and a second event, counted; then it stays put.
-func testLBOutOfBand(t *testing.T, a *harness.Agent, lb *harness.LB) {
+func testLBOutOfBandRemovalRepaired(t *testing.T, a *harness.Agent, lb *harness.LB) {
 	j := newLBJob(t, lb, "oob", 1)
 	j.run(t, a)
 	first := j.waitStart(t, 60*time.Second, nil)

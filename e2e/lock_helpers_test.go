@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 )
 
 // Every job and plain run in this file uses the same lease timing.
@@ -180,12 +181,8 @@ func mainWorkloads(t *testing.T, marker string) []harness.Proc {
 
 // alive reports whether pid is a live process (not a zombie).
 func alive(pid int) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(stat), ')')
-	return i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' && stat[i+2] != 'X'
+	stat, err := procfs.Read(pid)
+	return err == nil && !stat.Gone()
 }
 
 // isLockExe reports whether the process runs a `lock` binary.

@@ -55,12 +55,12 @@ func TestLockDev(t *testing.T) {
 	t.Logf("MEASURE dev_agent_ready=%s", harness.Millis(time.Since(began)))
 
 	runConcurrently(t, []subtest{
-		{"singleton", func(t *testing.T) { testSingleton(t, a) }},
-		{"handover", func(t *testing.T) { testHandover(t, a) }},
-		{"crash", func(t *testing.T) { testCrash(t, a) }},
-		{"loss", func(t *testing.T) { testLoss(t, a) }},
-		{"exactness", func(t *testing.T) { testExactness(t, a) }},
-		{"exec", func(t *testing.T) { testExecEntrypoint(t, a, execRecords) }},
+		{"one_workload_among_three", func(t *testing.T) { testOneWorkloadAmongThree(t, a) }},
+		{"stop_hands_over_without_overlap", func(t *testing.T) { testStopHandsOverWithoutOverlap(t, a) }},
+		{"crash_kills_workload_then_expiry_hands_over", func(t *testing.T) { testCrashKillsWorkloadThenExpiryHandsOver(t, a) }},
+		{"loss_stops_workload_before_fence", func(t *testing.T) { testLossStopsWorkloadBeforeFence(t, a) }},
+		{"argv_and_exit_code_pass_through", func(t *testing.T) { testArgvAndExitCodePassThrough(t, a) }},
+		{"exec_driver_entrypoint_holds_lock", func(t *testing.T) { testExecDriverEntrypointHoldsLock(t, a, execRecords) }},
 		{"plain_signals", func(t *testing.T) { testPlainSignals(t, a) }},
 		{"plain_wait", func(t *testing.T) { testPlainWait(t, a) }},
 		{"plain_badflags", func(t *testing.T) { testPlainBadFlags(t, a) }},
@@ -69,10 +69,10 @@ func TestLockDev(t *testing.T) {
 	})
 }
 
-// testSingleton (scenario 1): three allocations run `lock` around the
+// testOneWorkloadAmongThree: three allocations run `lock` around the
 // workload. For 30 s exactly one workload runs at every sample, the variable
 // names its allocation, and the two others run, waiting, saying for whom.
-func testSingleton(t *testing.T, a *harness.Agent) {
+func testOneWorkloadAmongThree(t *testing.T, a *harness.Agent) {
 	s := newScenario(t, "singleton")
 	a.RunJobHCL(t, jobHCL(s.job, "service", s.lockGroup(t, 3, nil, nil)))
 	t.Cleanup(func() { _ = a.Purge(s.job) })
@@ -146,10 +146,10 @@ func testSingleton(t *testing.T, a *harness.Agent) {
 	}
 }
 
-// testHandover (scenario 2): stopping the holder's allocation hands the lock
-// to a standby: the gap from the old workload's stop to the new one's start
-// is short, nothing overlaps, and the fence grows.
-func testHandover(t *testing.T, a *harness.Agent) {
+// testStopHandsOverWithoutOverlap: stopping the holder's allocation hands the
+// lock to a standby: the gap from the old workload's stop to the new one's
+// start is short, nothing overlaps, and the fence grows.
+func testStopHandsOverWithoutOverlap(t *testing.T, a *harness.Agent) {
 	s := newScenario(t, "handover")
 	a.RunJobHCL(t, jobHCL(s.job, "service", s.lockGroup(t, 3, nil, nil)))
 	t.Cleanup(func() { _ = a.Purge(s.job) })
@@ -202,10 +202,10 @@ func testHandover(t *testing.T, a *harness.Agent) {
 	}
 }
 
-// testCrash (scenario 3): SIGKILL to the holder's `lock` takes its workload
-// and the workload's children down at once; a standby takes over once the
-// server expires the lock (2×TTL + delay), with no overlap.
-func testCrash(t *testing.T, a *harness.Agent) {
+// testCrashKillsWorkloadThenExpiryHandsOver: SIGKILL to the holder's `lock`
+// takes its workload and the workload's children down at once; a standby takes
+// over once the server expires the lock (2×TTL + delay), with no overlap.
+func testCrashKillsWorkloadThenExpiryHandsOver(t *testing.T, a *harness.Agent) {
 	s := newScenario(t, "crash")
 	g := s.lockGroup(t, 3, nil, []string{"-children", "2"})
 	g.failFast = true // the killed allocation must not come back and compete
@@ -299,10 +299,10 @@ func testCrash(t *testing.T, a *harness.Agent) {
 	}
 }
 
-// testLoss (scenario 4): releasing the holder's lock behind its back (as an
-// operator with the lock ID could) stops the workload within milliseconds,
-// well before the fence deadline, and `lock` exits 76.
-func testLoss(t *testing.T, a *harness.Agent) {
+// testLossStopsWorkloadBeforeFence: releasing the holder's lock behind its
+// back (as an operator with the lock ID could) stops the workload within
+// milliseconds, well before the fence deadline, and `lock` exits 76.
+func testLossStopsWorkloadBeforeFence(t *testing.T, a *harness.Agent) {
 	s := newScenario(t, "loss")
 	g := s.lockGroup(t, 1, nil, nil)
 	g.failFast = true
@@ -345,10 +345,10 @@ func testLoss(t *testing.T, a *harness.Agent) {
 	a.WaitAllocLog(t, alloc.ID, taskName, "stderr", 10*time.Second, "lock lost", "409")
 }
 
-// testExactness (scenario 5): `lock` passes awkward arguments and the exit
+// testArgvAndExitCodePassThrough: `lock` passes awkward arguments and the exit
 // code through unchanged; `nomad var lock` (shell mode, its default) mangles
 // the arguments and turns exit code 7 into 1.
-func testExactness(t *testing.T, a *harness.Agent) {
+func testArgvAndExitCodePassThrough(t *testing.T, a *harness.Agent) {
 	s := newScenario(t, "exact")
 	weird := []string{"with space", `"double quoted"`, "$HOME", "*", "", "ünïcode ☃ 日本", "--flag=x y", "tab\there"}
 	workloadTail := append([]string{"-exit", "7", "--"}, weird...)
@@ -402,10 +402,10 @@ func testExactness(t *testing.T, a *harness.Agent) {
 	}
 }
 
-// testExecEntrypoint (scenario 6): `lock` as the entrypoint of an exec-driver
+// testExecDriverEntrypointHoldsLock: `lock` as the entrypoint of an exec-driver
 // task (chroot), mounted from a host volume with the workload, holds the lock
 // through /secrets/api.sock.
-func testExecEntrypoint(t *testing.T, a *harness.Agent, records string) {
+func testExecDriverEntrypointHoldsLock(t *testing.T, a *harness.Agent, records string) {
 	if !a.DriverHealthy("exec") {
 		t.Fatal("the exec driver is not healthy on this agent")
 	}
@@ -763,7 +763,7 @@ func testPlainCrash(t *testing.T, a *harness.Agent) {
 	t.Logf("MEASURE plain_crash_group_gone=%s", harness.Millis(time.Since(killAt)))
 }
 
-// TestLockACL (scenario 7): with ACLs on, a job whose workload identity has
+// TestLockACL: with ACLs on, a job whose workload identity has
 // the example policy acquires; a job without it exits 77 printing the policy
 // and the command to apply it. The token is never in argv or the logs.
 func TestLockACL(t *testing.T) {

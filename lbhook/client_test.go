@@ -12,8 +12,9 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 )
 
-// Every HTTP outcome of every call, classified as contract §3 and our
-// decision (5xx, 408, 429 on POST count as UNKNOWN, not FAILED).
+// Every HTTP outcome of every call, classified as in
+// docs/lb-contract.md#client-reading-of-outcomes, with our decision (5xx, 408,
+// 429 on POST count as UNKNOWN, not FAILED).
 func TestCallClassification(t *testing.T) {
 	const valid = `{"loadBalancerRequestId":"r1","loadBalancerState":"WAITING","message":"Queued"}`
 	type want struct {

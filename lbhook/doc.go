@@ -2,8 +2,8 @@
 // registers and deregisters one upstream the way Singularity does, and nothing
 // else.
 //
-// The wire contract is the one in shared/reference/lbapi-contract.md (a real
-// Baragon 0.9 as Singularity drives it):
+// The wire contract is the one in docs/lb-contract.md (Baragon's
+// API as Singularity drives it):
 //
 //   - POST {uri} enqueues a BaragonRequest; GET {uri}/{id} polls it until its
 //     state is final (SUCCESS, FAILED, CANCELED, INVALID_REQUEST_NOOP);

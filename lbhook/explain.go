@@ -50,7 +50,7 @@ func Diagnose(err error, cfg Config) Diagnosis {
 }
 
 // diagnoseOutcome explains a final state other than SUCCESS from Baragon's
-// messages (contract §5, validation while PENDING).
+// messages (docs/lb-contract.md#validation-while-pending).
 func diagnoseOutcome(oe *OutcomeError) Diagnosis {
 	d := Diagnosis{Cause: oe.Error()}
 	msg := oe.Message

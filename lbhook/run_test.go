@@ -176,8 +176,8 @@ func TestRunAlreadyEnqueued(t *testing.T) {
 	}
 }
 
-// Contract §4 "DELETE (cancel)": at the deadline Run cancels, then polls
-// until a final state.
+// At the deadline Run cancels, then polls until a final state
+// (docs/lb-contract.md#delete-cancel).
 func TestRunCancelsAtDeadline(t *testing.T) {
 	tests := []struct {
 		name     string

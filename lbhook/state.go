@@ -5,7 +5,8 @@ type RequestState string
 
 // The states of BaragonRequestState, in Baragon's declaration order.
 // Baragon itself never answers UNKNOWN: clients synthesize it for transport
-// errors, timeouts and unreadable answers (contract §3).
+// errors, timeouts and unreadable answers
+// (docs/lb-contract.md#states).
 const (
 	StateUnknown            RequestState = "UNKNOWN"
 	StateFailed             RequestState = "FAILED"

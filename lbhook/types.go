@@ -11,10 +11,10 @@ import (
 // DefaultGroup is the upstream group Baragon assumes when none is given.
 const DefaultGroup = "default"
 
-// BaragonRequest is one enqueued change to a service (contract §2,
-// BaragonRequest). It serializes the way Singularity's ObjectMapper does:
-// absent optional values are omitted, lists are always present (nil becomes
-// []), booleans are always present.
+// BaragonRequest is one enqueued change to a service
+// (docs/lb-contract.md#baragonrequest). It serializes the way Singularity's
+// ObjectMapper does: absent optional values are omitted, lists are always
+// present (nil becomes []), booleans are always present.
 type BaragonRequest struct {
 	LoadBalancerRequestID string         `json:"loadBalancerRequestId"`
 	LoadBalancerService   BaragonService `json:"loadBalancerService"`
@@ -43,8 +43,8 @@ func (r BaragonRequest) MarshalJSON() ([]byte, error) {
 	return json.Marshal(plain(r))
 }
 
-// BaragonService describes the service a request changes (contract §2,
-// BaragonService).
+// BaragonService describes the service a request changes
+// (docs/lb-contract.md#baragonservice).
 type BaragonService struct {
 	ServiceID          string   `json:"serviceId"`
 	Owners             []string `json:"owners"`
@@ -74,7 +74,8 @@ func (s BaragonService) MarshalJSON() ([]byte, error) {
 	return json.Marshal(plain(s))
 }
 
-// UpstreamInfo is one backend of a service (contract §2, UpstreamInfo).
+// UpstreamInfo is one backend of a service
+// (docs/lb-contract.md#upstreaminfo).
 // Its identity in Baragon is the pair (Upstream, Group).
 type UpstreamInfo struct {
 	// Upstream is "host:port".
@@ -158,7 +159,8 @@ func ParseUpstreamString(s string) (UpstreamInfo, error) {
 	return u, nil
 }
 
-// AgentResponse is one LB agent's answer to Baragon (contract §2).
+// AgentResponse is one LB agent's answer to Baragon
+// (docs/lb-contract.md#baragonresponse).
 type AgentResponse struct {
 	URL        string  `json:"url"`
 	Attempt    int     `json:"attempt"`
@@ -168,8 +170,8 @@ type AgentResponse struct {
 }
 
 // BaragonResponse is Baragon's answer to POST, GET and DELETE on a request
-// (contract §2). Baragon writes absent values as null; they decode to the
-// zero value here.
+// (docs/lb-contract.md#baragonresponse). Baragon writes absent values as null;
+// they decode to the zero value here.
 type BaragonResponse struct {
 	LoadBalancerRequestID string       `json:"loadBalancerRequestId"`
 	LoadBalancerState     RequestState `json:"loadBalancerState"`

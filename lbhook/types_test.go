@@ -46,7 +46,8 @@ func compact(t *testing.T, s string) string {
 	return b.String()
 }
 
-// The two request examples of contract §2, byte for byte.
+// An ADD and a REMOVE as Singularity writes them, byte for byte
+// (docs/lb-contract.md#wire-form-of-requests).
 func TestRequestSerializesLikeSingularity(t *testing.T) {
 	const task = "web-d1-1700000000000-1-host1.example.com-us_east_1a"
 	svc := BaragonService{
@@ -150,7 +151,8 @@ func TestOptionalFields(t *testing.T) {
 	}
 }
 
-// The response example of contract §2.
+// A SUCCESS response as Baragon writes it, nulls included
+// (docs/lb-contract.md#baragonresponse).
 const exampleResponse = `{"loadBalancerRequestId":"web-d1-1700000000000-1-host1.example.com-us_east_1a-ADD-1",
  "loadBalancerState":"SUCCESS",
  "message":"UPDATE request succeeded! Added upstreams: [host1.example.com:31005], Removed upstreams: []",
@@ -224,7 +226,8 @@ func TestDecodeResponse(t *testing.T) {
 	}
 }
 
-// Contract §2: UpstreamInfo also decodes from a bare string.
+// UpstreamInfo also decodes from a bare string
+// (docs/lb-contract.md#upstreaminfo).
 func TestUpstreamInfoStringForms(t *testing.T) {
 	tests := []struct {
 		in   string

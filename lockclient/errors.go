@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-
-	"github.com/hashicorp/nomad/api"
 )
 
 var (
@@ -97,23 +95,24 @@ func ValidatePath(path string) error {
 }
 
 // statusCode is the HTTP status of a Nomad API error, or 0 for transport errors.
+// It reads any error with an HTTP status, as api.UnexpectedResponseError
+// (value or pointer) has, so a fake lockAPI can answer with one.
 func statusCode(err error) int {
-	var ue api.UnexpectedResponseError
-	if errors.As(err, &ue) && ue.HasStatusCode() {
-		return ue.StatusCode()
+	var sc interface {
+		HasStatusCode() bool
+		StatusCode() int
 	}
-	var uep *api.UnexpectedResponseError
-	if errors.As(err, &uep) && uep.HasStatusCode() {
-		return uep.StatusCode()
+	if errors.As(err, &sc) && sc.HasStatusCode() {
+		return sc.StatusCode()
 	}
 	return 0
 }
 
 // responseBody is the server's message for an API error, for error text.
 func responseBody(err error) string {
-	var ue api.UnexpectedResponseError
-	if errors.As(err, &ue) {
-		return strings.TrimSpace(ue.Body())
+	var b interface{ Body() string }
+	if errors.As(err, &b) {
+		return strings.TrimSpace(b.Body())
 	}
 	return err.Error()
 }

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
-
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 )
 
 // Lease is one held lock. It renews itself until Release, or until it is lost.
@@ -90,6 +88,9 @@ func (ls *Lease) FenceDeadline() time.Time {
 	return ls.fenceDeadlineLocked()
 }
 
+// until is how long from now, on the lease's clock, to t.
+func (ls *Lease) until(t time.Time) time.Duration { return t.Sub(ls.locker.clock.Now()) }
+
 func (ls *Lease) fenceDeadlineLocked() time.Time {
 	t := ls.locker.cfg.Timing
 	return ls.lastRenew.Add(t.TTL - t.FenceMargin)
@@ -134,17 +135,17 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 	changed := make(chan struct{}, 1)
 	go ls.watchLoop(ctx, changed)
 
-	renew := time.NewTimer(t.RenewInterval)
+	renew := l.clock.NewTimer(t.RenewInterval)
 	defer renew.Stop()
-	fence := time.NewTimer(time.Until(ls.FenceDeadline()))
+	fence := l.clock.NewTimer(ls.until(ls.FenceDeadline()))
 	defer fence.Stop()
 
 	for {
 		select {
 		case <-ls.stop:
 			return
-		case <-fence.C:
-			if d := time.Until(ls.FenceDeadline()); d > 0 {
+		case <-fence.C():
+			if d := ls.until(ls.FenceDeadline()); d > 0 {
 				fence.Reset(d)
 				continue
 			}
@@ -153,10 +154,10 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 			return
 		case <-changed:
 			l.log.Debug("lock variable changed, renewing now to confirm we still hold it")
-		case <-renew.C:
+		case <-renew.C():
 		}
 
-		sent := time.Now()
+		sent := l.clock.Now()
 		err := ls.renewOnce(ctx)
 		switch code := statusCode(err); {
 		case err == nil:
@@ -165,7 +166,7 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 			ls.mu.Unlock()
 			bo.Reset()
 			renew.Reset(t.RenewInterval)
-			fence.Reset(time.Until(ls.FenceDeadline()))
+			fence.Reset(ls.until(ls.FenceDeadline()))
 			select {
 			case ls.renewed <- struct{}{}:
 			default:
@@ -181,7 +182,7 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 		default:
 			d := bo.NextBackOff()
 			l.log.Warn("renew failed, retrying", "error", l.classify("renew", err), "backoff", d,
-				"fence_deadline_in", time.Until(ls.FenceDeadline()).Round(time.Millisecond))
+				"fence_deadline_in", ls.until(ls.FenceDeadline()).Round(time.Millisecond))
 			renew.Reset(d)
 		}
 	}
@@ -203,7 +204,7 @@ func (ls *Lease) watchLoop(ctx context.Context, changed chan<- struct{}) {
 			l.log.Debug("cannot watch the lock variable (no read capability); relying on renews", "error", err)
 			return
 		case err != nil:
-			_ = ctxsleep.Sleep(ctx, bo.NextBackOff())
+			_ = sleep(ctx, l.clock, bo.NextBackOff())
 			continue
 		}
 		bo.Reset()
@@ -219,14 +220,14 @@ func (ls *Lease) watchLoop(ctx context.Context, changed chan<- struct{}) {
 
 func (ls *Lease) renewOnce(ctx context.Context) error {
 	l := ls.locker
-	deadline := time.Now().Add(l.cfg.RequestTimeout)
+	deadline := l.clock.Now().Add(l.cfg.RequestTimeout)
 	if fence := ls.FenceDeadline(); fence.Before(deadline) {
 		deadline = fence
 	}
-	rctx, cancel := context.WithDeadline(ctx, deadline)
+	rctx, cancel := l.clock.WithDeadline(ctx, deadline)
 	defer cancel()
 	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: ls.id}}
-	_, _, err := l.api.Variables().RenewLock(v, l.writeOptions(rctx))
+	_, _, err := l.vars.RenewLock(v, l.writeOptions(rctx))
 	return err
 }
 
@@ -259,9 +260,9 @@ func (ls *Lease) Release(ctx context.Context) error {
 func (l *Locker) ReleaseID(ctx context.Context, id string) error {
 	bo := l.newBackoff()
 	for {
-		rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
+		rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 		v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: id}}
-		_, _, err := l.api.Variables().ReleaseLock(v, l.writeOptions(rctx))
+		_, _, err := l.vars.ReleaseLock(v, l.writeOptions(rctx))
 		cancel()
 		switch code := statusCode(err); {
 		case err == nil:
@@ -273,7 +274,7 @@ func (l *Locker) ReleaseID(ctx context.Context, id string) error {
 		}
 		d := bo.NextBackOff()
 		l.log.Warn("release failed, retrying", "error", l.classify("release", err), "backoff", d)
-		if serr := ctxsleep.Sleep(ctx, d); serr != nil {
+		if serr := sleep(ctx, l.clock, d); serr != nil {
 			return fmt.Errorf("release %s: gave up, the lock expires on its own: %w", l.cfg.Path, l.classify("release", err))
 		}
 	}

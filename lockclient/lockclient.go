@@ -27,8 +27,6 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
-
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 )
 
 // Limits Nomad enforces on lock TTLs (nomad/structs/variables.go).
@@ -120,22 +118,18 @@ type Config struct {
 
 // Locker acquires leases on one variable path.
 type Locker struct {
-	cfg Config
-	api *api.Client
-	log hclog.Logger
+	cfg   Config
+	api   *api.Client // for what is not the lease's: the token's own ACL
+	vars  lockAPI     // the variable and its lock
+	clock clock
+	log   hclog.Logger
 }
 
 // New validates cfg and builds the API client. No request is sent.
 func New(cfg Config) (*Locker, error) {
-	if err := ValidatePath(cfg.Path); err != nil {
+	cfg, err := cfg.prepared()
+	if err != nil {
 		return nil, err
-	}
-	if err := cfg.Timing.Validate(); err != nil {
-		return nil, err
-	}
-	cfg.Timing = cfg.Timing.withDefaults()
-	if cfg.Logger == nil {
-		cfg.Logger = hclog.NewNullLogger()
 	}
 	ac := api.DefaultConfig()
 	ac.Address = cfg.Endpoint.Address
@@ -150,7 +144,27 @@ func New(cfg Config) (*Locker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nomad client for %s: %w", cfg.Endpoint, err)
 	}
-	return &Locker{cfg: cfg, api: client, log: cfg.Logger.With("path", cfg.Path)}, nil
+	return newLocker(cfg, client, client.Variables(), realClock{}), nil
+}
+
+// prepared validates cfg and fills in its defaults.
+func (cfg Config) prepared() (Config, error) {
+	if err := ValidatePath(cfg.Path); err != nil {
+		return cfg, err
+	}
+	if err := cfg.Timing.Validate(); err != nil {
+		return cfg, err
+	}
+	cfg.Timing = cfg.Timing.withDefaults()
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	return cfg, nil
+}
+
+// newLocker assembles a Locker from a prepared cfg and its seams.
+func newLocker(cfg Config, client *api.Client, vars lockAPI, c clock) *Locker {
+	return &Locker{cfg: cfg, api: client, vars: vars, clock: c, log: cfg.Logger.With("path", cfg.Path)}
 }
 
 // Config returns the effective configuration, defaults filled in.
@@ -174,7 +188,7 @@ type AcquireOptions struct {
 func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, error) {
 	if opts.Wait > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, opts.Wait)
+		ctx, cancel = withTimeout(ctx, l.clock, opts.Wait)
 		defer cancel()
 	}
 	bo := l.newBackoff()
@@ -187,7 +201,7 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 		}
 		d := bo.NextBackOff()
 		l.log.Warn("lock API error, retrying", "error", err, "backoff", d)
-		return ctxsleep.Sleep(ctx, d)
+		return sleep(ctx, l.clock, d)
 	}
 
 	for {
@@ -271,9 +285,9 @@ func (l *Locker) read(ctx context.Context, index uint64) (snapshot, uint64, erro
 		// Nomad adds up to wait/16 of jitter to a blocking query.
 		timeout += l.cfg.BlockingWait + l.cfg.BlockingWait/16
 	}
-	rctx, cancel := context.WithTimeout(ctx, timeout)
+	rctx, cancel := withTimeout(ctx, l.clock, timeout)
 	defer cancel()
-	v, meta, err := l.api.Variables().Peek(l.cfg.Path, q.WithContext(rctx))
+	v, meta, err := l.vars.Peek(l.cfg.Path, q.WithContext(rctx))
 	if err != nil {
 		return snapshot{}, 0, l.classify("read", err)
 	}
@@ -288,7 +302,7 @@ func (l *Locker) read(ctx context.Context, index uint64) (snapshot, uint64, erro
 func (l *Locker) tryAcquire(ctx context.Context, current snapshot) (*Lease, error) {
 	holder := l.cfg.Holder
 	holder.PreviousUpstream = holderFromItems(current.items()).Upstream
-	holder.AcquiredAt = time.Now()
+	holder.AcquiredAt = l.clock.Now()
 	holder.TTL = l.cfg.TTL
 	holder.LockDelay = l.cfg.LockDelay
 	v := &api.Variable{
@@ -300,10 +314,10 @@ func (l *Locker) tryAcquire(ctx context.Context, current snapshot) (*Lease, erro
 			LockDelay: l.cfg.LockDelay.String(),
 		},
 	}
-	sent := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
+	sent := l.clock.Now()
+	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
-	out, _, err := l.api.Variables().AcquireLock(v, l.writeOptions(rctx))
+	out, _, err := l.vars.AcquireLock(v, l.writeOptions(rctx))
 	if err != nil {
 		if statusCode(err) == http.StatusConflict {
 			return nil, ErrNotAcquired

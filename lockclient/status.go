@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
-
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 )
 
 // Status is what `lock status` reports about a lock variable.
@@ -47,7 +45,7 @@ func (l *Locker) WaitHeldBy(ctx context.Context, allocID string) (Status, error)
 		case err != nil && (permanent(err) || ctx.Err() != nil):
 			return Status{}, err
 		case err != nil:
-			if err := ctxsleep.Sleep(ctx, bo.NextBackOff()); err != nil {
+			if err := sleep(ctx, l.clock, bo.NextBackOff()); err != nil {
 				return Status{}, err
 			}
 			continue
@@ -58,7 +56,7 @@ func (l *Locker) WaitHeldBy(ctx context.Context, allocID string) (Status, error)
 			return st, nil
 		}
 		if next == 0 {
-			if err := ctxsleep.Sleep(ctx, time.Second); err != nil {
+			if err := sleep(ctx, l.clock, time.Second); err != nil {
 				return Status{}, err
 			}
 		}
@@ -92,7 +90,7 @@ func (l *Locker) statusOf(ctx context.Context, snap snapshot) Status {
 // seesLocks reports whether a missing Lock field means "not held": true with
 // ACLs disabled or a management token, false for any other token.
 func (l *Locker) seesLocks(ctx context.Context) bool {
-	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
+	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
 	tok, _, err := l.api.ACLTokens().Self((&api.QueryOptions{}).WithContext(rctx))
 	if err != nil || tok == nil {

@@ -122,6 +122,22 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// ParseDuration sets *dst from v, a Go duration such as "10s", for the
+// setting named field (as the user wrote it, with its file or block). An
+// empty v leaves *dst as it is, so the default stands. The error names the
+// setting and shows the form to use, with example.
+func ParseDuration(field, v, example string, dst *time.Duration) error {
+	if v == "" {
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("%s = %q is not a duration: use a number with a unit, e.g. %q", field, v, example)
+	}
+	*dst = d
+	return nil
+}
+
 // ParseSignal accepts "SIGTERM", "TERM", "sigterm" or a number.
 func ParseSignal(s string) (syscall.Signal, error) {
 	name := strings.ToUpper(strings.TrimSpace(s))
@@ -198,15 +214,9 @@ func applyHCL(c *Config, src []byte, filename string) error {
 	}
 	var errs []error
 	dur := func(field, s string, dst *time.Duration) {
-		if s == "" {
-			return
+		if err := ParseDuration(filename+": "+field, s, "10s", dst); err != nil {
+			errs = append(errs, err)
 		}
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %s = %q is not a duration: use a number with a unit, e.g. \"10s\"", filename, field, s))
-			return
-		}
-		*dst = d
 	}
 	if fc.Command != "" {
 		c.Command = append([]string{fc.Command}, fc.Args...)

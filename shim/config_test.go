@@ -165,25 +165,6 @@ func TestParseSignal(t *testing.T) {
 	}
 }
 
-func TestParseStat(t *testing.T) {
-	cases := []struct {
-		stat  string
-		state byte
-		pgrp  int
-		ok    bool
-	}{
-		{"123 (sleep) S 1 123 123 0 -1", 'S', 123, true},
-		{"77 (weird ) (name) Z 5 900 77 0", 'Z', 900, true},
-		{"garbage", 0, 0, false},
-	}
-	for _, tc := range cases {
-		state, pgrp, ok := parseStat([]byte(tc.stat))
-		if state != tc.state || pgrp != tc.pgrp || ok != tc.ok {
-			t.Errorf("parseStat(%q) = %c %d %v", tc.stat, state, pgrp, ok)
-		}
-	}
-}
-
 // TestLBConfigBaragonFields: the -config file's load_balancer block takes
 // options of any JSON type and the fields Singularity can set; -lb-* flags
 // set them too and win over the file.
@@ -251,6 +232,27 @@ load_balancer {
 			"-lb-base-path", "/web", "-lb-groups", "g", "-lb-port", "http"}, bad.args...)
 		if _, err := parseRunArgs(append(args, "nomad/jobs/web/lock", "/bin/sleep", "1"), io.Discard); err == nil {
 			t.Errorf("%v: accepted", bad.args)
+		}
+	}
+}
+
+func TestParseDurationKeepsDefaultAndNamesTheSetting(t *testing.T) {
+	tests := []struct {
+		v       string
+		want    time.Duration
+		wantErr string
+	}{
+		{"", 7 * time.Second, ""}, // empty: the default stands
+		{"250ms", 250 * time.Millisecond, ""},
+		{"1h2m", time.Hour + 2*time.Minute, ""},
+		{"10", 7 * time.Second, `lock.ttl = "10" is not a duration: use a number with a unit, e.g. "10s"`},
+		{"ten seconds", 7 * time.Second, `lock.ttl = "ten seconds" is not a duration`},
+	}
+	for _, tc := range tests {
+		d := 7 * time.Second
+		err := ParseDuration("lock.ttl", tc.v, "10s", &d)
+		if d != tc.want || (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v, error containing %q", tc.v, d, err, tc.want, tc.wantErr)
 		}
 	}
 }

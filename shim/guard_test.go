@@ -3,10 +3,11 @@ package shim
 import (
 	"os"
 	"os/exec"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 )
 
 // TestMain lets the test binary act as the process-group guard, as the
@@ -42,11 +43,7 @@ func startGuarded(t *testing.T) (*group, *exec.Cmd) {
 func waitDead(pid int, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	for {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			return true
-		}
-		if state, _, ok := parseStat(b); ok && (state == 'Z' || state == 'X') {
+		if stat, err := procfs.Read(pid); err != nil || stat.Gone() {
 			return true
 		}
 		if time.Now().After(deadline) {

@@ -101,12 +101,9 @@ func BuildLoadBalancer(spec LBSpec, health HealthSpec, getenv func(string) strin
 	}
 	var errs []error
 	dur := func(block, field, v string) time.Duration {
-		if v == "" {
-			return 0
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s%s.%s = %q is not a duration: use e.g. \"2s\"", prefix, block, field, v))
+		var d time.Duration
+		if err := ParseDuration(prefix+block+"."+field, v, "2s", &d); err != nil {
+			errs = append(errs, err)
 		}
 		return d
 	}

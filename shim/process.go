@@ -2,7 +2,6 @@ package shim
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 )
 
 // GuardCommand is the hidden argv[1] that turns our own binary into the
@@ -208,12 +209,11 @@ func groupMembers(pgid, except int) ([]int, error) {
 		if err != nil || pid == except {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		stat, err := procfs.Read(pid)
 		if err != nil {
 			continue // exited meanwhile
 		}
-		state, pg, ok := parseStat(stat)
-		if ok && pg == pgid && (state != 'Z' && state != 'X' || threadsLeft(pid)) {
+		if stat.PGRP == pgid && (!stat.Gone() || threadsLeft(pid)) {
 			pids = append(pids, pid)
 		}
 	}
@@ -225,31 +225,6 @@ func groupMembers(pgid, except int) ([]int, error) {
 func threadsLeft(pid int) bool {
 	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
 	return err == nil && len(tasks) > 1
-}
-
-// parseStat reads state and pgrp from /proc/<pid>/stat. The comm field may
-// hold spaces and parentheses, so fields are counted after the last ')'.
-func parseStat(stat []byte) (state byte, pgrp int, ok bool) {
-	fields, ok := statFields(stat)
-	if !ok || len(fields) < 3 {
-		return 0, 0, false
-	}
-	pgrp, err := strconv.Atoi(string(fields[2]))
-	return fields[0][0], pgrp, err == nil
-}
-
-// statFields splits /proc/<pid>/stat after the comm field: fields[0] is the
-// state (field 3 in proc(5)), fields[1] the ppid, fields[2] the pgrp.
-func statFields(stat []byte) ([][]byte, bool) {
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 || i+2 >= len(stat) {
-		return nil, false
-	}
-	fields := bytes.Fields(stat[i+2:])
-	if len(fields) < 1 || len(fields[0]) != 1 {
-		return nil, false
-	}
-	return fields, true
 }
 
 // killAll SIGKILLs the whole group, guard included, and waits until no

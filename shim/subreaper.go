@@ -3,12 +3,13 @@ package shim
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 )
 
 // subreaperTree is the `lock` binary's view of the workload's whole tree
@@ -44,8 +45,8 @@ func (t *subreaperTree) descendants(guard int) ([]int, error) {
 		return nil, fmt.Errorf("list /proc: %w", err)
 	}
 	type info struct {
-		ppid  int
-		state byte
+		ppid int
+		gone bool // zombie or dead
 	}
 	procs := map[int]info{}
 	for _, e := range entries {
@@ -53,13 +54,8 @@ func (t *subreaperTree) descendants(guard int) ([]int, error) {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		state, ppid, ok := parseStatPPID(stat)
-		if ok {
-			procs[pid] = info{ppid: ppid, state: state}
+		if stat, err := procfs.Read(pid); err == nil {
+			procs[pid] = info{ppid: stat.PPID, gone: stat.Gone()}
 		}
 	}
 	var out []int
@@ -82,7 +78,7 @@ func (t *subreaperTree) descendants(guard int) ([]int, error) {
 		if !isOurs {
 			continue
 		}
-		if p.state == 'Z' || p.state == 'X' {
+		if p.gone {
 			if p.ppid == t.self && !t.own[pid] {
 				var ws syscall.WaitStatus
 				_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
@@ -108,10 +104,8 @@ func (t *subreaperTree) signalAll(sig syscall.Signal, guard int) (int, error) {
 		if err != nil {
 			continue
 		}
-		if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-			if _, ppid, ok := parseStatPPID(stat); ok && ppid > 1 {
-				_ = unix.PidfdSendSignal(fd, sig, nil, 0)
-			}
+		if stat, err := procfs.Read(pid); err == nil && stat.PPID > 1 {
+			_ = unix.PidfdSendSignal(fd, sig, nil, 0)
 		}
 		unix.Close(fd)
 	}
@@ -150,14 +144,4 @@ func (g guardedTree) KillAll(timeout time.Duration) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// parseStatPPID reads state and ppid from /proc/<pid>/stat.
-func parseStatPPID(stat []byte) (state byte, ppid int, ok bool) {
-	fields, ok := statFields(stat)
-	if !ok || len(fields) < 2 {
-		return 0, 0, false
-	}
-	ppid, err := strconv.Atoi(string(fields[1]))
-	return fields[0][0], ppid, err == nil
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
@@ -154,7 +155,7 @@ func (s *Supervisor) removeBudget(lease *lockclient.Lease) time.Duration {
 		return 0
 	}
 	budget := s.Config.LB.WithDefaults().RemoveDeadline
-	if isClosed(lease.Lost()) {
+	if chans.Closed(lease.Lost()) {
 		budget = min(budget, time.Until(lease.StopDeadline())/2)
 	}
 	return budget
@@ -513,7 +514,7 @@ func (s *Supervisor) workloadEnv(lease *lockclient.Lease) []string {
 // with no stragglers left is not signalled at all.
 func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struct{}, sig syscall.Signal,
 	timeout time.Duration, held func(State, string) Event) {
-	if isClosed(exited) {
+	if chans.Closed(exited) {
 		if s.treeEmpty(g) {
 			return
 		}
@@ -529,7 +530,7 @@ func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struc
 		}
 	}
 	deadline := time.Now().Add(timeout)
-	if isClosed(lease.Lost()) {
+	if chans.Closed(lease.Lost()) {
 		deadline = earliest(deadline, lease.StopDeadline())
 	}
 	poll := time.NewTicker(20 * time.Millisecond)
@@ -553,7 +554,7 @@ func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struc
 			g.arm(earliest(deadline.Add(2*time.Second), lease.StopDeadline()))
 			s.emit(held(s.state, s.message))
 		case <-poll.C:
-			if isClosed(exited) && s.treeEmpty(g) {
+			if chans.Closed(exited) && s.treeEmpty(g) {
 				return
 			}
 		}
@@ -685,15 +686,6 @@ func signalName(sig syscall.Signal) string {
 		}
 	}
 	return "signal " + strconv.Itoa(int(sig))
-}
-
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }
 
 func earliest(a, b time.Time) time.Time {

@@ -50,7 +50,7 @@ func TestBench(t *testing.T) {
 
 	if cfg.Enabled(ScenarioHandover) || cfg.Enabled(ScenarioCrash) || cfg.Enabled(ScenarioTimeline) ||
 		cfg.Enabled(ScenarioStart) || cfg.Enabled(ScenarioFootprint) || cfg.Enabled(ScenarioLB) || cfg.Enabled(ScenarioHAProxy) {
-		// One dev agent with the plugin for scenarios 1-4; it stops (with
+		// One dev agent with the plugin for every scenario but scale; it stops (with
 		// everything it ran) when this subtest ends, before the scale runs.
 		t.Run("agent", func(t *testing.T) {
 			began := time.Now()

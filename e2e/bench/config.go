@@ -42,7 +42,9 @@ const (
 	EnvMerge          = "BENCH_MERGE"            // "1": put a subset's sections into the existing report
 )
 
-// Lease timing of every scenario, as the issue fixes it.
+// Lease timing of every scenario: the shortest TTL Nomad accepts, so runs are
+// short, and a small positive lock delay (0 would silently become 15 s). Every
+// variant uses the same values, so they compare like for like.
 const (
 	TTL       = 10 * time.Second
 	LockDelay = 1 * time.Second

@@ -20,8 +20,8 @@ const haproxyWorker = 50 * time.Millisecond
 // haproxyVariants are the variants with LB integration.
 var haproxyVariants = []string{VariantLock, VariantDriver}
 
-// haproxy is scenario 7, graceful handover as a client sees it through a
-// real HAProxy: see Methods[TitleHAProxy].
+// haproxy measures graceful handover as a client sees it through a real
+// HAProxy (section TitleHAProxy): see Methods[TitleHAProxy].
 func (b *bench) haproxy(t *testing.T) {
 	const prefix = "alloc stop in a count = 2 group: "
 	b.rep.Add(&Row{Scenario: TitleHAProxy, Metric: prefix + "what a client sees through HAProxy", Variant: VariantAnchor,

@@ -30,7 +30,7 @@ type bench struct {
 
 	root, workload, lockBin, nomadBin, pluginBin string
 
-	a       *harness.Agent // the agent of scenarios 1-4 (dev, with the plugin)
+	a       *harness.Agent // the agent of every scenario but scale (dev, with the plugin)
 	records string         // directory of record files
 
 	seq   atomic.Int64

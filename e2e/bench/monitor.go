@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 )
 
 // Monitor watches the machine while the bench runs, so that the report can
@@ -138,20 +140,11 @@ func (m *Monitor) foreign() []string {
 		if err != nil || m.mine[pid] {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
+		stat, err := procfs.Read(pid)
+		if err != nil || stat.State == 'Z' {
 			continue
 		}
-		open, closing := strings.IndexByte(string(stat), '('), strings.LastIndexByte(string(stat), ')')
-		if open < 0 || closing < open {
-			continue
-		}
-		comm := string(stat[open+1 : closing])
-		f := strings.Fields(string(stat[closing+1:]))
-		if len(f) < 2 || f[0] == "Z" {
-			continue
-		}
-		ppid, _ := strconv.Atoi(f[1])
+		comm, ppid := stat.Comm, stat.PPID
 		switch {
 		case slices.Contains(foreignTools, comm), strings.HasSuffix(comm, ".test"):
 			seen[comm] = true
@@ -169,20 +162,8 @@ func (m *Monitor) foreign() []string {
 
 // parentOf returns the parent PID of pid, or 0.
 func parentOf(pid int) int {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	i := strings.LastIndexByte(string(stat), ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(stat[i+1:]))
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
+	stat, _ := procfs.Read(pid)
+	return stat.PPID
 }
 
 // cpuTicks reads the machine's busy and total CPU time from /proc/stat.

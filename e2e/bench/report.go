@@ -81,7 +81,8 @@ const (
 	AggSum
 )
 
-// Goal is a target from the issue for one row.
+// Goal is the target one row is judged against, with what bounds it (the
+// Goals table of the report).
 type Goal struct {
 	// Text is the target as the table shows it, e.g. "< 0.300 s".
 	Text string

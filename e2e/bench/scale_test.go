@@ -44,7 +44,7 @@ type scaleResult struct {
 	restPct     float64 // the rest of the machine: workloads, guards, and anything else running
 }
 
-// scale: scenario 5.
+// scale measures N leases held at once on one agent (section TitleScale).
 func (b *bench) scale(t *testing.T) {
 	for _, n := range b.cfg.Scale {
 		var variants []string

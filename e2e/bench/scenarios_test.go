@@ -20,7 +20,8 @@ import (
 
 var lockVariants = []string{VariantAnchor, VariantLock, VariantDriver}
 
-// Goals from the issue, with what bounds each number.
+// The targets the report judges rows by (its Goals table), each with the
+// mechanism that bounds the number, so a reader sees why the target holds.
 var (
 	handoverGoal = func() *Goal {
 		return Below(0.3, Seconds, "the standby's parked blocking query returns when the release is "+
@@ -45,7 +46,8 @@ var (
 	}
 )
 
-// handover: scenario 1, in two forms.
+// handover measures a graceful handover (section TitleHandover), in two
+// forms.
 //
 // Standby: the holder is the only allocation of its job and a standby waits
 // in a second job on the same lock; stopping the holder's job stops its
@@ -182,7 +184,8 @@ func (b *bench) handoverReplacement(t *testing.T, v string, gap, won *Row) {
 	}
 }
 
-// crash: scenario 2. The variants of one run go concurrently.
+// crash measures the takeover after SIGKILL to the holder's supervisor
+// (section TitleCrash). The variants of one run go concurrently.
 func (b *bench) crash(t *testing.T) {
 	take, gone, over := map[string]*Row{}, map[string]*Row{}, map[string]*Row{}
 	for _, v := range lockVariants {
@@ -270,7 +273,7 @@ func randomPhase(period time.Duration) time.Duration {
 	return time.Duration(rand.Int64N(int64(period)))
 }
 
-// start: scenario 3. One measurement at a time.
+// start measures an uncontended start (section TitleStart). One measurement at a time.
 func (b *bench) start(t *testing.T) {
 	const procMetric, submitMetric = "process start → workload start", "job submit → workload start"
 	proc := map[string]*Row{}
@@ -354,7 +357,8 @@ func (b *bench) procStart(t *testing.T, v string) int64 {
 	return st.Mono - t0
 }
 
-// footprint: scenario 4.
+// footprint measures what a holding supervisor costs in memory and CPU
+// (section TitleFootprint).
 func (b *bench) footprint(t *testing.T) {
 	hwm := map[string]*Row{}
 	for _, v := range lockVariants {
@@ -424,19 +428,19 @@ func (b *bench) footprint(t *testing.T) {
 	}
 }
 
-// lb: scenario 6. (b) and (c) register with the reference LB API
-// (examples/lbapi), served from this process on a free port: once with its
-// worker every second, as Baragon's runs, and once every 50 ms (lbapi's
-// default), which shows what our side costs. The variants and both servers
-// of one run go concurrently; the LB's worker phase is random with respect
-// to the acquire anyway.
+// lb measures lock acquired → LB ADD SUCCESS (section TitleLB). (b) and (c)
+// register with the reference LB API (examples/lbapi), served from this
+// process on a free port: once with its worker every second, as Baragon's
+// runs, and once every 50 ms (lbapi's default), which shows what our side
+// costs. The variants and both servers of one run go concurrently; the LB's
+// worker phase is random with respect to the acquire anyway.
 func (b *bench) lb(t *testing.T) {
 	const metric = "lock acquired → LB ADD SUCCESS"
 	na := &Row{Scenario: TitleLB, Metric: metric, Variant: VariantAnchor, Status: "n/a: nomad var lock has no LB integration"}
 	out, _ := exec.Command(b.lockBin, "-h").CombinedOutput()
 	if !strings.Contains(string(out), "-lb-uri") {
 		r := &Row{Scenario: TitleLB, Metric: metric, Variant: "(b) lock, (c) singleton driver",
-			Status: "not yet: the LB issue has not landed (`lock -h` lists no -lb-uri)"}
+			Status: "not yet: this `lock` has no LB support (`lock -h` lists no -lb-uri)"}
 		b.rep.Add(r)
 		b.progress("LB: %s", r.Status)
 		return

@@ -1,7 +1,6 @@
 // Package lbapi is a reference LB API server that keeps Baragon's contract
-// as Singularity relies on it (shared/reference/lbapi-contract.md, read
-// against Baragon HEAD ab536840), so that tests, demos and users without
-// Baragon have a real peer.
+// as Singularity relies on it (docs/lb-contract.md), so that tests, demos and
+// users without Baragon have a real peer.
 //
 // It implements the request resource (POST, GET, DELETE, the queue listing
 // and the per-service history) and GET /state/{serviceId}, with Baragon's

@@ -26,7 +26,8 @@ type validationErrors struct {
 	Errors []string `json:"errors"`
 }
 
-// ServeHTTP routes a request (contract §1), after any injected fault.
+// ServeHTTP routes a request (docs/lb-contract.md#endpoints), after any
+// injected fault.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.serveWithFaults(w, r, s.route)
 }
@@ -82,7 +83,7 @@ func (s *Server) methods(w http.ResponseWriter, r *http.Request, handlers map[st
 // handleEnqueue is POST /request: 415 for a non-JSON body (resource
 // matching), 403 for a bad key (auth filter), 400 for JSON Jackson cannot
 // map, 422 for bean-validation failures, else 200 with a BaragonResponse
-// (contract §3 "POST").
+// (docs/lb-contract.md#post-answers).
 func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	if !isJSON(r.Header.Get("Content-Type")) {
 		writeJSON(w, http.StatusUnsupportedMediaType, dropwizardError{http.StatusUnsupportedMediaType, "HTTP 415 Unsupported Media Type"})

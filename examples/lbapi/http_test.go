@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// Contract §1 (auth, @NoAuth) and §3 (status codes).
+// docs/lb-contract.md#auth and #post-answers.
 func TestPostStatusCodes(t *testing.T) {
 	e := newEnv(t, Options{})
 	valid := reqSpec{id: "r1", add: []string{"10.0.0.1:80"}}.json()
@@ -67,7 +67,8 @@ func TestPostStatusCodes(t *testing.T) {
 	}
 }
 
-// Contract §1: GET and /state are @NoAuth; POST and DELETE need the key.
+// GET and /state are open (docs/lb-contract.md#auth); POST and DELETE need the
+// key.
 func TestAuthOnlyOnPostAndDelete(t *testing.T) {
 	e := newEnv(t, Options{})
 	e.resp(e.post(reqSpec{id: "r1", add: []string{"10.0.0.1:80"}}.json()))
@@ -105,7 +106,8 @@ func TestAuthDisabledWithoutKeys(t *testing.T) {
 	}
 }
 
-// Contract §3 "GET": unknown → 404 with an empty body; same for /state.
+// docs/lb-contract.md#get-answers: unknown → 404 with an empty body; same for
+// /state.
 func TestUnknownIsEmpty404(t *testing.T) {
 	e := newEnv(t, Options{})
 	for name, got := range map[string]answer{"request": e.get("nope"), "state": e.state("nope")} {

@@ -17,7 +17,7 @@ import (
 // defaultGroup is UpstreamInfo.DEFAULT_GROUP.
 const defaultGroup = "default"
 
-// Request actions (contract §2, RequestAction).
+// Request actions (docs/lb-contract.md#baragonrequest).
 const (
 	actionUpdate            = "UPDATE"
 	actionDelete            = "DELETE"

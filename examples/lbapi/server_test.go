@@ -95,7 +95,7 @@ func TestGroupSetters(t *testing.T) {
 	}
 }
 
-// Contract §2: UpstreamInfo also accepts a bare string.
+// UpstreamInfo also accepts a bare string (docs/lb-contract.md#upstreaminfo).
 func TestUpstreamStringForms(t *testing.T) {
 	tests := []struct {
 		in   string
@@ -126,7 +126,7 @@ func TestUpstreamStringForms(t *testing.T) {
 	}
 }
 
-// Contract §2: a response carries nulls for absent values; the stored
+// A response carries nulls for absent values; the stored
 // request keeps an absent action absent.
 func TestResponseShape(t *testing.T) {
 	e := newEnv(t, Options{})

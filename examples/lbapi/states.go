@@ -17,7 +17,8 @@ const (
 	typeCancel = "CANCEL"
 )
 
-// internalState is Baragon's InternalRequestStates (contract §3).
+// internalState is Baragon's InternalRequestStates
+// (docs/lb-contract.md#states).
 type internalState int
 
 const (

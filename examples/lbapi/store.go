@@ -137,7 +137,8 @@ func (st *store) historyResponse(serviceID, id string) (response, bool) {
 	return response{}, false
 }
 
-// enqueue is RequestManager.enqueueRequest (contract §5 "Idempotent POST").
+// enqueue is RequestManager.enqueueRequest
+// (docs/lb-contract.md#idempotent-post).
 // The returned response is FAILED (and nothing is stored) for the checks
 // Baragon turns into exceptions.
 func (st *store) enqueue(r request) response {
@@ -388,7 +389,7 @@ func (st *store) revertBasePath(r request) {
 	}
 }
 
-// commit is RequestManager.commitRequest (contract §5 "Commit").
+// commit is RequestManager.commitRequest (docs/lb-contract.md#commit).
 func (st *store) commit(r request) {
 	orig := st.originalService(r)
 	var origCopy *service

@@ -7,10 +7,10 @@ import (
 	"strings"
 )
 
-// This file is BaragonRequestWorker (contract §5 "Queueing", "Validation
-// while PENDING", "Outcome of a run") with simulated agents. One tick is one
-// run of the worker; it holds Server.mu throughout, so DELETE and POST see a
-// tick as atomic (Baragon's DELETE synchronizes for the same reason).
+// This file is BaragonRequestWorker (docs/lb-contract.md#queueing,
+// #validation-while-pending and #outcome) with simulated agents. One tick is
+// one run of the worker; it holds Server.mu throughout, so DELETE and POST see
+// a tick as atomic (Baragon's DELETE synchronizes for the same reason).
 
 // transition is a request and the state a tick computed for it.
 type transition struct {
@@ -117,7 +117,7 @@ func (s *Server) isBatchBoundary(r request) bool {
 // setNoValidateIfRemovesOnly is the worker's adjustment of a request that
 // only removes upstreams. It changes the stored body, so an identical
 // re-POST while the request is active gets "already enqueued with different
-// parameters" (contract §5).
+// parameters" (docs/lb-contract.md#idempotent-post).
 func setNoValidateIfRemovesOnly(a *activeRequest) {
 	r := &a.req
 	if !r.NoValidate && len(r.Remove) > 0 && len(r.Add) == 0 && len(r.Replace) == 0 {
@@ -204,7 +204,8 @@ func (s *Server) handleState(a *activeRequest) internalState {
 	return a.state
 }
 
-// handlePending validates a request (contract §5 "Validation while PENDING").
+// handlePending validates a request
+// (docs/lb-contract.md#validation-while-pending).
 func (s *Server) handlePending(a *activeRequest) internalState {
 	st, r := s.st, a.req
 	isDelete := r.action() == actionDelete

@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// Contract §3 (state map) and §5 (validation while PENDING, outcome of a
-// run): every WAITING → final transition, with Baragon's messages.
+// docs/lb-contract.md#states, #validation-while-pending and #outcome: every
+// WAITING → final transition, with Baragon's messages.
 func TestTransitions(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -122,7 +122,7 @@ func TestApplyFailureMessagesWhileReverting(t *testing.T) {
 	}
 }
 
-// Contract §5 "Commit".
+// docs/lb-contract.md#commit.
 func TestCommitSemantics(t *testing.T) {
 	e := newEnv(t, Options{})
 	run := func(spec reqSpec) wireResponse {
@@ -184,7 +184,7 @@ func TestCommitSemantics(t *testing.T) {
 	})
 }
 
-// Contract §5 "Idempotent POST".
+// docs/lb-contract.md#idempotent-post.
 func TestIdempotentPost(t *testing.T) {
 	e := newEnv(t, Options{})
 	body := reqSpec{id: "r1", add: []string{"10.0.0.1:80"}}.json()
@@ -237,9 +237,9 @@ func TestIdempotentPost(t *testing.T) {
 	})
 }
 
-// Contract §5: the worker sets noValidate on remove-only requests, so an
-// identical re-POST while active is "already enqueued with different
-// parameters".
+// docs/lb-contract.md#idempotent-post: the worker sets noValidate on
+// remove-only requests, so an identical re-POST while active is "already
+// enqueued with different parameters".
 func TestRemoveOnlyRequestIsRewritten(t *testing.T) {
 	e := newEnv(t, Options{})
 	e.resp(e.post(reqSpec{id: "a", add: []string{"10.0.0.1:80"}}.json()))
@@ -265,7 +265,8 @@ func TestRemoveOnlyRequestIsRewritten(t *testing.T) {
 	e.mustState("rm", stateSuccess, "")
 }
 
-// Contract §3 "POST": checks that fail the POST (200 FAILED, not stored).
+// docs/lb-contract.md#post-answers: checks that fail the POST (200 FAILED, not
+// stored).
 func TestEnqueueRejections(t *testing.T) {
 	e := newEnv(t, Options{})
 	e.resp(e.post(reqSpec{id: "api1", svc: "api", add: []string{"10.0.0.1:80"}}.json()))
@@ -309,7 +310,7 @@ func TestEnqueueRejections(t *testing.T) {
 	})
 }
 
-// Contract §3 "DELETE".
+// docs/lb-contract.md#delete-answers.
 func TestCancel(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -373,7 +374,7 @@ func TestCancel(t *testing.T) {
 	})
 }
 
-// Contract §5 "Queueing": one in-flight batch per service, global order,
+// docs/lb-contract.md#queueing: one in-flight batch per service, global order,
 // consecutive requests that leave the service unchanged batched together.
 func TestOrdering(t *testing.T) {
 	e := newEnv(t, Options{})
@@ -460,7 +461,7 @@ func TestNoValidateNoReloadGoFirst(t *testing.T) {
 	}
 }
 
-// Contract §5 "Finishing and history", "Retention".
+// docs/lb-contract.md#finishing-and-history and #retention.
 func TestHistoryRetention(t *testing.T) {
 	e := newEnv(t, Options{HistoryPerService: 2})
 	for _, id := range []string{"h1", "h2", "h3"} {
@@ -492,8 +493,8 @@ func mustNoErr(t *testing.T, err error) {
 	}
 }
 
-// Contract §5 "Commit": redefining a service frees the paths and groups it
-// left; upstreamUpdateOnly leaves the definition alone; replaceServiceId
+// docs/lb-contract.md#commit: redefining a service frees the paths and groups
+// it left; upstreamUpdateOnly leaves the definition alone; replaceServiceId
 // takes over another service.
 func TestServiceRedefinition(t *testing.T) {
 	e := newEnv(t, Options{Groups: []Group{{Name: "default"}, {Name: "g2"}}})
