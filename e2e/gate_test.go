@@ -363,6 +363,8 @@ func (j *gateJob) records(t *testing.T) []harness.Record { return readRecords(t,
 func testGateRefusesUnsafeJobs(t *testing.T, a *harness.Agent, records string) {
 	j := newGateJob(t, "raw_exec", records)
 	j.id += "-unsafe"
+	j.record = filepath.Join(records, j.id+".jsonl")
+	j.taskRecord = j.record
 	j.gateRestart = "attempts = 1\n        mode     = \"fail\""
 	a.RunJobHCL(t, j.hcl(t))
 	t.Cleanup(func() { _ = a.Purge(j.id) })

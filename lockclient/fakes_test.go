@@ -295,6 +295,11 @@ func (f *fakeAPI) ReleaseLock(v *api.Variable, w *api.WriteOptions) (*api.Variab
 	return nil, nil, r.err
 }
 
+func (f *fakeAPI) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
+	r := f.do(&call{op: "update", v: v, ctx: w.Context()})
+	return r.v, nil, r.err
+}
+
 // next returns the next request, which must be op.
 func (f *fakeAPI) next(t *testing.T, op string) *call {
 	t.Helper()

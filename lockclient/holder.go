@@ -27,6 +27,10 @@ type Holder struct {
 	AcquiredAt       time.Time
 	TTL              time.Duration
 	LockDelay        time.Duration
+	// ReleasedClean is written by a holder just before it releases, once
+	// it has proven its work dead (Lease.MarkReleasedClean). A lock freed
+	// without it was released behind its holder's back or expired.
+	ReleasedClean bool
 }
 
 // Items keys. They are part of our on-Nomad format: keep them stable.
@@ -43,6 +47,7 @@ const (
 	itemAcquiredAt = "acquired_at"
 	itemTTL        = "ttl"
 	itemLockDelay  = "lock_delay"
+	itemClean      = "released_clean"
 )
 
 // HolderFromEnv fills a Holder from the task environment Nomad sets.
@@ -101,6 +106,7 @@ func holderFromItems(items map[string]string) Holder {
 	h.AcquiredAt, _ = time.Parse(time.RFC3339Nano, items[itemAcquiredAt])
 	h.TTL, _ = time.ParseDuration(items[itemTTL])
 	h.LockDelay, _ = time.ParseDuration(items[itemLockDelay])
+	h.ReleasedClean = items[itemClean] == "true"
 	return h
 }
 

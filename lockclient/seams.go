@@ -17,6 +17,8 @@ type lockAPI interface {
 	AcquireLock(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error)
 	RenewLock(v *api.Variable, w *api.WriteOptions) (*api.VariableMetadata, *api.WriteMeta, error)
 	ReleaseLock(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error)
+	// Update writes the variable; a locked one only with its lock ID.
+	Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error)
 }
 
 // clock is every source of time a lease reads: now, timers and request

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
@@ -215,7 +216,7 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease) bool {
 	g := s.Config.Gate
 	cfg := s.Locker.Config()
 	expiry := 2*cfg.TTL + cfg.LockDelay
-	if isClosed(lease.Lost()) {
+	if chans.Closed(lease.Lost()) {
 		// Never released while the gated tasks may run, even if the
 		// server still holds it for us: Nomad kills them once the gate
 		// has failed, within the kill_timeout checked at start.
@@ -289,7 +290,18 @@ func (s *Supervisor) holdGate(lease *lockclient.Lease, sigs <-chan os.Signal) in
 // releaseGate releases a gate with no workload once gateMayRelease allows.
 func (s *Supervisor) releaseGate(lease *lockclient.Lease) {
 	if s.gateMayRelease(lease) {
+		s.markReleasedClean(lease)
 		s.release(lease)
+	}
+}
+
+// markReleasedClean tells the next holder that the gated tasks are dead, so
+// it need not wait for them (see gateAwaitPrevious).
+func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.Locker.Config().RequestTimeout)
+	defer cancel()
+	if err := lease.MarkReleasedClean(ctx); err != nil {
+		s.Logger.Warn("gate: cannot mark the release clean; the next holder waits for Nomad to report our gated tasks dead", "error", err)
 	}
 }
 
@@ -306,7 +318,7 @@ func (s *Supervisor) releaseGate(lease *lockclient.Lease) {
 func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 	g := s.Config.Gate
 	prev := lease.Previous
-	if prev.AllocID == "" || prev.AllocID == g.AllocID {
+	if prev.AllocID == "" || prev.AllocID == g.AllocID || prev.ReleasedClean {
 		return true
 	}
 	t := s.Locker.Config().Timing
@@ -325,7 +337,7 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 	for {
 		alloc, next, err := s.Locker.Allocation(ctx, prev.AllocID, g.Namespace, index)
 		switch {
-		case isClosed(lease.Lost()):
+		case chans.Closed(lease.Lost()):
 			return false
 		case errors.Is(err, lockclient.ErrAllocGone):
 			return true
@@ -363,7 +375,9 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 
 // previousGatedAlive lists the tasks of a previous holder's allocation, other
 // than its gate and its poststop tasks, that Nomad does not report dead. A
-// terminal allocation has none; a task that never started counts as dead.
+// terminal allocation has none. A pending task counts as alive: the client
+// reports a start in its next batch (up to a second later), so a task the
+// servers still show pending may already run.
 func previousGatedAlive(alloc *api.Allocation, gate string) []string {
 	if alloc.ClientTerminalStatus() {
 		return nil
@@ -371,9 +385,6 @@ func previousGatedAlive(alloc *api.Allocation, gate string) []string {
 	var alive []string
 	for name, st := range alloc.TaskStates {
 		if name == gate || st == nil || st.State == "dead" {
-			continue
-		}
-		if st.State == "pending" && st.StartedAt.IsZero() {
 			continue
 		}
 		if isPoststop(alloc, name) {

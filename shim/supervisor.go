@@ -605,8 +605,11 @@ func (s *Supervisor) finish(lease *lockclient.Lease, g *group, exited <-chan str
 	if exited != nil {
 		<-exited
 	}
-	if s.Config.Gate != nil && !s.gateMayRelease(lease) {
-		return
+	if s.Config.Gate != nil {
+		if !s.gateMayRelease(lease) {
+			return
+		}
+		s.markReleasedClean(lease)
 	}
 	s.release(lease)
 }

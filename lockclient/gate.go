@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/hashicorp/nomad/api"
 )
@@ -87,11 +86,11 @@ and apply it to the job: nomad acl policy apply -namespace %s -job %s singleton-
 // from there with fence as its fencing token. A lock that is no longer held
 // under id wraps ErrLost.
 func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, error) {
-	sent := time.Now()
+	sent := l.clock.Now()
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
 	defer cancel()
 	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: id}}
-	_, _, err := l.api.Variables().RenewLock(v, l.writeOptions(rctx))
+	_, _, err := l.vars.RenewLock(v, l.writeOptions(rctx))
 	switch code := statusCode(err); {
 	case err == nil:
 	case code == http.StatusConflict || code == http.StatusNotFound || notHeld(err):
@@ -102,4 +101,35 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 	lease := newLease(l, id, fence, sent, Holder{})
 	l.log.Info("lock adopted from the previous run", "fence", fence)
 	return lease, nil
+}
+
+// MarkReleasedClean records in the variable, under the lease's lock ID, that
+// the holder is about to release it having proven its work dead, so that
+// the next holder need not wait for it (Holder.ReleasedClean). A release
+// without it (by hand, with the lock ID; or the server's expiry) tells the
+// next holder that the previous holder's work may still be stopping. Call
+// it just before Release; an error only costs the next holder that wait.
+func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
+	l := ls.locker
+	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
+	defer cancel()
+	cur, _, err := l.vars.Peek(l.cfg.Path, (&api.QueryOptions{Namespace: l.cfg.Namespace}).WithContext(rctx))
+	if err != nil {
+		return l.classify("mark released", err)
+	}
+	items := map[string]string{}
+	if cur != nil {
+		for k, v := range cur.Items {
+			items[k] = v
+		}
+	}
+	items[itemClean] = "true"
+	// The lock's own fields go back as they were: the server keeps what a
+	// write sends, and rebuilds lock timers from them after a leader change.
+	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items,
+		Lock: &api.VariableLock{ID: ls.id, TTL: l.cfg.TTL.String(), LockDelay: l.cfg.LockDelay.String()}}
+	if _, _, err := l.vars.Update(v, l.writeOptions(rctx)); err != nil {
+		return l.classify("mark released", err)
+	}
+	return nil
 }
