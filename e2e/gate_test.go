@@ -30,7 +30,7 @@ func TestGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts := drvAgentOptions(t, true)
-	opts.HostVolumes = map[string]string{"testworkload": filepath.Dir(workload), "records": records}
+	opts.HostVolumes = map[string]string{"worker-bin": filepath.Dir(workload), "worker-data": records}
 	opts.ChrootEnv = map[string]string{"/etc/hosts": "/etc/hosts"}
 	opts.Docker = harness.StartDocker(t)
 	opts.RequireDrivers = append(opts.RequireDrivers, "docker")
@@ -47,11 +47,17 @@ func TestGate(t *testing.T) {
 
 // gateJob is a count = 2 job whose group has a gate and one gated task of
 // kind (raw_exec, exec, docker) running the testworkload, with an HTTP port
-// and a Nomad service.
+// and a Nomad service. The docker and exec jobs are the examples
+// (examples/gate-docker.nomad.hcl, examples/gate-exec.nomad.hcl) run with
+// variables; raw_exec's is built here.
 type gateJob struct {
 	id, kind, marker string
-	record           string // on the host
-	taskRecord       string // as the gated task sees it
+	// group, app and svc are the group, the gated task and its service.
+	group, app, svc string
+	// example is the jobspec in examples/ ("" to build one).
+	example    string
+	record     string // on the host
+	taskRecord string // as the gated task sees it
 	// gateExtra is added to the gate task; appExtra to the gated task.
 	gateExtra, appExtra string
 	// gateRestart and appKill override the gate's restart block and the
@@ -63,56 +69,63 @@ type gateJob struct {
 
 func newGateJob(t *testing.T, kind, records string) *gateJob {
 	id := "gate-" + strings.ReplaceAll(kind, "_", "-")
-	j := &gateJob{id: id, kind: kind, marker: fmt.Sprintf("%s-%d", id, time.Now().UnixNano()),
-		record: filepath.Join(records, id+".jsonl"), taskRecord: filepath.Join(records, id+".jsonl"),
+	j := &gateJob{id: id, kind: kind, group: "g", app: "app", svc: id + "-app",
 		gateRestart: "attempts = 0\n        mode     = \"fail\"", appKill: "3s"}
-	if kind != "raw_exec" {
-		j.taskRecord = "/records/" + id + ".jsonl"
+	switch kind {
+	case "docker":
+		j.id, j.group, j.app, j.svc, j.example = "web", "web", "api", "web", "gate-docker.nomad.hcl"
+		j.taskRecord = "/records/" + j.id + ".jsonl"
+	case "exec":
+		j.id, j.group, j.app, j.svc, j.example = "worker", "worker", "worker", "worker", "gate-exec.nomad.hcl"
+		j.taskRecord = "/data/" + j.id + ".jsonl"
+	}
+	j.marker = fmt.Sprintf("%s-%d", j.id, time.Now().UnixNano())
+	j.record = filepath.Join(records, j.id+".jsonl")
+	if j.taskRecord == "" {
+		j.taskRecord = j.record
 	}
 	return j
 }
 
-func (j *gateJob) lockPath() string { return fmt.Sprintf("nomad/jobs/%s/g/gate/lock", j.id) }
-func (j *gateJob) service() string  { return j.id + "-app" }
+func (j *gateJob) lockPath() string { return fmt.Sprintf("nomad/jobs/%s/%s/gate/lock", j.id, j.group) }
+func (j *gateJob) service() string  { return j.svc }
+
+// run registers the job (the example with its variables, or the built one).
+func (j *gateJob) run(t *testing.T, a *harness.Agent) {
+	t.Helper()
+	if j.example == "" {
+		a.RunJobHCL(t, j.hcl(t))
+		return
+	}
+	src, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", j.example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The app is the testworkload; as real images often are, its PID 1
+	// ignores SIGTERM under docker, so every stop there takes the whole
+	// kill_timeout and ends in SIGKILL.
+	args := []string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:$${NOMAD_PORT_http}"}
+	vars := ""
+	switch j.kind {
+	case "docker":
+		args = append(args, "-ignore-term")
+		vars = fmt.Sprintf("image = %q\ncommand = %q\nvolumes = [\"%s:/records\"]\n",
+			j.image, harness.ImageWorkloadPath, filepath.Dir(j.record))
+	case "exec":
+		vars = fmt.Sprintf("command = %q\n", "/opt/worker/"+filepath.Base(harness.BuildTestWorkload(t)))
+	}
+	vars += "args = " + harness.HCLList(args...) + "\n"
+	a.RunJobHCLVars(t, string(src), vars)
+}
 
 func (j *gateJob) hcl(t *testing.T) string {
 	command := harness.BuildTestWorkload(t)
 	volumes, mounts := "", ""
-	if j.kind != "raw_exec" {
-		command = "/opt/testworkload/" + filepath.Base(command)
-		volumes = `
-    volume "testworkload" {
-      type      = "host"
-      source    = "testworkload"
-      read_only = true
-    }
-    volume "records" {
-      type   = "host"
-      source = "records"
-    }`
-		mounts = `
-      volume_mount {
-        volume      = "testworkload"
-        destination = "/opt/testworkload"
-      }
-      volume_mount {
-        volume      = "records"
-        destination = "/records"
-      }`
-	}
 	args := harness.HCLList("-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}")
 	config := fmt.Sprintf("command = %q\n        args    = %s", command, args)
-	if j.kind == "docker" {
-		// As real images often are: PID 1 ignores SIGTERM, so every stop
-		// takes the whole kill_timeout and ends in SIGKILL.
-		args = harness.HCLList("-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}", "-ignore-term")
-		config = fmt.Sprintf("image        = %q\n        network_mode = \"host\"\n        command      = %q\n        args         = %s\n        volumes      = [\"%s:/records\"]",
-			j.image, harness.ImageWorkloadPath, args, filepath.Dir(j.record))
-		volumes, mounts = "", ""
-	}
 	return fmt.Sprintf(`
 job %[1]q {
-  group "g" {
+  group %[14]q {
     count = 2
     network {
       port "http" {}
@@ -146,7 +159,7 @@ job %[1]q {
         memory = 32
       }%[6]s
     }
-    task "app" {
+    task %[15]q {
       driver = %[7]q%[8]s
       config {
         %[9]s
@@ -170,7 +183,7 @@ job %[1]q {
       }%[13]s
     }
   }
-}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra)
+}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra, j.group, j.app)
 }
 
 // start waits for a start of the gated app in an allocation other than
@@ -253,7 +266,7 @@ func (j *gateJob) checkServiceHolder(t *testing.T, a *harness.Agent, holder stri
 func testGateNeverTwice(t *testing.T, a *harness.Agent, j *gateJob, d *harness.Docker) {
 	j.image = d.Image
 	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsMainWorkload})
-	a.RunJobHCL(t, j.hcl(t))
+	j.run(t, a)
 	t.Cleanup(func() { _ = a.Purge(j.id) })
 
 	first := j.start(t, "", 0, 90*time.Second)
@@ -276,7 +289,7 @@ func testGateNeverTwice(t *testing.T, a *harness.Agent, j *gateJob, d *harness.D
 	app := j.appProc(t, holder)
 	t0 := harness.MonoNow()
 	if j.kind == "docker" {
-		cs := d.TaskContainers(t, holder, "app")
+		cs := d.TaskContainers(t, holder, j.app)
 		if len(cs) == 0 || cs[0].State != "running" {
 			t.Fatalf("no running app container in %s: %+v", drvShort(holder), cs)
 		}

@@ -19,9 +19,17 @@ import (
 // the agent, so tests need not.
 func (a *Agent) RunJobHCL(t testing.TB, hcl string) string {
 	t.Helper()
-	job, err := a.api.Jobs().ParseHCL(hcl, true)
+	return a.RunJobHCLVars(t, hcl, "")
+}
+
+// RunJobHCLVars is RunJobHCL for a jobspec with variable blocks: vars is
+// the content of a variables file (`key = value` lines), as `nomad job run
+// -var-file` takes it.
+func (a *Agent) RunJobHCLVars(t testing.TB, hcl, vars string) string {
+	t.Helper()
+	job, err := a.api.Jobs().ParseHCLOpts(&api.JobsParseRequest{JobHCL: hcl, Variables: vars, Canonicalize: true})
 	if err != nil {
-		t.Fatalf("harness: parse jobspec: %v\n%s", err, hcl)
+		t.Fatalf("harness: parse jobspec: %v\n%s\nvariables:\n%s", err, hcl, vars)
 	}
 	resp, _, err := a.api.Jobs().Register(job, nil)
 	if err != nil {
