@@ -41,7 +41,11 @@ func TestGate(t *testing.T) {
 			testGateNeverTwice(t, a, newGateJob(t, kind, records), opts.Docker)
 		}})
 	}
-	subtests = append(subtests, subtest{"unsafe_jobs_are_refused", func(t *testing.T) { testGateRefusesUnsafeJobs(t, a, records) }})
+	subtests = append(subtests,
+		subtest{"unsafe_jobs_are_refused", func(t *testing.T) { testGateRefusesUnsafeJobs(t, a, records) }},
+		subtest{"docker_update_replaces_the_group_at_once", func(t *testing.T) { testGateUpdateAtOnce(t, a, records, opts.Docker) }},
+		subtest{"rolling_deployment_with_count_1", func(t *testing.T) { testGateRollingDeployment(t, a, records) }},
+	)
 	runConcurrently(t, subtests)
 }
 
@@ -65,6 +69,11 @@ type gateJob struct {
 	gateRestart, appKill string
 	// image is the docker kind's image (harness.Docker.Image).
 	image string
+	// count (default 2) and update (the group's update block body; "" for
+	// none) of the built job; extraArgs are appended to the app's args.
+	count     int
+	update    string
+	extraArgs []string
 }
 
 func newGateJob(t *testing.T, kind, records string) *gateJob {
@@ -114,19 +123,26 @@ func (j *gateJob) run(t *testing.T, a *harness.Agent) {
 	case "exec":
 		vars = fmt.Sprintf("command = %q\n", "/opt/worker/"+filepath.Base(harness.BuildTestWorkload(t)))
 	}
-	vars += "args = " + harness.HCLList(args...) + "\n"
+	vars += "args = " + harness.HCLList(append(args, j.extraArgs...)...) + "\n"
 	a.RunJobHCLVars(t, string(src), vars)
 }
 
 func (j *gateJob) hcl(t *testing.T) string {
 	command := harness.BuildTestWorkload(t)
 	volumes, mounts := "", ""
-	args := harness.HCLList("-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}")
+	args := harness.HCLList(append([]string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}"}, j.extraArgs...)...)
+	count := j.count
+	if count == 0 {
+		count = 2
+	}
+	if j.update != "" {
+		volumes += "\n    update {\n" + j.update + "\n    }"
+	}
 	config := fmt.Sprintf("command = %q\n        args    = %s", command, args)
 	return fmt.Sprintf(`
 job %[1]q {
   group %[14]q {
-    count = 2
+    count = %[16]d
     network {
       port "http" {}
     }
@@ -183,7 +199,7 @@ job %[1]q {
       }%[13]s
     }
   }
-}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra, j.group, j.app)
+}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra, j.group, j.app, count)
 }
 
 // start waits for a start of the gated app in an allocation other than
@@ -408,5 +424,103 @@ func gateWaitEvent(t *testing.T, a *harness.Agent, jobID string, timeout time.Du
 			t.Fatalf("job %s: no gate event containing %q within %s; events:\n%s", jobID, subs, timeout, drvFormatEvents(all))
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// testGateUpdateAtOnce: the docker example (count = 2, update max_parallel
+// = 0) updated to a new version: Nomad replaces both allocations at once, the
+// old holder's app is dead before the new one starts, and the new version
+// ends with one holder running the app and one standby.
+func testGateUpdateAtOnce(t *testing.T, a *harness.Agent, records string, d *harness.Docker) {
+	j := newGateJob(t, "docker", records)
+	j.id, j.svc = "web-update", "web-update"
+	j.record, j.taskRecord = filepath.Join(records, j.id+".jsonl"), "/records/"+j.id+".jsonl"
+	j.image = d.Image
+	src, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", j.example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second copy of the example under another job name.
+	j.example = ""
+	hcl := strings.Replace(strings.Replace(string(src), `job "web" {`, `job "web-update" {`, 1), `name     = "web"`, `name     = "web-update"`, 1)
+	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsMainWorkload})
+	register := func() {
+		args := append([]string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:$${NOMAD_PORT_http}", "-ignore-term"}, j.extraArgs...)
+		a.RunJobHCLVars(t, hcl, fmt.Sprintf("image = %q\ncommand = %q\nvolumes = [\"%s:/records\"]\nargs = %s\n",
+			j.image, harness.ImageWorkloadPath, filepath.Dir(j.record), harness.HCLList(args...)))
+	}
+	register()
+	t.Cleanup(func() { _ = a.Purge(j.id) })
+	first := j.start(t, "", 0, 90*time.Second)
+	j.standby(t, a, first.AllocID)
+
+	j.extraArgs = []string{"version-2"}
+	t0 := harness.MonoNow()
+	register()
+	next := harness.WaitRecord(t, j.record, 2*time.Minute, func(r harness.Record) bool {
+		return r.Event == harness.EventStart && r.Role == harness.RoleMain && slices.Contains(r.Argv, "version-2")
+	})
+	t.Logf("MEASURE gate_docker update_handover=%s (alloc %s -> %s)", harness.Millis(time.Duration(next.Mono-t0)), drvShort(first.AllocID), drvShort(next.AllocID))
+	j.standby(t, a, next.AllocID)
+	if err := a.Purge(j.id); err != nil {
+		t.Fatal(err)
+	}
+	checkNoTwoAllocs(t, j.marker, j.record, smp, 0)
+}
+
+// testGateRollingDeployment: with count = 1 there is no standby, and a
+// rolling deployment (health_check = "task_states") works: the new
+// allocation's gate waits until the old one has stopped its app and
+// released, its app then starts, and the deployment succeeds.
+func testGateRollingDeployment(t *testing.T, a *harness.Agent, records string) {
+	j := newGateJob(t, "raw_exec", records)
+	j.id, j.svc, j.count = "gate-rolling", "gate-rolling-app", 1
+	j.record, j.taskRecord = filepath.Join(records, j.id+".jsonl"), filepath.Join(records, j.id+".jsonl")
+	j.update = "      max_parallel     = 1\n      health_check     = \"task_states\"\n      min_healthy_time = \"1s\"\n      healthy_deadline = \"1m\"\n      progress_deadline = \"2m\""
+	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsMainWorkload})
+	a.RunJobHCL(t, j.hcl(t))
+	t.Cleanup(func() { _ = a.Purge(j.id) })
+	first := j.start(t, "", 0, 90*time.Second)
+	waitDeployment(t, a, j.id, 0, 2*time.Minute)
+
+	j.extraArgs = []string{"version-2"}
+	t0 := harness.MonoNow()
+	a.RunJobHCL(t, j.hcl(t))
+	next := harness.WaitRecord(t, j.record, 2*time.Minute, func(r harness.Record) bool {
+		return r.Event == harness.EventStart && r.Role == harness.RoleMain && slices.Contains(r.Argv, "version-2")
+	})
+	t.Logf("MEASURE gate_raw_exec rolling_handover=%s (alloc %s -> %s)", harness.Millis(time.Duration(next.Mono-t0)), drvShort(first.AllocID), drvShort(next.AllocID))
+	waitDeployment(t, a, j.id, 1, 2*time.Minute)
+	if err := a.Purge(j.id); err != nil {
+		t.Fatal(err)
+	}
+	checkNoTwoAllocs(t, j.marker, j.record, smp, 0)
+}
+
+// waitDeployment waits until the deployment of the job's version succeeds,
+// and fails the test if it fails.
+func waitDeployment(t *testing.T, a *harness.Agent, jobID string, version uint64, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		deps, _, err := a.API().Jobs().Deployments(jobID, false, nil)
+		if err == nil {
+			for _, d := range deps {
+				if d.JobVersion != version {
+					continue
+				}
+				switch d.Status {
+				case api.DeploymentStatusSuccessful:
+					t.Logf("deployment of version %d: %s (%s)", version, d.Status, d.StatusDescription)
+					return
+				case api.DeploymentStatusFailed, api.DeploymentStatusCancelled:
+					t.Fatalf("deployment of version %d: %s (%s)", version, d.Status, d.StatusDescription)
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no successful deployment of %s version %d within %s: %s", jobID, version, timeout, a.Nomad(t, "job", "status", jobID))
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
