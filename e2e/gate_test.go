@@ -45,6 +45,7 @@ func TestGate(t *testing.T) {
 		subtest{"unsafe_jobs_are_refused", func(t *testing.T) { testGateRefusesUnsafeJobs(t, a, records) }},
 		subtest{"docker_update_replaces_the_group_at_once", func(t *testing.T) { testGateUpdateAtOnce(t, a, records, opts.Docker) }},
 		subtest{"rolling_deployment_with_count_1", func(t *testing.T) { testGateRollingDeployment(t, a, records) }},
+		subtest{"gate_workload_killed", func(t *testing.T) { testGateWorkloadKilled(t, a, records) }},
 	)
 	runConcurrently(t, subtests)
 }
@@ -74,6 +75,9 @@ type gateJob struct {
 	count     int
 	update    string
 	extraArgs []string
+	// gateMarker, if set, gives the gate a command of its own: the
+	// testworkload with this marker (and no record).
+	gateMarker string
 }
 
 func newGateJob(t *testing.T, kind, records string) *gateJob {
@@ -138,6 +142,10 @@ func (j *gateJob) hcl(t *testing.T) string {
 	if j.update != "" {
 		volumes += "\n    update {\n" + j.update + "\n    }"
 	}
+	gateCommand := ""
+	if j.gateMarker != "" {
+		gateCommand = fmt.Sprintf("\n        command = %q\n        args    = %s", command, harness.HCLList("-marker", j.gateMarker))
+	}
 	config := fmt.Sprintf("command = %q\n        args    = %s", command, args)
 	return fmt.Sprintf(`
 job %[1]q {
@@ -164,7 +172,7 @@ job %[1]q {
         env = true
       }
       config {
-        gate = true
+        gate = true%[17]s
         lock {
           ttl   = %[4]q
           delay = %[5]q
@@ -199,7 +207,7 @@ job %[1]q {
       }%[13]s
     }
   }
-}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra, j.group, j.app, count)
+}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra, j.group, j.app, count, gateCommand)
 }
 
 // start waits for a start of the gated app in an allocation other than
@@ -324,6 +332,26 @@ func testGateNeverTwice(t *testing.T, a *harness.Agent, j *gateJob, d *harness.D
 		t.Fatalf("after the gated app of %s was killed, the app started in %s: want a restart in the holder", drvShort(holder), drvShort(again.AllocID))
 	}
 	measure("app_restart", t0, again)
+
+	// `nomad alloc restart` restarts the gate and the app at once: the
+	// restarted gate takes its own lease over (same fence), and the standby
+	// never gets the lock.
+	if j.kind == "raw_exec" {
+		fence := drvLock(t, a, j.lockPath()).ModifyIndex
+		t0 = harness.MonoNow()
+		a.Nomad(t, "alloc", "restart", holder)
+		again = harness.WaitRecord(t, j.record, 60*time.Second, func(r harness.Record) bool {
+			return r.Event == harness.EventStart && r.Role == harness.RoleMain && r.Mono > t0
+		})
+		if again.AllocID != holder {
+			t.Fatalf("after nomad alloc restart of %s the app started in %s", drvShort(holder), drvShort(again.AllocID))
+		}
+		gateWaitEvent(t, a, j.id, 30*time.Second, fmt.Sprintf("Took over lock (fence %d) from the gate's previous run", fence))
+		if v := drvLock(t, a, j.lockPath()); v.Items["holder_alloc_id"] != holder {
+			t.Fatalf("after the restart the lock is held by %q, want %s", v.Items["holder_alloc_id"], drvShort(holder))
+		}
+		measure("alloc_restart", t0, again)
+	}
 
 	// A graceful stop of the holder's allocation: Nomad stops the gated app
 	// first, then the gate, which releases once Nomad reports the app dead.
@@ -523,4 +551,41 @@ func waitDeployment(t *testing.T, a *harness.Agent, jobID string, version uint64
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// testGateWorkloadKilled: a gate with a command of its own whose process is
+// SIGKILLed. The gate fails without releasing (its gated app may still run);
+// Nomad kills the app, and the standby takes over once the lock expires.
+func testGateWorkloadKilled(t *testing.T, a *harness.Agent, records string) {
+	j := newGateJob(t, "raw_exec", records)
+	j.id, j.svc = "gate-cmd", "gate-cmd-app"
+	j.record, j.taskRecord = filepath.Join(records, j.id+".jsonl"), filepath.Join(records, j.id+".jsonl")
+	j.gateMarker = j.marker + "-gate"
+	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: func(p harness.Proc) bool {
+		return p.IsMainWorkload() && !slices.Contains(p.Argv, j.gateMarker)
+	}})
+	a.RunJobHCL(t, j.hcl(t))
+	t.Cleanup(func() { _ = a.Purge(j.id) })
+	first := j.start(t, "", 0, 90*time.Second)
+	j.standby(t, a, first.AllocID)
+	var gw []harness.Proc
+	for _, p := range mainWorkloads(t, j.gateMarker) {
+		if p.AllocID == first.AllocID {
+			gw = append(gw, p)
+		}
+	}
+	if len(gw) != 1 {
+		t.Fatalf("want the holder's one gate workload, found %v", gw)
+	}
+	t0 := harness.MonoNow()
+	if err := syscall.Kill(gw[0].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	next := j.start(t, first.AllocID, t0, 90*time.Second)
+	t.Logf("MEASURE gate_raw_exec gate_workload_killed_takeover=%s (alloc %s -> %s)", harness.Millis(time.Duration(next.Mono-t0)), drvShort(first.AllocID), drvShort(next.AllocID))
+	gateWaitEvent(t, a, j.id, 30*time.Second, "Lock kept: the gate stopped by itself")
+	if err := a.Purge(j.id); err != nil {
+		t.Fatal(err)
+	}
+	checkNoTwoAllocs(t, j.marker, j.record, smp, 0)
 }

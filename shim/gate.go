@@ -258,7 +258,11 @@ func (s *Supervisor) holdGate(lease *lockclient.Lease, sigs <-chan os.Signal) in
 		return Event{State: state, Fence: lease.Fence, Message: msg,
 			FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline()}
 	}
-	s.emit(held(StateHolding, fmt.Sprintf("Acquired lock (fence %d): the group's other tasks may start", lease.Fence)))
+	msg := fmt.Sprintf("Acquired lock (fence %d): the group's other tasks may start", lease.Fence)
+	if s.Config.Gate.Adopt != nil {
+		msg = fmt.Sprintf("Took over lock (fence %d) from the gate's previous run: the group's other tasks keep running", lease.Fence)
+	}
+	s.emit(held(StateHolding, msg))
 	for {
 		select {
 		case <-lease.Renewed():
