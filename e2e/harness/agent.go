@@ -89,6 +89,10 @@ type AgentOptions struct {
 	// cut a client off from the server with Member.Partition and heal it.
 	// Needs root, ip and nsenter; non-dev only.
 	Netns bool
+	// Docker, from StartDocker, adds the docker plugin's config block
+	// pointing at that engine (Docker.PluginConfig) and waits until the
+	// docker driver is healthy, besides RequireDrivers.
+	Docker *Docker
 	// HeartbeatTTL sets the server's min_heartbeat_ttl and heartbeat_grace
 	// (non-dev only): a client that stops heartbeating is marked down 2 to 3
 	// times this after its last heartbeat. 0 keeps Nomad's 10s each.
@@ -152,6 +156,12 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	}
 	if len(opts.RequireDrivers) == 0 {
 		opts.RequireDrivers = []string{"raw_exec"}
+	}
+	if opts.Docker != nil {
+		opts.Config = append(slices.Clone(opts.Config), opts.Docker.PluginConfig())
+		if !slices.Contains(opts.RequireDrivers, "docker") {
+			opts.RequireDrivers = append(slices.Clone(opts.RequireDrivers), "docker")
+		}
 	}
 	if opts.PluginDir != "" {
 		abs, err := filepath.Abs(opts.PluginDir)

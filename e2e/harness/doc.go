@@ -37,6 +37,13 @@
 //     backend), and Probe is a client loop through HAProxy's frontend whose
 //     Summarize counts failed requests and the longest stretch with no
 //     backend.
+//   - Docker: StartDocker starts the test binary's private dockerd (no
+//     bridge, no iptables rules; its own temp dir and containerd) and builds
+//     the test image (busybox + bin/lock + testworkload, tagged by content
+//     hash); AgentOptions.Docker points an agent's docker plugin at it;
+//     Docker.CLI runs the docker CLI against it and TaskContainers finds a
+//     task's containers. The package's TestMain must call Main, which stops
+//     the engine by PID when the tests are done.
 //   - Records: the e2e/testworkload program appends start/stop/signal/exit
 //     events with CLOCK_MONOTONIC timestamps to a record file; ReadRecords,
 //     Intervals, Overlaps and Handovers turn them into assertions such as
