@@ -59,6 +59,15 @@ type Config struct {
 	// LB registers the instance with a load balancer; nil for none.
 	LB *LoadBalancer
 
+	// UpstreamPort is a Nomad port label (-upstream-port, lock.upstream_port)
+	// whose host:port, Upstream, is recorded as the holder's upstream in the
+	// lock's Items without any LB request of our own: for `lock lb add` in a
+	// lifecycle task, whose next holder then swaps this upstream out of the
+	// LB (even if we die without a REMOVE). With LB set, LB.Upstream is
+	// recorded instead.
+	UpstreamPort string
+	Upstream     string
+
 	// The -config file's load_balancer and health_check blocks, before
 	// flags are laid over them and ports resolved.
 	fileLB     LBSpec
@@ -167,6 +176,8 @@ type fileLock struct {
 	Backoff     string `hcl:"backoff,optional"`
 	MaxRetry    *int   `hcl:"max_retry,optional"`
 	EarlyReturn *bool  `hcl:"early_return,optional"`
+	// UpstreamPort is Config.UpstreamPort.
+	UpstreamPort string `hcl:"upstream_port,optional"`
 }
 
 // loadFile applies an HCL config file on top of c.
@@ -241,6 +252,9 @@ func applyHCL(c *Config, src []byte, filename string) error {
 		if l.MaxRetry != nil {
 			c.MaxRetry = *l.MaxRetry
 		}
+		if l.UpstreamPort != "" {
+			c.UpstreamPort = l.UpstreamPort
+		}
 		if l.EarlyReturn != nil {
 			c.EarlyReturn = *l.EarlyReturn
 		}
@@ -286,6 +300,7 @@ func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.DurationVar(&cli.Renew, "renew", 0, "")
 	fs.DurationVar(&cli.Wait, "wait", 0, "")
 	fs.BoolVar(&cli.EarlyReturn, "early-return", false, "")
+	fs.StringVar(&cli.UpstreamPort, "upstream-port", "", "")
 	fs.IntVar(&cli.MaxRetry, "max-retry", 0, "")
 	fs.DurationVar(&cli.Backoff, "backoff", DefaultMaxBackoff, "")
 	fs.BoolVar(&cli.Shell, "shell", false, "")
@@ -325,6 +340,8 @@ func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 			c.Wait = cli.Wait
 		case "early-return":
 			c.EarlyReturn = cli.EarlyReturn
+		case "upstream-port":
+			c.UpstreamPort = cli.UpstreamPort
 		case "max-retry":
 			c.MaxRetry = cli.MaxRetry
 		case "backoff":
@@ -363,5 +380,25 @@ func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 		return c, err
 	}
 	c.LB = lb
+	if err := c.resolveUpstream(os.Getenv); err != nil {
+		return c, err
+	}
 	return c, c.Validate()
+}
+
+// resolveUpstream sets Upstream from UpstreamPort and the task environment.
+func (c *Config) resolveUpstream(getenv func(string) string) error {
+	if c.UpstreamPort == "" {
+		return nil
+	}
+	if c.LB != nil {
+		return fmt.Errorf("-upstream-port %q: with a load balancer configured, lock records its upstream "+
+			"(load_balancer.port %q) itself; drop -upstream-port", c.UpstreamPort, c.LB.PortLabel)
+	}
+	addr, err := PortAddress(c.UpstreamPort, getenv)
+	if err != nil {
+		return fmt.Errorf("-upstream-port: %w", err)
+	}
+	c.Upstream = addr
+	return nil
 }
