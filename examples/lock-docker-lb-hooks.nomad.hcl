@@ -1,7 +1,8 @@
 # A docker task that holds the lock with `lock` as its entrypoint, and two
 # lifecycle tasks that put the one live instance behind the load balancer:
 # `lock lb add` (poststart) waits until this allocation holds the lock, checks
-# health, and sends one ADD that also removes the previous holder's upstream;
+# health, and sends one ADD that also removes the previous holder's upstream
+# (which the holder's `lock -upstream-port http` recorded in the lock);
 # `lock lb remove` (poststop) takes it out again. The image carries `lock` as
 # its entrypoint (the seed pattern); the hook tasks run `lock` from the host.
 locals {
@@ -40,7 +41,10 @@ job "api" {
 
       config {
         image      = "registry.example.com/api-with-lock:1.0"
-        entrypoint = ["/usr/local/bin/lock", "-ttl", "10s", "-delay", "1s"]
+        # -upstream-port records this port's host:port in the lock, so that the
+        # next holder's `lock lb add` swaps it out of the LB even when this
+        # container dies without running lb-remove (docker kill, OOM, node loss).
+        entrypoint = ["/usr/local/bin/lock", "-ttl", "10s", "-delay", "1s", "-upstream-port", "http"]
         args       = ["nomad/jobs/api/lock", "/app/server", "--port", "8080"]
         ports      = ["http"]
       }

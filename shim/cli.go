@@ -48,6 +48,9 @@ Flags (ours):
   -config FILE         HCL file with the same settings; flags override it
   -namespace NS        variable namespace (default: the task's)
   -address URL         Nomad address when not running in a task (default: NOMAD_ADDR)
+  -upstream-port LABEL record this Nomad port's host:port as the holder's upstream in
+                       the lock, for "lock lb add" lifecycle tasks: the next holder's
+                       ADD then removes it from the LB even if this instance dies
 Flags (load balancer, optional; the same fields as the load_balancer and
 health_check blocks of -config):
   -lb-uri URL          the LB API's request collection, e.g. http://lb:8080/baragon/v2/request
@@ -153,8 +156,13 @@ func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockcli
 		return nil, err
 	}
 	log.Debug("nomad endpoint", "endpoint", ep.String())
-	if cfg.LB != nil {
+	switch {
+	case cfg.LB != nil:
 		holder.Upstream = cfg.LB.Upstream // the next holder removes it from the LB
+	case cfg.Upstream != "":
+		// -upstream-port: `lock lb add` registers it; the next holder's
+		// `lock lb add` swaps it out, whether we stopped cleanly or died.
+		holder.Upstream = cfg.Upstream
 	}
 	return lockclient.New(lockclient.Config{
 		Endpoint:  ep,

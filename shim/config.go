@@ -62,6 +62,14 @@ type Config struct {
 	// Gate holds the lock for the other tasks of the allocation (the
 	// driver's `gate = true`); nil for none. A gate's Command may be empty.
 	Gate *Gate
+	// UpstreamPort is a Nomad port label (-upstream-port, lock.upstream_port)
+	// whose host:port, Upstream, is recorded as the holder's upstream in the
+	// lock's Items without any LB request of our own: for `lock lb add` in a
+	// lifecycle task, whose next holder then swaps this upstream out of the
+	// LB (even if we die without a REMOVE). With LB set, LB.Upstream is
+	// recorded instead.
+	UpstreamPort string
+	Upstream     string
 
 	// The -config file's load_balancer and health_check blocks, before
 	// flags are laid over them and ports resolved.
@@ -190,6 +198,8 @@ type fileLock struct {
 	Backoff     string `hcl:"backoff,optional"`
 	MaxRetry    *int   `hcl:"max_retry,optional"`
 	EarlyReturn *bool  `hcl:"early_return,optional"`
+	// UpstreamPort is Config.UpstreamPort.
+	UpstreamPort string `hcl:"upstream_port,optional"`
 }
 
 // loadFile applies an HCL config file on top of c.
@@ -258,6 +268,9 @@ func applyHCL(c *Config, src []byte, filename string) error {
 		if l.MaxRetry != nil {
 			c.MaxRetry = *l.MaxRetry
 		}
+		if l.UpstreamPort != "" {
+			c.UpstreamPort = l.UpstreamPort
+		}
 		if l.EarlyReturn != nil {
 			c.EarlyReturn = *l.EarlyReturn
 		}
@@ -303,6 +316,7 @@ func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.DurationVar(&cli.Renew, "renew", 0, "")
 	fs.DurationVar(&cli.Wait, "wait", 0, "")
 	fs.BoolVar(&cli.EarlyReturn, "early-return", false, "")
+	fs.StringVar(&cli.UpstreamPort, "upstream-port", "", "")
 	fs.IntVar(&cli.MaxRetry, "max-retry", 0, "")
 	fs.DurationVar(&cli.Backoff, "backoff", DefaultMaxBackoff, "")
 	fs.BoolVar(&cli.Shell, "shell", false, "")
@@ -342,6 +356,8 @@ func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 			c.Wait = cli.Wait
 		case "early-return":
 			c.EarlyReturn = cli.EarlyReturn
+		case "upstream-port":
+			c.UpstreamPort = cli.UpstreamPort
 		case "max-retry":
 			c.MaxRetry = cli.MaxRetry
 		case "backoff":
@@ -380,5 +396,25 @@ func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 		return c, err
 	}
 	c.LB = lb
+	if err := c.resolveUpstream(os.Getenv); err != nil {
+		return c, err
+	}
 	return c, c.Validate()
+}
+
+// resolveUpstream sets Upstream from UpstreamPort and the task environment.
+func (c *Config) resolveUpstream(getenv func(string) string) error {
+	if c.UpstreamPort == "" {
+		return nil
+	}
+	if c.LB != nil {
+		return fmt.Errorf("-upstream-port %q: with a load balancer configured, lock records its upstream "+
+			"(load_balancer.port %q) itself; drop -upstream-port", c.UpstreamPort, c.LB.PortLabel)
+	}
+	addr, err := PortAddress(c.UpstreamPort, getenv)
+	if err != nil {
+		return fmt.Errorf("-upstream-port: %w", err)
+	}
+	c.Upstream = addr
+	return nil
 }

@@ -256,3 +256,21 @@ func TestParseDurationKeepsDefaultAndNamesTheSetting(t *testing.T) {
 		}
 	}
 }
+
+// -upstream-port records the port's host:port as the holder's upstream
+// (for `lock lb add` in a lifecycle task); a label the task lacks is an
+// error naming the fix.
+func TestUpstreamPortFlag(t *testing.T) {
+	t.Setenv("NOMAD_HOST_ADDR_http", "10.0.0.7:25001")
+	c, err := parseRunArgs([]string{"-upstream-port", "http", "nomad/jobs/api/lock", "/bin/true"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstream != "10.0.0.7:25001" {
+		t.Errorf("Upstream = %q, want 10.0.0.7:25001", c.Upstream)
+	}
+	_, err = parseRunArgs([]string{"-upstream-port", "admin", "nomad/jobs/api/lock", "/bin/true"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-upstream-port") || !strings.Contains(err.Error(), `port "admin"`) {
+		t.Errorf("unknown label: err = %v, want one naming -upstream-port and the network block fix", err)
+	}
+}

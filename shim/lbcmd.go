@@ -25,7 +25,9 @@ docker task with lock as its entrypoint): "lock lb add" as a poststart task,
 "lock lb remove" as a poststop task. Flags: -config FILE (its load_balancer and
 health_check blocks) and the -lb-* / -health-* flags of "lock"; -wait DURATION
 bounds "add". The ADD removes the previous holder's upstream, recorded in the
-lock. Exit codes: 0 done, 64 config, 69 LB or Nomad unreachable, 74 the LB
+lock by the holder: give the lock holder (e.g. the entrypoint) -upstream-port
+with the same port label, so that a holder that dies without its poststop
+REMOVE is swapped out by the next one. Exit codes: 0 done, 64 config, 69 LB or Nomad unreachable, 74 the LB
 refused the request, 75 -wait passed.
 `
 
@@ -176,6 +178,22 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "lock lb add: record the registration for lock lb remove: %v\n", err)
 		return ExitInfra
 	}
+	// The holder record is what the next holder's ADD swaps out: it must
+	// name our upstream, or a holder that dies without its poststop REMOVE
+	// (docker kill, OOM, node loss) stays in the LB. Only the process that
+	// holds the lock can write it (Nomad refuses other writes to a locked
+	// variable), so the holder is told its port: lock -upstream-port.
+	switch recorded := held.Holder.Upstream; recorded {
+	case self.Upstream:
+	case "":
+		log.Warn("the lock's holder record names no upstream: should this instance die without `lock lb remove`, "+
+			"the next holder cannot swap it out of the load balancer; run the lock holder with "+
+			"-upstream-port "+lb.PortLabel, "upstream", self.Upstream)
+	default:
+		log.Warn("the lock's holder record names another upstream than ours: the next holder will swap out that one, "+
+			"not ours; give the lock holder the same -upstream-port as load_balancer.port",
+			"recorded", recorded, "upstream", self.Upstream, "port", lb.PortLabel)
+	}
 	var previous []lbhook.UpstreamInfo
 	if up := held.Holder.PreviousUpstream; up != "" {
 		previous = append(previous, lbhook.UpstreamInfo{Upstream: up, Group: lb.Group})
@@ -184,7 +202,8 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "lock lb add: %s\n", lbhook.Diagnose(err, client.Config()))
 		return lbErrorCode(err)
 	}
-	log.Info("registered with the load balancer", "upstream", self.Upstream, "fence", held.Fence)
+	log.Info("registered with the load balancer", "upstream", self.Upstream, "fence", held.Fence,
+		"removed_previous", held.Holder.PreviousUpstream)
 	return 0
 }
 

@@ -63,19 +63,10 @@ func (t *subreaperTree) descendants(guard int) ([]int, error) {
 		if pid == guard {
 			continue
 		}
-		isOurs := false
-		for cur, hops := p.ppid, 0; cur > 1 && hops < 4096; hops++ {
-			if cur == t.self {
-				isOurs = true
-				break
-			}
-			next, ok := procs[cur]
-			if !ok {
-				break
-			}
-			cur = next.ppid
-		}
-		if !isOurs {
+		if !descendsFrom(p.ppid, t.self, func(pid int) (int, bool) {
+			q, ok := procs[pid]
+			return q.ppid, ok
+		}) {
 			continue
 		}
 		if p.gone {
@@ -92,6 +83,27 @@ func (t *subreaperTree) descendants(guard int) ([]int, error) {
 	return out, nil
 }
 
+// descendsFrom walks up from ppid through parentOf and reports whether it
+// reaches self. PID 1 ends the walk unless self is PID 1: lock as a
+// container's entrypoint is the init of its PID namespace, and every
+// orphan there (a setsid daemon) is re-parented to it, so it is ours.
+func descendsFrom(ppid, self int, parentOf func(int) (int, bool)) bool {
+	for cur, hops := ppid, 0; cur > 0 && hops < 4096; hops++ {
+		if cur == self {
+			return true
+		}
+		if cur == 1 {
+			return false
+		}
+		next, ok := parentOf(cur)
+		if !ok {
+			return false
+		}
+		cur = next
+	}
+	return false
+}
+
 // signalAll sends sig to every descendant, each through a pidfd opened
 // before its parent is checked again, so a reused PID is never hit.
 func (t *subreaperTree) signalAll(sig syscall.Signal, guard int) (int, error) {
@@ -104,7 +116,9 @@ func (t *subreaperTree) signalAll(sig syscall.Signal, guard int) (int, error) {
 		if err != nil {
 			continue
 		}
-		if stat, err := procfs.Read(pid); err == nil && stat.PPID > 1 {
+		if stat, err := procfs.Read(pid); err == nil && (stat.PPID > 1 || stat.PPID == t.self) {
+			// Still parented (not re-parented to an init that is not
+			// us): when lock is PID 1 of a container, orphans are ours.
 			_ = unix.PidfdSendSignal(fd, sig, nil, 0)
 		}
 		unix.Close(fd)

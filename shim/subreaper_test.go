@@ -79,3 +79,25 @@ func TestReleaseFailedMessageNamesTheCause(t *testing.T) {
 		t.Errorf("a transport error blamed on a purge: %q", other)
 	}
 }
+
+// lock as a container's entrypoint is PID 1: orphans re-parented to PID 1
+// are its own, and must count as live workload (they did not before, so a
+// setsid daemon outlived the release). Elsewhere PID 1 is someone else's.
+func TestDescendsFromAsPID1(t *testing.T) {
+	// 1 (lock) ─ 7 (workload) ─ 9; 12 is a daemon re-parented to 1; 20's
+	// parent 15 is not in the table.
+	parents := map[int]int{1: 0, 7: 1, 9: 7, 12: 1, 20: 15}
+	parentOf := func(pid int) (int, bool) { p, ok := parents[pid]; return p, ok }
+	for _, tc := range []struct {
+		pid, self int
+		want      bool
+	}{
+		{9, 1, true}, {12, 1, true}, {7, 1, true}, {20, 1, false},
+		// lock not PID 1 (self 7): the daemon under init is not ours.
+		{9, 7, true}, {12, 7, false},
+	} {
+		if got := descendsFrom(parents[tc.pid], tc.self, parentOf); got != tc.want {
+			t.Errorf("descendsFrom(pid %d, self %d) = %t, want %t", tc.pid, tc.self, got, tc.want)
+		}
+	}
+}
