@@ -397,8 +397,10 @@ func testDrvBadConfigFailsFast(t *testing.T, a *harness.Agent) {
 	}{
 		{"ttl_out_of_range", func(j *drvJob) { j.lockBlock = `ttl = "5s"` },
 			[]string{api.TaskDriverFailure, "TTL 5s is out of range", "10s to 24h"}},
+		// command is optional in the schema (a gate needs none), so the
+		// driver names the fix at start.
 		{"missing_command", func(j *drvJob) { j.noCommand = true },
-			[]string{api.TaskFailedValidation, `"command"`}},
+			[]string{api.TaskDriverFailure, "config.command is missing", "config.gate = true"}},
 		{"unknown_field", func(j *drvJob) { j.configExtra = `colour = "blue"` },
 			[]string{api.TaskFailedValidation, `"colour"`}},
 		{"no_identity", func(j *drvJob) { j.noIdentity = true },

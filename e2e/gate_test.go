@@ -589,3 +589,74 @@ func testGateWorkloadKilled(t *testing.T, a *harness.Agent, records string) {
 	}
 	checkNoTwoAllocs(t, j.marker, j.record, smp, 0)
 }
+
+// TestGateACL: with ACLs on, a gate whose identity has the example policy
+// (write on the lock path, read-job), applied to the gate task alone, gates
+// its app, and a stop of the holder's allocation hands over with a clean
+// release. A gate without read-job is refused, naming the capability, and
+// its app never starts.
+func TestGateACL(t *testing.T) {
+	t.Parallel()
+	records := t.TempDir()
+	if err := os.Chmod(records, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	opts := drvAgentOptions(t, false)
+	opts.ACLs = true
+	a := harness.StartAgent(t, opts)
+
+	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-gate.policy.hcl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := func(j *gateJob, readJob bool) {
+		policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/web/gate/lock"`, fmt.Sprintf("%q", j.lockPath()))
+		if policy == string(example) {
+			t.Fatalf("the example policy no longer names nomad/jobs/web/web/gate/lock:\n%s", example)
+		}
+		if !readJob {
+			policy = strings.Replace(policy, `capabilities = ["read-job"]`, "", 1)
+		}
+		f := filepath.Join(t.TempDir(), "policy.hcl")
+		if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", j.id, "-group", j.group, "-task", "gate", "singleton-gate-"+j.id, f)
+	}
+	ok := newGateJob(t, "raw_exec", records)
+	ok.id, ok.svc = "gate-acl", "gate-acl-app"
+	ok.record, ok.taskRecord = filepath.Join(records, ok.id+".jsonl"), filepath.Join(records, ok.id+".jsonl")
+	denied := newGateJob(t, "raw_exec", records)
+	denied.id, denied.svc = "gate-acl-denied", "gate-acl-denied-app"
+	denied.record, denied.taskRecord = filepath.Join(records, denied.id+".jsonl"), filepath.Join(records, denied.id+".jsonl")
+	apply(ok, true)
+	apply(denied, false)
+
+	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: ok.marker, Filter: harness.Proc.IsMainWorkload})
+	a.RunJobHCL(t, ok.hcl(t))
+	a.RunJobHCL(t, denied.hcl(t))
+	t.Cleanup(func() { _ = a.Purge(ok.id); _ = a.Purge(denied.id) })
+
+	first := ok.start(t, "", 0, 90*time.Second)
+	ok.standby(t, a, first.AllocID)
+	t0 := harness.MonoNow()
+	if err := a.StopAlloc(first.AllocID); err != nil {
+		t.Fatal(err)
+	}
+	next := ok.start(t, first.AllocID, t0, 60*time.Second)
+	t.Logf("MEASURE gate_acl alloc_stop_handover=%s", harness.Millis(time.Duration(next.Mono-t0)))
+	evs, _ := a.TaskEvents(first.AllocID, "gate")
+	if len(drvMatching(evs, "Released lock")) == 0 {
+		t.Errorf("the stopped holder's gate did not release (its identity must read its allocation):\n%s", drvFormatEvents(evs))
+	}
+
+	ev := gateWaitEvent(t, a, denied.id, 60*time.Second, "permission denied", `capabilities = ["read-job"]`)
+	t.Logf("denied: %s", drvEventText(ev))
+	if recs, _ := harness.ReadRecords(denied.record); len(recs) > 0 {
+		t.Errorf("the app of a gate without read-job ran: %v", recs)
+	}
+	if err := a.Purge(ok.id); err != nil {
+		t.Fatal(err)
+	}
+	checkNoTwoAllocs(t, ok.marker, ok.record, smp, 0)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/hashicorp/nomad/api"
 )
@@ -36,6 +37,20 @@ func (l *Locker) Allocation(ctx context.Context, id, namespace string, index uin
 		case http.StatusNotFound:
 			return nil, 0, fmt.Errorf("read allocation %s: %w", id, ErrAllocGone)
 		}
+		if body := responseBody(err); strings.Contains(body, "Unknown allocation") || strings.Contains(body, "allocation does not exist") {
+			// "Unknown allocation": Nomad's answer both for an allocation
+			// that is gone and for one the token may not read (no
+			// read-job); the caller knows which it can be. "allocation
+			// does not exist": the identity's own allocation is gone (a
+			// purged job), so the token no longer authenticates.
+			return nil, 0, fmt.Errorf("read allocation %s: %w", id, ErrAllocGone)
+		}
+		if strings.Contains(responseBody(err), "error authenticating request") {
+			// The Task API's answer when the identity does not
+			// authenticate: its allocation is gone (a purged job), or the
+			// servers could not be asked.
+			return nil, 0, fmt.Errorf("read allocation %s: %w (%v)", id, ErrIdentityRejected, err)
+		}
 		return nil, 0, fmt.Errorf("read allocation %s: %w", id, err)
 	}
 	var last uint64
@@ -45,9 +60,15 @@ func (l *Locker) Allocation(ctx context.Context, id, namespace string, index uin
 	return alloc, last, nil
 }
 
-// ErrAllocGone means the allocation no longer exists on the servers (a
-// purged job, or garbage collection).
+// ErrAllocGone means the servers do not know the allocation: it is gone (a
+// purged job, garbage collection), or the token may not read it (Nomad
+// answers "Unknown allocation" without read-job).
 var ErrAllocGone = fmt.Errorf("allocation not found")
+
+// ErrIdentityRejected means the Task API could not authenticate the
+// workload identity: its allocation is gone from the servers (a purged job),
+// or, for a while, the servers could not be asked.
+var ErrIdentityRejected = fmt.Errorf("the workload identity no longer authenticates")
 
 // AllocPermissionError is a 403 on reading the task's own allocation. Its
 // message carries the ACL policy line that fixes it.
@@ -67,8 +88,8 @@ func (e *AllocPermissionError) Error() string {
 	if job == "" {
 		job = "<job>"
 	}
-	return fmt.Sprintf(`read allocation %s: permission denied (HTTP 403).
-A gate reads its own allocation (its job, and whether its gated tasks are dead) with its workload identity,
+	return fmt.Sprintf(`read allocation %s: permission denied (HTTP 403, or "Unknown allocation" for an allocation that runs).
+A gate reads allocations (its own job and desired status, the previous holder's tasks) with its workload identity,
 which needs the "read-job" capability in namespace %q; the implicit workload-identity policy does not grant it.
 Add to the job's policy (beside the lock path's "write"):
 

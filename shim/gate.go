@@ -59,6 +59,10 @@ type AdoptLease struct {
 
 // Timings of a gate.
 const (
+	// gateIdentityGone is how long the Task API must keep rejecting a
+	// waiting gate's identity before the gate takes its allocation for
+	// gone (a purged job) rather than the servers for busy.
+	gateIdentityGone = 5 * time.Second
 	// gateKillSlack is what the bound on the gated tasks' kill_timeout
 	// leaves for Nomad to notice the gate's failure and start killing them.
 	gateKillSlack = 2 * time.Second
@@ -150,6 +154,12 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing) ([]str
 func (s *Supervisor) gateCheck(ctx context.Context) error {
 	g := s.Config.Gate
 	alloc, _, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
+	if errors.Is(err, lockclient.ErrAllocGone) {
+		// The gate's own allocation runs: the servers hide it from a
+		// token without read-job.
+		return &lockclient.AllocPermissionError{AllocID: g.AllocID, Namespace: g.Namespace,
+			JobID: s.Locker.Config().Holder.JobID, Err: err}
+	}
 	if err != nil {
 		return err
 	}
@@ -174,10 +184,26 @@ func (s *Supervisor) gateStopping(ctx context.Context) <-chan struct{} {
 	ch := make(chan struct{})
 	go func() {
 		var index uint64
+		var rejectedSince time.Time
 		for ctx.Err() == nil {
 			alloc, next, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, index)
+			var pe *lockclient.AllocPermissionError
+			if !errors.Is(err, lockclient.ErrIdentityRejected) {
+				rejectedSince = time.Time{}
+			} else if rejectedSince.IsZero() {
+				rejectedSince = time.Now()
+			}
 			switch {
-			case errors.Is(err, lockclient.ErrAllocGone):
+			case errors.Is(err, lockclient.ErrIdentityRejected) && time.Since(rejectedSince) >= gateIdentityGone:
+				// Not a blip of the servers: the allocation is gone.
+				s.Logger.Info("gate: the allocation's identity no longer authenticates (a purged job?)", "error", err)
+				close(ch)
+				return
+			case errors.Is(err, lockclient.ErrAllocGone), errors.As(err, &pe):
+				// The read worked at start (gateCheck): an allocation
+				// the servers no longer show, or an identity that no
+				// longer authenticates (a purged job), is going away.
+				s.Logger.Info("gate: the allocation is gone, or its identity no longer reads it", "error", err)
 				close(ch)
 				return
 			case err != nil:
