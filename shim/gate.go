@@ -59,6 +59,9 @@ type AdoptLease struct {
 
 // Timings of a gate.
 const (
+	// gateCheckWithin bounds the retries of the gate's first read of its
+	// allocation.
+	gateCheckWithin = 10 * time.Second
 	// gateIdentityGone is how long the Task API must keep rejecting a
 	// waiting gate's identity before the gate takes its allocation for
 	// gone (a purged job) rather than the servers for busy.
@@ -151,9 +154,25 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing) ([]str
 }
 
 // gateCheck reads the gate's allocation and checks its job (checkGateJob).
+// A read that fails for want of an answer (the agent restarting) is retried
+// for gateCheckWithin.
 func (s *Supervisor) gateCheck(ctx context.Context) error {
 	g := s.Config.Gate
-	alloc, _, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
+	var alloc *api.Allocation
+	var err error
+	for until := time.Now().Add(gateCheckWithin); ; {
+		alloc, _, err = s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
+		var pe *lockclient.AllocPermissionError
+		if err == nil || errors.Is(err, lockclient.ErrAllocGone) || errors.As(err, &pe) || !time.Now().Before(until) {
+			break
+		}
+		s.Logger.Warn("gate: cannot read the allocation yet, retrying", "error", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
 	if errors.Is(err, lockclient.ErrAllocGone) {
 		// The gate's own allocation runs: the servers hide it from a
 		// token without read-job.
