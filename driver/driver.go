@@ -231,6 +231,17 @@ func (s *taskStore) get(id string) (*taskHandle, bool) {
 	return h, ok
 }
 
+// all returns every handle.
+func (s *taskStore) all() []*taskHandle {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*taskHandle, 0, len(s.store))
+	for _, h := range s.store {
+		out = append(out, h)
+	}
+	return out
+}
+
 func (s *taskStore) delete(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

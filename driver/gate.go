@@ -104,3 +104,36 @@ func (g *gateLeases) expireLocked() {
 		}
 	}
 }
+
+// supersedeGate ends the supervisor of an earlier start of the same gate
+// (same allocation and task) that still runs, and returns its lease for the
+// new one to take over. Nomad starts a gate again while one runs only when
+// it lost the first: the agent restarted while StartTask waited for the lock
+// (Nomad keeps no handle for a start that has not returned, and reattaches
+// to this plugin), or it could not recover the task. Left alone, the first
+// would hold (or win) the lock for nobody, and the new one would wait for it
+// for ever. The gated tasks never started for a start Nomad lost, and for a
+// task Nomad could not recover the new gate takes the lease over, so they
+// are never left without it.
+func (d *Driver) supersedeGate(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
+	var adopt *shim.AdoptLease
+	for _, old := range d.tasks.all() {
+		if old.holding == nil || old.cfg.ID == cfg.ID || old.cfg.AllocID != cfg.AllocID || old.cfg.Name != cfg.Name || old.exited() {
+			continue
+		}
+		var held heldLease
+		_ = readJSON(old.dir, leaseFile, &held)
+		if err := old.kill("superseded by a new start of the same gate"); err != nil {
+			old.logger.Error("end the superseded gate supervisor", "error", err)
+		}
+		d.tasks.delete(old.cfg.ID)
+		if err := removeTaskState(root, old.cfg); err != nil {
+			old.logger.Warn("remove the superseded gate's state dir", "error", err)
+		}
+		if held.LockID != "" {
+			old.logger.Info("a new start of this gate takes its lease over", "fence", held.Fence)
+			adopt = &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}
+		}
+	}
+	return adopt
+}

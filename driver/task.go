@@ -132,6 +132,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 
 	if spec.Gate != nil {
 		spec.Gate.Adopt = d.gateLeases.take(cfg)
+		if a := d.supersedeGate(cfg, root); a != nil {
+			spec.Gate.Adopt = a
+		}
 	}
 	dir, err := openTaskState(root, cfg)
 	if err != nil {
