@@ -41,6 +41,7 @@ func TestGate(t *testing.T) {
 			testGateNeverTwice(t, a, newGateJob(t, kind, records), opts.Docker)
 		}})
 	}
+	subtests = append(subtests, subtest{"docker_load_balancer", func(t *testing.T) { testGateLB(t, a, records, opts.Docker) }})
 	subtests = append(subtests, subtest{"unsafe_jobs_are_refused", func(t *testing.T) { testGateRefusesUnsafeJobs(t, a, records) }})
 	runConcurrently(t, subtests)
 }
@@ -54,6 +55,9 @@ type gateJob struct {
 	taskRecord       string // as the gated task sees it
 	// gateExtra is added to the gate task; appExtra to the gated task.
 	gateExtra, appExtra string
+	// gateConfig is added to the gate's config block (its load_balancer
+	// and health_check blocks).
+	gateConfig string
 	// gateRestart and appKill override the gate's restart block and the
 	// gated task's kill_timeout.
 	gateRestart, appKill string
@@ -62,7 +66,11 @@ type gateJob struct {
 }
 
 func newGateJob(t *testing.T, kind, records string) *gateJob {
-	id := "gate-" + strings.ReplaceAll(kind, "_", "-")
+	return newGateJobID(t, "gate-"+strings.ReplaceAll(kind, "_", "-"), kind, records)
+}
+
+// newGateJobID is newGateJob with the job ID id.
+func newGateJobID(t *testing.T, id, kind, records string) *gateJob {
 	j := &gateJob{id: id, kind: kind, marker: fmt.Sprintf("%s-%d", id, time.Now().UnixNano()),
 		record: filepath.Join(records, id+".jsonl"), taskRecord: filepath.Join(records, id+".jsonl"),
 		gateRestart: "attempts = 0\n        mode     = \"fail\"", appKill: "3s"}
@@ -139,7 +147,7 @@ job %[1]q {
         lock {
           ttl   = %[4]q
           delay = %[5]q
-        }
+        }%[14]s
       }
       resources {
         cpu    = 20
@@ -170,7 +178,7 @@ job %[1]q {
       }%[13]s
     }
   }
-}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra)
+}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra, j.gateConfig)
 }
 
 // start waits for a start of the gated app in an allocation other than
