@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/nomad/api"
+
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi"
 )
@@ -123,19 +125,7 @@ func testGateLB(t *testing.T, a *harness.Agent, records string, d *harness.Docke
 	j := newGateJobID(t, "gate-docker-lb", "docker", records)
 	j.image = d.Image
 	service := fmt.Sprintf("svc-gate-%d", time.Now().UnixNano()%1e6)
-	j.gateConfig = fmt.Sprintf(`
-        load_balancer {
-          uri              = %q
-          service_id       = %q
-          base_path        = "/%s"
-          groups           = [%q]
-          port             = "http"
-          recheck_interval = %q
-        }
-        health_check {
-          type     = "http"
-          interval = "200ms"
-        }`, lb.URI, service, service, lbGroup, lbRecheckHCL)
+	j.gateConfig = gateLBBlock(lb, service, lbGroup)
 	// Nomad waits this long between the stop and the kill signal: the
 	// gate's REMOVE lands meanwhile.
 	j.appExtra = "\n      shutdown_delay = \"2s\""
@@ -264,4 +254,78 @@ func gateLBHandover(t *testing.T, a *harness.Agent, lb *harness.LB, ups *gateLBS
 		t.Errorf("%s's upstream %s listed at %d, after the ADD of %s finished at %d", drvShort(prev), prevUp, seen, drvShort(next.AllocID), add.Finished)
 	}
 	return nextUp
+}
+
+// gateLBBlock is a gate's load_balancer and health_check blocks for service
+// in groups.
+func gateLBBlock(lb *harness.LB, service string, groups ...string) string {
+	return fmt.Sprintf(`
+        load_balancer {
+          uri              = %q
+          service_id       = %q
+          base_path        = "/%s"
+          groups           = %s
+          port             = "http"
+          recheck_interval = %q
+        }
+        health_check {
+          type     = "http"
+          interval = "200ms"
+        }`, lb.URI, service, service, harness.HCLList(groups...), lbRecheckHCL)
+}
+
+// testGateLBAddRefused: an ADD that the LB refuses for good
+// (INVALID_REQUEST_NOOP: no such group) fails the gate with an event that
+// quotes the LB and names the field; Nomad kills the gated app, and no
+// REMOVE follows (Baragon applied nothing).
+func testGateLBAddRefused(t *testing.T, a *harness.Agent, records string) {
+	lb := lbStartServer(t)
+	j := newGateJobID(t, "gate-lb-refused", "raw_exec", records)
+	service := fmt.Sprintf("svc-gate-refused-%d", time.Now().UnixNano()%1e6)
+	j.gateConfig = gateLBBlock(lb, service, "no-such-group")
+	a.RunJobHCL(t, j.hcl(t))
+	t.Cleanup(func() { _ = a.Purge(j.id) })
+
+	first := j.start(t, "", 0, 90*time.Second)
+	ev := gateWaitEvent(t, a, j.id, 60*time.Second, "LB add failed: ", "INVALID_REQUEST_NOOP", "load_balancer.groups", "the gate fails now")
+	t.Logf("gate event: %s", drvEventText(ev))
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		al, _, err := a.API().Allocations().Info(first.AllocID, nil)
+		if err == nil && al.ClientStatus == api.AllocClientStatusFailed {
+			if st := al.TaskStates["app"]; st == nil || st.State != "dead" {
+				t.Fatalf("alloc %s failed with its app %+v, want the app dead", drvShort(first.AllocID), st)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alloc %s not failed within 60s after its gate's ADD was refused: %s", drvShort(first.AllocID), a.Nomad(t, "alloc", "status", first.AllocID))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("MEASURE gate_lb add_refused_alloc_failed=%s after the app started", harness.Millis(lbMonoDur(first.Mono, harness.MonoNow())))
+	if rms := lbRequestsWithPrefix(lb, service, first.AllocID+"-REMOVE-"); len(rms) > 0 {
+		t.Errorf("a REMOVE followed the refused ADD: %s", lbFormatRequests(rms))
+	}
+	lbCheckUpstreams(t, lb, service)
+
+	// Purge, and wait for every gate's supervisor to be gone before the
+	// agent may stop.
+	allocs, _ := a.Allocs(j.id)
+	if err := a.Purge(j.id); err != nil {
+		t.Fatal(err)
+	}
+	purged := time.Now()
+	// A standby gate waiting for the lock outlives a purge until the lock
+	// is free (the holder's, kept after its failure, expires: ~20 s).
+	defer func() { t.Logf("supervisors gone %s after the purge", time.Since(purged).Round(time.Millisecond)) }()
+	deadline = time.Now().Add(60 * time.Second)
+	for _, al := range allocs {
+		for procs, _ := harness.SupervisorProcs(al.ID); len(procs) > 0; procs, _ = harness.SupervisorProcs(al.ID) {
+			if time.Now().After(deadline) {
+				t.Fatalf("supervisors of alloc %s alive 60s after the purge: %v", drvShort(al.ID), procs)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 }

@@ -42,6 +42,7 @@ func TestGate(t *testing.T) {
 		}})
 	}
 	subtests = append(subtests, subtest{"docker_load_balancer", func(t *testing.T) { testGateLB(t, a, records, opts.Docker) }})
+	subtests = append(subtests, subtest{"load_balancer_add_refused", func(t *testing.T) { testGateLBAddRefused(t, a, records) }})
 	subtests = append(subtests, subtest{"unsafe_jobs_are_refused", func(t *testing.T) { testGateRefusesUnsafeJobs(t, a, records) }})
 	runConcurrently(t, subtests)
 }
