@@ -319,3 +319,37 @@ func TestProcessOptionsNameTheField(t *testing.T) {
 		t.Errorf("valid options refused: %v", errs)
 	}
 }
+
+// TestGateLoadBalancer: a gate takes load_balancer and health_check blocks
+// (it carries its gated task's registration), resolving the port label from
+// the group's network, and its errors name the field to fix.
+func TestGateLoadBalancer(t *testing.T) {
+	tc := decodeJobspecConfig(t, `
+      config {
+        gate = true
+        load_balancer {
+          uri        = "http://127.0.0.1:1/baragon/v2/request"
+          service_id = "web"
+          base_path  = "/web"
+          groups     = ["prod-lb"]
+          port       = "http"
+        }
+        health_check {
+          type = "http"
+          path = "/health"
+        }
+      }`)
+	cfg := &drivers.TaskConfig{ID: "a/gate/1", AllocID: "a", JobID: "j", JobName: "j", TaskGroupName: "g", Name: "gate",
+		Env: map[string]string{"NOMAD_HOST_ADDR_http": "127.0.0.1:8080"}}
+	sc, err := tc.shimConfig(cfg, 10*time.Second, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Gate == nil || sc.LB == nil || sc.LB.Upstream != "127.0.0.1:8080" || sc.LB.Health == nil || sc.LB.Health.Address != "127.0.0.1:8080" {
+		t.Fatalf("gate %+v, lb %+v: want a gate whose LB upstream and health check are the group's http port", sc.Gate, sc.LB)
+	}
+	cfg.Env = nil // no group port "http"
+	if _, err := tc.shimConfig(cfg, 10*time.Second, time.Second); err == nil || !strings.Contains(err.Error(), "config.load_balancer.port") {
+		t.Fatalf("error %v, want one naming config.load_balancer.port", err)
+	}
+}

@@ -131,11 +131,40 @@ func (h *taskHandle) killRemains(within time.Duration) error {
 // balancer when it registered and never deregistered. It runs before the
 // crash release, so a standby that reuses the same host:port can never be
 // removed by it.
+//
+// A gate's upstream is its gated task's, and the gate's failure is what
+// makes Nomad kill that task: the plugin reports it at once and sends the
+// REMOVE beside it, so that the kill is not held up (the gated tasks must be
+// dead before the server can expire the lock, see shim.checkGateJob). The
+// REMOVE must be over by the gate's stop deadline, which comes before the
+// lock can expire: no next holder can have registered the same host:port.
 func (d *Driver) removeAfterCrash(h *taskHandle) {
 	var reg lbRegistration
 	if err := readJSON(h.dir, lbFile, &reg); err != nil {
 		return
 	}
+	var spec supervisorSpec
+	if readJSON(h.dir, specFile, &spec) != nil || spec.Gate == nil {
+		d.removeCrashedUpstream(h, reg, reg.Config.WithDefaults().RemoveDeadline+crashReleaseTimeout, true)
+		return
+	}
+	st := h.lastStatus()
+	left := time.Duration(st.StopDeadlineMono - monoNow())
+	if st.StopDeadlineMono == 0 || left <= 0 {
+		h.logger.Warn("crashed gate's upstream not removed from the load balancer: its stop deadline has passed", "upstream", reg.Upstream.Upstream)
+		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after the gate's crash skipped: its stop deadline has passed, so the lock may be free; "+
+			"%s stays in load balancer service %s until the next holder's ADD replaces it", reg.Upstream.Upstream, reg.Config.ServiceID),
+			map[string]string{"upstream": reg.Upstream.Upstream})
+		return
+	}
+	// The state dir may be gone by the time the REMOVE is over.
+	_ = h.dir.Remove(lbFile)
+	go d.removeCrashedUpstream(h, reg, left, false)
+}
+
+// removeCrashedUpstream sends the REMOVE of a crashed supervisor's
+// upstream within budget; dropRecord removes the record once it succeeded.
+func (d *Driver) removeCrashedUpstream(h *taskHandle, reg lbRegistration, budget time.Duration, dropRecord bool) {
 	log := h.logger.With("upstream", reg.Upstream.Upstream, "service_id", reg.Config.ServiceID)
 	client, err := lbhook.NewClient(reg.Config, lbhook.ClientOptions{Logger: log, Getenv: func(k string) string { return h.cfg.Env[k] }})
 	if err != nil {
@@ -146,7 +175,7 @@ func (d *Driver) removeAfterCrash(h *taskHandle) {
 	hook, err := client.ForAlloc(reg.AllocID, reg.Fence)
 	var resp lbhook.BaragonResponse
 	if err == nil {
-		ctx, cancel := context.WithTimeout(d.ctx, reg.Config.WithDefaults().RemoveDeadline+crashReleaseTimeout)
+		ctx, cancel := context.WithTimeout(d.ctx, budget)
 		resp, err = hook.Remove(ctx, reg.Upstream)
 		cancel()
 	}
@@ -156,7 +185,10 @@ func (d *Driver) removeAfterCrash(h *taskHandle) {
 			lbhook.Diagnose(err, reg.Config.WithDefaults()), reg.Upstream.Upstream, reg.Config.ServiceID), map[string]string{"upstream": reg.Upstream.Upstream})
 		return
 	}
-	_ = h.dir.Remove(lbFile)
+	if dropRecord {
+		_ = h.dir.Remove(lbFile)
+	}
+	log.Info("removed the crashed supervisor's upstream from the load balancer")
 	msg := fmt.Sprintf("Removed %s from load balancer on behalf of crashed supervisor", reg.Upstream.Upstream)
 	if lbhook.RemovedAnyway(resp) {
 		msg += fmt.Sprintf(" (request %s ended %s, but the LB's state shows the upstream gone)", resp.LoadBalancerRequestID, resp.LoadBalancerState)

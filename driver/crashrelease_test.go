@@ -108,3 +108,73 @@ func TestPublisherNoticesAreEventsEachTime(t *testing.T) {
 		t.Errorf("status message %q (%v), want the state's own %q", st.Message, err, held.Message)
 	}
 }
+
+// A crashed gate's upstream (its gated task's) is removed beside the exit
+// report, not before it: Nomad's kill of the gated tasks is not held up by
+// the LB. Past the gate's stop deadline nothing is sent (the lock may be
+// free, and a next holder registered on the same host:port).
+func TestLBCleanUpAfterGateCrash(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		stopIn     time.Duration
+		wantRemove bool
+	}{
+		{"within the stop deadline", 20 * time.Second, true},
+		{"past the stop deadline", -time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var posts atomic.Int32
+			unblock := make(chan struct{})
+			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodPost {
+					posts.Add(1)
+					<-unblock
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"loadBalancerRequestId":"x","loadBalancerState":"SUCCESS"}`))
+			}))
+			defer ts.Close()
+			defer close(unblock)
+			dir, err := securefs.OpenPrivate(filepath.Join(t.TempDir(), "state"), true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dir.Close()
+			reg := lbRegistration{
+				Config: lbhook.Config{URI: ts.URL + "/baragon/v2/request", ServiceID: "web", BasePath: "/web",
+					Groups: []string{"g"}, PortLabel: "http", RemoveDeadline: 2 * time.Second},
+				AllocID: "a1", Fence: 3, Upstream: lbhook.UpstreamInfo{Upstream: "127.0.0.1:8080"},
+			}
+			if err := writeJSON(dir, lbFile, reg); err != nil {
+				t.Fatal(err)
+			}
+			if err := writeJSON(dir, specFile, supervisorSpec{Gate: &gateSpec{AllocID: "a1", Task: "gate"}}); err != nil {
+				t.Fatal(err)
+			}
+			d := &Driver{ctx: context.Background(), logger: hclog.NewNullLogger()}
+			h := &taskHandle{cfg: &drivers.TaskConfig{ID: "a1/gate", Name: "gate", AllocID: "a1"}, dir: dir, logger: hclog.NewNullLogger(),
+				status: supervisorStatus{State: string(shim.StateRegistered), StopDeadlineMono: monoNow() + int64(tc.stopIn)}}
+			began := time.Now()
+			d.cleanUpAfterExit(h) // the LB answers nothing until unblock
+			if took := time.Since(began); took > time.Second {
+				t.Errorf("the crash clean-up of a gate took %s: it must not wait for the LB", took)
+			}
+			if !tc.wantRemove {
+				if len(d.pending) != 1 || !strings.Contains(d.pending[0].Message, "skipped") {
+					t.Errorf("events %v, want one saying the REMOVE was skipped", d.pending)
+				}
+				if posts.Load() != 0 { // no goroutine is left to send one
+					t.Error("REMOVE sent past the gate's stop deadline")
+				}
+				return
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for posts.Load() == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("no REMOVE of the crashed gate's upstream within 10s")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}

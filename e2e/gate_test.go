@@ -46,6 +46,8 @@ func TestGate(t *testing.T) {
 		subtest{"docker_update_replaces_the_group_at_once", func(t *testing.T) { testGateUpdateAtOnce(t, a, records, opts.Docker) }},
 		subtest{"rolling_deployment_with_count_1", func(t *testing.T) { testGateRollingDeployment(t, a, records) }},
 		subtest{"gate_workload_killed", func(t *testing.T) { testGateWorkloadKilled(t, a, records) }},
+		subtest{"docker_load_balancer", func(t *testing.T) { testGateLB(t, a, records, opts.Docker) }},
+		subtest{"load_balancer_add_refused", func(t *testing.T) { testGateLBAddRefused(t, a, records) }},
 	)
 	runConcurrently(t, subtests)
 }
@@ -78,6 +80,22 @@ type gateJob struct {
 	// gateMarker, if set, gives the gate a command of its own: the
 	// testworkload with this marker (and no record).
 	gateMarker string
+	// gateConfig is added to the gate's config block (its load_balancer
+	// and health_check blocks).
+	gateConfig string
+}
+
+// newGateJobID is a built (not example) job of kind with the job ID id:
+// group "g", gated task "app".
+func newGateJobID(t *testing.T, id, kind, records string) *gateJob {
+	j := newGateJob(t, "raw_exec", records)
+	j.id, j.kind, j.svc = id, kind, id+"-app"
+	j.marker = fmt.Sprintf("%s-%d", id, time.Now().UnixNano())
+	j.record, j.taskRecord = filepath.Join(records, id+".jsonl"), filepath.Join(records, id+".jsonl")
+	if kind == "docker" {
+		j.taskRecord = "/records/" + id + ".jsonl"
+	}
+	return j
 }
 
 func newGateJob(t *testing.T, kind, records string) *gateJob {
@@ -147,6 +165,13 @@ func (j *gateJob) hcl(t *testing.T) string {
 		gateCommand = fmt.Sprintf("\n        command = %q\n        args    = %s", command, harness.HCLList("-marker", j.gateMarker))
 	}
 	config := fmt.Sprintf("command = %q\n        args    = %s", command, args)
+	if j.kind == "docker" {
+		// As real images often are: PID 1 ignores SIGTERM, so every stop
+		// takes the whole kill_timeout and ends in SIGKILL.
+		args = harness.HCLList(append([]string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}", "-ignore-term"}, j.extraArgs...)...)
+		config = fmt.Sprintf("image        = %q\n        network_mode = \"host\"\n        command      = %q\n        args         = %s\n        volumes      = [\"%s:/records\"]",
+			j.image, harness.ImageWorkloadPath, args, filepath.Dir(j.record))
+	}
 	return fmt.Sprintf(`
 job %[1]q {
   group %[14]q {
@@ -176,7 +201,7 @@ job %[1]q {
         lock {
           ttl   = %[4]q
           delay = %[5]q
-        }
+        }%[18]s
       }
       resources {
         cpu    = 20
@@ -207,7 +232,7 @@ job %[1]q {
       }%[13]s
     }
   }
-}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra, j.group, j.app, count, gateCommand)
+}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra, j.group, j.app, count, gateCommand, j.gateConfig)
 }
 
 // start waits for a start of the gated app in an allocation other than
@@ -361,6 +386,11 @@ func testGateNeverTwice(t *testing.T, a *harness.Agent, j *gateJob, d *harness.D
 	}
 	next := j.start(t, holder, t0, 60*time.Second)
 	measure("alloc_stop_handover", t0, next)
+	// The release was marked clean: the next gate did not wait for the
+	// servers to report the old app dead.
+	if evs, _ := a.TaskEvents(next.AllocID, "gate"); len(drvMatching(evs, "still runs")) > 0 {
+		t.Errorf("after a clean release the next gate still waited for the previous holder:\n%s", drvFormatEvents(evs))
+	}
 	holder = next.AllocID
 	j.checkServiceHolder(t, a, holder)
 

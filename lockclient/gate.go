@@ -128,9 +128,17 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 // the holder is about to release it having proven its work dead, so that
 // the next holder need not wait for it (Holder.ReleasedClean). A release
 // without it (by hand, with the lock ID; or the server's expiry) tells the
-// next holder that the previous holder's work may still be stopping. Call
-// it just before Release; an error only costs the next holder that wait.
+// next holder that the previous holder's work may still be stopping. It ends
+// the renewing: call it only just before Release. An error only costs the
+// next holder that wait.
+//
+// Nomad takes a write to a locked variable only with the lock's ID and no
+// TTL or delay ("variable should not contain lock definition"), and keeps
+// the lock as written, without them; a renew after such a write would set
+// the server's timer to 2 × 0 and expire the lock. So the renew loop stops
+// first, and nothing renews between this write and the release.
 func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
+	ls.stopRenewing()
 	l := ls.locker
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
 	defer cancel()
@@ -145,10 +153,7 @@ func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
 		}
 	}
 	items[itemClean] = "true"
-	// The lock's own fields go back as they were: the server keeps what a
-	// write sends, and rebuilds lock timers from them after a leader change.
-	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items,
-		Lock: &api.VariableLock{ID: ls.id, TTL: l.cfg.TTL.String(), LockDelay: l.cfg.LockDelay.String()}}
+	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items, Lock: &api.VariableLock{ID: ls.id}}
 	if _, _, err := l.vars.Update(v, l.writeOptions(rctx)); err != nil {
 		return l.classify("mark released", err)
 	}

@@ -236,11 +236,7 @@ func (ls *Lease) renewOnce(ctx context.Context) error {
 // errors until ctx ends. A lock that was already lost is reported, not an error
 // to retry.
 func (ls *Lease) Release(ctx context.Context) error {
-	ls.stopOnce.Do(func() {
-		close(ls.stop)
-		ls.cancelReq()
-	})
-	<-ls.done
+	ls.stopRenewing()
 	if err := ls.locker.ReleaseID(ctx, ls.id); err != nil {
 		return err
 	}
@@ -251,6 +247,15 @@ func (ls *Lease) Release(ctx context.Context) error {
 	ls.mu.Unlock()
 	ls.locker.log.Info("lock released", "fence", ls.Fence)
 	return nil
+}
+
+// stopRenewing ends the renew and watch loops and waits for them.
+func (ls *Lease) stopRenewing() {
+	ls.stopOnce.Do(func() {
+		close(ls.stop)
+		ls.cancelReq()
+	})
+	<-ls.done
 }
 
 // ReleaseID releases the lock held under lock ID id. The driver uses it for a

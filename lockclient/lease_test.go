@@ -385,3 +385,37 @@ func TestAcquireEnds(t *testing.T) {
 		})
 	}
 }
+
+// TestMarkReleasedClean: the mark is one write of the variable's Items plus
+// released_clean, under the lock ID alone (Nomad refuses a write that
+// carries the lock's TTL or delay), and nothing renews after it: a renew of
+// a lock written without its TTL would set the server's timer to zero.
+func TestMarkReleasedClean(t *testing.T) {
+	r := newRig(t, Timing{})
+	ls := r.acquire(t)
+	done := make(chan error, 1)
+	go func() { done <- ls.MarkReleasedClean(context.Background()) }()
+	r.api.next(t, "read").answer(reply{v: &api.Variable{Path: testPath, Items: map[string]string{"holder_alloc_id": "a1"}}})
+	c := r.api.next(t, "update")
+	if c.v.Lock == nil || c.v.Lock.ID != testID || c.v.Lock.TTL != "" || c.v.Lock.LockDelay != "" {
+		t.Fatalf("update sent lock %+v, want the lock ID alone", c.v.Lock)
+	}
+	if c.v.Items["released_clean"] != "true" || c.v.Items["holder_alloc_id"] != "a1" {
+		t.Fatalf("update sent items %v, want the holder's items and released_clean", c.v.Items)
+	}
+	c.answer(reply{})
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("MarkReleasedClean: %v", err)
+		}
+	case <-time.After(realWait):
+		t.Fatal("MarkReleasedClean did not return")
+	}
+	// Well past the renew interval: no renew may follow the mark.
+	r.clock.advanceTo(t, t0.Add(20*time.Second))
+	r.api.quiet(t)
+	if got := holderFromItems(c.v.Items); !got.ReleasedClean {
+		t.Fatalf("holderFromItems(%v).ReleasedClean = false", c.v.Items)
+	}
+}

@@ -121,9 +121,6 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("load balancer: %w", err))
 		}
 	}
-	if c.Gate != nil && c.LB != nil {
-		errs = append(errs, errors.New("a gate has no load_balancer of its own yet: register the gated task with the load balancer by other means"))
-	}
 	if c.KillSignal == syscall.SIGKILL || c.KillSignal == syscall.SIGSTOP {
 		errs = append(errs, fmt.Errorf("kill signal %s cannot be handled by the workload; use SIGTERM, SIGINT or another catchable signal", c.KillSignal))
 	}

@@ -49,6 +49,10 @@ type Gate struct {
 
 	// stopRequested is set when Nomad asked the gate to stop (StopTask).
 	stopRequested bool
+	// killBound is the longest kill_timeout + shutdown_delay of the gated
+	// tasks, found at start: what Nomad may take to kill them once the gate
+	// has failed.
+	killBound time.Duration
 }
 
 // AdoptLease names a lease to take over: its lock ID and fencing token.
@@ -116,6 +120,7 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing) ([]str
 			if task.KillTimeout != nil {
 				kill = *task.KillTimeout
 			}
+			gate.killBound = max(gate.killBound, kill+task.ShutdownDelay)
 			if need, have := kill+task.ShutdownDelay+gateKillSlack, t.TTL+t.LockDelay; need > have {
 				errs = append(errs, bad("task %q: kill_timeout (%s) + shutdown_delay (%s) is too long for lock ttl %s and delay %s. "+
 					"If the gate loses the lock, Nomad kills the gated tasks only then, and they must be dead before the server "+
@@ -297,7 +302,8 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease) bool {
 
 // holdGate is a gate's life with no workload of its own: it holds the lock
 // until Nomad stops it (after its gated tasks) or the lock is lost, and
-// releases only as gateMayRelease allows.
+// releases only as gateMayRelease allows. With a load balancer it carries
+// the gated task's registration (see gateLB).
 func (s *Supervisor) holdGate(lease *lockclient.Lease, sigs <-chan os.Signal) int {
 	held := func(state State, msg string) Event {
 		return Event{State: state, Fence: lease.Fence, Message: msg,
@@ -308,20 +314,49 @@ func (s *Supervisor) holdGate(lease *lockclient.Lease, sigs <-chan os.Signal) in
 		msg = fmt.Sprintf("Took over lock (fence %d) from the gate's previous run: the group's other tasks keep running", lease.Fence)
 	}
 	s.emit(held(StateHolding, msg))
+	lb, stopping, err := s.gateLB(lease)
+	if err != nil {
+		s.Logger.Error("gate: cannot register with the load balancer", "error", err)
+		s.emit(held(StateStopping, "LB add failed: "+err.Error()+"; "+gateFailNote))
+		s.gateMayRelease(lease) // says why it is not released
+		return ExitLBFailed
+	}
+	defer lb.close()
+	deregister := func() {
+		s.deregister(lb, s.removeBudget(lease), held, lease.Renewed(), func() { s.emit(held(s.state, s.message)) })
+	}
 	for {
 		select {
 		case <-lease.Renewed():
 			s.emit(held(s.state, s.message))
+		case ev := <-lb.eventsC():
+			if err := s.handleLB(lb, ev, held); err != nil {
+				s.Logger.Error("gate: the load balancer ADD failed", "error", err)
+				s.emit(held(StateStopping, gateLBAddFailedMessage(err, lb.client.Config())))
+				deregister()
+				s.gateMayRelease(lease) // says why it is not released
+				return ExitLBFailed
+			}
+		case <-lb.recheckC():
+			if lb.registered && !lb.busy && !lb.deregistered {
+				lb.check()
+			}
+		case <-stopping:
+			stopping = nil
+			s.Logger.Info("gate: the allocation is being stopped: removing the gated task's upstream before Nomad kills it")
+			deregister()
 		case <-lease.Lost():
 			why := strings.TrimPrefix(lease.Err().Error(), "lock lost: ")
 			s.Logger.Error("gate: lock lost", "why", why)
 			s.emit(held(StateLost, "Lock lost: "+why))
+			deregister()
 			s.gateMayRelease(lease) // says why it is not released
 			return ExitLost
 		case req := <-s.Stop:
 			s.Logger.Info("gate: stop requested", "kill_timeout", req.Timeout)
 			s.Config.Gate.stopRequested = true
 			s.emit(held(StateStopping, "Stopping gate"))
+			deregister()
 			s.releaseGate(lease)
 			return 0
 		case sig := <-sigs:
@@ -329,6 +364,7 @@ func (s *Supervisor) holdGate(lease *lockclient.Lease, sigs <-chan os.Signal) in
 			if sys == syscall.SIGTERM || sys == syscall.SIGINT {
 				s.Logger.Info("gate: stopping on signal", "signal", sig)
 				s.emit(held(StateStopping, "Stopping gate on "+signalName(sys)))
+				deregister()
 				s.releaseGate(lease)
 				return 0
 			}

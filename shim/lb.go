@@ -127,11 +127,17 @@ type lbSession struct {
 	cancel  context.CancelFunc
 	events  chan lbEvent
 	recheck *time.Ticker
+	// closeWatch ends a gate's watch of its allocation (gateLB).
+	closeWatch context.CancelFunc
 
 	busy       bool        // a request or check is in flight
 	posted     atomic.Bool // an ADD may have reached the LB: REMOVE on the way out
 	registered bool
-	attempt    int
+	// deregistered is set once deregister ran: the session is over (a
+	// gate deregisters when its allocation is being stopped, before Nomad
+	// kills the gated tasks, and again finds nothing to do when it stops).
+	deregistered bool
+	attempt      int
 	// checkFails counts re-checks in a row that failed; checkNoticed is
 	// when the last notice of them went out.
 	checkFails   int
@@ -253,6 +259,9 @@ func (lb *lbSession) readd() {
 // workload must be stopped because the ADD failed: the LB refused it, or
 // never answered it by add_deadline.
 func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string) Event) error {
+	if lb.deregistered {
+		return nil // late news of a session that is over
+	}
 	if ev.kind == "unanswered" {
 		// The request goes on: a notice, not a change of state.
 		s.notify(held(s.state, lbUnansweredMessage(ev.unanswered, lb.registered, lb.client.Config())))
@@ -328,12 +337,19 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 // driver's watchdog kill a supervisor that is only waiting for the LB).
 func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(State, string) Event,
 	renewed <-chan struct{}, onRenew func()) {
-	if lb == nil {
+	if lb == nil || lb.deregistered {
 		return
 	}
+	lb.deregistered = true
 	lb.cancel()
 	lb.recheck.Stop()
 	if !lb.posted.Load() {
+		return
+	}
+	if budget <= 0 {
+		s.Logger.Warn("no time left for the lb remove", "upstream", lb.self.Upstream)
+		s.emit(held(StateStopping, fmt.Sprintf("LB remove skipped: no time is left before the workload must be gone; %s may stay in "+
+			"load balancer service %s until the next holder's ADD replaces it, or until it is removed by hand", lb.self.Upstream, lb.cfg.ServiceID)))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(budget, 0))

@@ -157,8 +157,13 @@ func (s *Supervisor) removeBudget(lease *lockclient.Lease) time.Duration {
 	budget := s.Config.LB.WithDefaults().RemoveDeadline
 	if chans.Closed(lease.Lost()) {
 		budget = min(budget, time.Until(lease.StopDeadline())/2)
+		if g := s.Config.Gate; g != nil {
+			// A gate's REMOVE delays its failure, and so Nomad's kill of
+			// the gated tasks, which must be dead by the stop deadline.
+			budget = min(budget, time.Until(lease.StopDeadline())-g.killBound-gateKillSlack-s.lbCheckTime())
+		}
 	}
-	return budget
+	return max(budget, 0)
 }
 
 // lbCheckTime is the one state read a failed REMOVE may add to its budget.
@@ -313,6 +318,15 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 			return ExitLBFailed
 		}
 	}
+	// A gate with a command of its own carries its gated task's LB
+	// registration as holdGate does: the REMOVE goes out when the
+	// allocation is being stopped, before Nomad kills the gated tasks.
+	var allocStopping <-chan struct{}
+	if s.Config.Gate != nil && lb != nil {
+		wctx, cancelWatch := context.WithCancel(ctx)
+		defer cancelWatch()
+		allocStopping = s.gateStopping(wctx)
+	}
 
 	for {
 		select {
@@ -323,13 +337,25 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 		case ev := <-lb.eventsC():
 			if err := s.handleLB(lb, ev, held); err != nil {
 				log.Error("stopping: the load balancer ADD failed", "error", err)
-				s.emit(held(StateStopping, lbAddFailedMessage(err, lb.client.Config())))
+				msg := lbAddFailedMessage(err, lb.client.Config())
+				if s.Config.Gate != nil {
+					msg = gateLBAddFailedMessage(err, lb.client.Config())
+				}
+				s.emit(held(StateStopping, msg))
 				shutdown(s.Config.KillSignal, s.Config.KillTimeout)
 				return ExitLBFailed
 			}
 
+		case <-allocStopping:
+			allocStopping = nil
+			log.Info("gate: the allocation is being stopped: removing the gated task's upstream before Nomad kills it")
+			s.deregister(lb, s.removeBudget(lease), held, lease.Renewed(), func() {
+				g.arm(s.guardDeadline(lease))
+				s.emit(held(s.state, s.message))
+			})
+
 		case <-lb.recheckC():
-			if lb.registered && !lb.busy {
+			if lb.registered && !lb.busy && !lb.deregistered {
 				lb.check()
 			}
 

@@ -1,0 +1,80 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// A gate with a load_balancer block carries the LB registration of its
+// gated task: the port label names the gated task's port (a group network
+// port gives every task of the group the same NOMAD_ADDR_<label>), and the
+// health check runs against it. Once the gate holds the lock (the gated
+// tasks start then), it waits for the check and sends one ADD that also
+// removes the previous holder's upstream, recorded in the lock; then it
+// re-checks and re-adds as an ordinary holder does.
+//
+// The REMOVE must come before the gated task is killed, and Nomad tells the
+// gate nothing until then: on an allocation stop the client kills the main
+// tasks first and stops its sidecars only once they are dead
+// (allocrunner.killTasks, Nomad v1.11). So the gate watches its own
+// allocation on the servers (blocking queries, with the read-job its
+// identity already needs) and sends the REMOVE as soon as the desired
+// status turns stop or evict. The client learns of the same change at about
+// the same time, so the gated task should have a shutdown_delay: in Nomad
+// 1.11.2 TaskRunner.handleKill runs the task's prekill hooks (service
+// deregistration), then waits shutdown_delay, and only then sends the kill
+// signal; it does so for every kill of the task (an allocation stop, and a
+// "sibling failed" kill after the gate failed), and skips the wait only when
+// the stop asked for it (-no-shutdown-delay, DesiredTransition
+// NoShutdownDelay). A group-level shutdown_delay (the group service hook's
+// PreKill) delays only an allocation stop. checkGateJob counts the task's
+// shutdown_delay in the bound on the gated tasks' kill time.
+//
+// Every other ending REMOVEs too, before the gate exits: a stop by Nomad, a
+// signal, a failed ADD (the gate then fails, and Nomad kills the gated
+// tasks), and a lost lock, where the REMOVE gets only the time the gated
+// tasks can spare (removeBudget): past it, the next holder's ADD swaps the
+// upstream out. A gate whose supervisor dies is REMOVEd by the plugin
+// (removeAfterCrash), without holding up Nomad's kill of the gated tasks.
+
+// gateFailNote ends the message of an LB failure that fails the gate.
+const gateFailNote = "the gate fails now, so Nomad kills the gated tasks, and the lock expires on the server " +
+	"(a gate is never restarted: see its restart block)"
+
+// gateLB starts the gated task's LB registration for a gate that has a
+// load_balancer block: lb is its session, and stopping is closed when the
+// allocation is being stopped; the caller must call lb.close. Without a
+// block lb and stopping are nil (never ready).
+func (s *Supervisor) gateLB(lease *lockclient.Lease) (*lbSession, <-chan struct{}, error) {
+	if s.Config.LB == nil {
+		return nil, nil, nil
+	}
+	lb, err := s.startLB(lease)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	lb.closeWatch = cancel
+	return lb, s.gateStopping(ctx), nil
+}
+
+// close ends the allocation watch of a gate's session.
+func (lb *lbSession) close() {
+	if lb != nil && lb.closeWatch != nil {
+		lb.closeWatch()
+	}
+}
+
+// gateLBAddFailedMessage is the event of a gate's ADD that ended without
+// SUCCESS: the gate fails (exit 74).
+func gateLBAddFailedMessage(err error, cfg lbhook.Config) string {
+	d := lbhook.Diagnose(err, cfg)
+	if d.Unreachable {
+		return fmt.Sprintf("LB add failed: %s, until load_balancer.add_deadline (%s) passed: the LB API at %s is down or failing; %s; %s",
+			d.Cause, cfg.AddDeadline, redactURI(cfg.URI), d.Fix, gateFailNote)
+	}
+	return fmt.Sprintf("LB add failed: %s; %s", d.String(), gateFailNote)
+}
