@@ -63,6 +63,12 @@ type AdoptLease struct {
 
 // Timings of a gate.
 const (
+	// gateNomadServiceWait is added to the wait for a previous holder's
+	// gated tasks when they register Nomad services: on a client cut off
+	// from the servers, Nomad's kill of a task waits for the RPC that
+	// deregisters its services to fail (about 30 s, measured: the old app
+	// was gone 41.6 s after the cut, 22 s after the lock expired).
+	gateNomadServiceWait = 60 * time.Second
 	// gateCheckWithin bounds the retries of the gate's first read of its
 	// allocation.
 	gateCheckWithin = 10 * time.Second
@@ -391,15 +397,22 @@ func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
 }
 
 // gateAwaitPrevious runs once the gate holds the lock, before its gated
-// tasks may start: it waits until Nomad reports the previous holder's gated
-// tasks dead. After a clean handover they are (the previous gate released
-// only then) and one read says so. A lock released behind the previous
-// holder's back (by hand, with its lock ID) is free while that holder's
-// gated tasks still run: Nomad kills them only once the previous gate has
-// noticed its loss and failed. The wait is bounded by what the previous
-// gate's rule allows them (its fence deadline, then their kill_timeout,
-// checked at its start): past that, or if its allocation is gone or
-// terminal, they are dead. It returns false if the lease ended meanwhile.
+// tasks may start: unless the previous holder released cleanly (it marks
+// that in the lock), it waits until Nomad's client has reported that
+// holder's gated tasks dead (or its allocation complete or failed). A lock
+// released behind the previous holder's back (by hand, with its lock ID) is
+// free while that holder's gated tasks still run: Nomad kills them only once
+// the previous gate has noticed its loss and failed. A lock that expired
+// because the previous holder's node was cut off may be free while Nomad
+// there still kills them: before it kills a task Nomad deregisters the
+// task's Nomad services, by an RPC to the servers it cannot reach.
+//
+// The wait is bounded by what the previous gate's rule allows them (its
+// fence deadline, at most a TTL away, then their kill_timeout, checked at
+// its start to fit TTL + delay): 2×TTL + delay, and gateNomadServiceWait more
+// when its group registers Nomad services. The servers' "lost" or "unknown"
+// is no proof: they cannot reach the node. It returns false if the lease
+// ended meanwhile.
 func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 	g := s.Config.Gate
 	prev := lease.Previous
@@ -408,7 +421,8 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 	}
 	t := s.Locker.Config().Timing
 	until := time.Now().Add(t.TTL + t.TTL + t.LockDelay)
-	ctx, cancel := context.WithDeadline(context.Background(), until)
+	extended := false
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
 		select {
@@ -420,13 +434,16 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 	var index uint64
 	announced := false
 	for {
-		alloc, next, err := s.Locker.Allocation(ctx, prev.AllocID, g.Namespace, index)
+		rctx, rcancel := context.WithDeadline(ctx, until)
+		alloc, next, err := s.Locker.Allocation(rctx, prev.AllocID, g.Namespace, index)
+		expired := rctx.Err() != nil
+		rcancel()
 		switch {
 		case chans.Closed(lease.Lost()):
 			return false
 		case errors.Is(err, lockclient.ErrAllocGone):
 			return true
-		case err != nil && ctx.Err() != nil:
+		case err != nil && expired:
 			s.Logger.Warn("gate: the previous holder's gated tasks are not reported dead; their time is up", "previous_alloc", prev.AllocID)
 			return true
 		case err != nil:
@@ -438,6 +455,14 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			}
 			continue
 		}
+		if !extended && hasNomadService(alloc) {
+			// Nomad deregisters a task's Nomad services before it kills
+			// it, by RPC to the servers: on a client cut off from them
+			// that blocks until the connection is given up, and the kill
+			// waits.
+			extended = true
+			until = until.Add(gateNomadServiceWait)
+		}
 		alive := previousGatedAlive(alloc, g.Task)
 		if len(alive) == 0 {
 			if announced {
@@ -447,24 +472,55 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 		}
 		if !announced {
 			announced = true
-			s.Logger.Warn("gate: the lock was free while the previous holder's gated tasks still run; waiting for them",
+			s.Logger.Warn("gate: the lock was free while the previous holder's gated tasks may still run; waiting for them",
 				"previous_alloc", prev.AllocID, "tasks", strings.Join(alive, ","))
 			s.emit(Event{State: StateWaiting, Fence: lease.Fence, Holder: prev, Message: fmt.Sprintf(
-				"Holding lock %s, but the previous holder %s still runs %s (its lock was released behind its back?): "+
-					"waiting until Nomad reports them dead, at most %s", s.Config.Path, prev, strings.Join(alive, ", "),
-				time.Until(until).Round(time.Second))})
+				"Holding lock %s, but the previous holder %s still runs %s as far as Nomad knows (its lock was released "+
+					"behind its back, or it expired while its node was cut off): waiting until Nomad reports them dead, at most %s",
+				s.Config.Path, prev, strings.Join(alive, ", "), time.Until(until).Round(time.Second))})
+		}
+		if !time.Now().Before(until) {
+			s.Logger.Warn("gate: the previous holder's gated tasks are not reported dead; their time is up", "previous_alloc", prev.AllocID)
+			return true
 		}
 		index = next
 	}
 }
 
+// hasNomadService reports whether the allocation's group registers a
+// service with Nomad's own provider (on the group or a task).
+func hasNomadService(alloc *api.Allocation) bool {
+	if alloc.Job == nil {
+		return false
+	}
+	nomad := func(svcs []*api.Service) bool {
+		return slices.ContainsFunc(svcs, func(s *api.Service) bool { return s != nil && s.Provider == "nomad" })
+	}
+	for _, tg := range alloc.Job.TaskGroups {
+		if tg.Name == nil || *tg.Name != alloc.TaskGroup {
+			continue
+		}
+		if nomad(tg.Services) {
+			return true
+		}
+		for _, t := range tg.Tasks {
+			if nomad(t.Services) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // previousGatedAlive lists the tasks of a previous holder's allocation, other
-// than its gate and its poststop tasks, that Nomad does not report dead. A
-// terminal allocation has none. A pending task counts as alive: the client
+// than its gate and its poststop tasks, that Nomad does not report dead. An
+// allocation its client reported complete or failed has none. A pending task counts as alive: the client
 // reports a start in its next batch (up to a second later), so a task the
 // servers still show pending may already run.
 func previousGatedAlive(alloc *api.Allocation, gate string) []string {
-	if alloc.ClientTerminalStatus() {
+	// Only the client's own word ends it: "lost" and "unknown" are the
+	// servers' guesses about a node they cannot reach, whose tasks may run.
+	if alloc.ClientStatus == api.AllocClientStatusComplete || alloc.ClientStatus == api.AllocClientStatusFailed {
 		return nil
 	}
 	var alive []string
