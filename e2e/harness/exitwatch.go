@@ -3,6 +3,7 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -32,6 +33,13 @@ func WatchExit(pid int) (*ExitWatch, error) {
 	go func() {
 		defer close(w.done)
 		defer unix.Close(fd)
+		// A thread of its own at real-time priority: on a busy machine a
+		// normal thread may wake tens of ms after the exit, and a late
+		// timestamp makes a clean handover look like an overlap. The thread
+		// ends with the goroutine (never unlocked). Without the privilege
+		// the watch keeps normal priority.
+		runtime.LockOSThread()
+		_ = unix.SchedSetAttr(0, &unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: 10}, 0)
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		for {
 			// A bounded poll, so that Close ends the goroutine soon.
