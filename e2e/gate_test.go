@@ -59,13 +59,17 @@ type gateJob struct {
 	gateRestart, appKill string
 	// image is the docker kind's image (harness.Docker.Image).
 	image string
+	// count is the group's count (newGateJob: 2).
+	count int
+	// noService leaves out the gated task's Nomad service.
+	noService bool
 }
 
 func newGateJob(t *testing.T, kind, records string) *gateJob {
 	id := "gate-" + strings.ReplaceAll(kind, "_", "-")
 	j := &gateJob{id: id, kind: kind, marker: fmt.Sprintf("%s-%d", id, time.Now().UnixNano()),
 		record: filepath.Join(records, id+".jsonl"), taskRecord: filepath.Join(records, id+".jsonl"),
-		gateRestart: "attempts = 0\n        mode     = \"fail\"", appKill: "3s"}
+		gateRestart: "attempts = 0\n        mode     = \"fail\"", appKill: "3s", count: 2}
 	if kind != "raw_exec" {
 		j.taskRecord = "/records/" + id + ".jsonl"
 	}
@@ -74,6 +78,20 @@ func newGateJob(t *testing.T, kind, records string) *gateJob {
 
 func (j *gateJob) lockPath() string { return fmt.Sprintf("nomad/jobs/%s/g/gate/lock", j.id) }
 func (j *gateJob) service() string  { return j.id + "-app" }
+
+// serviceHCL is the gated task's service block (provider "nomad").
+func (j *gateJob) serviceHCL() string {
+	if j.noService {
+		return ""
+	}
+	return fmt.Sprintf(`      service {
+        provider = "nomad"
+        name     = %q
+        port     = "http"
+        address  = "127.0.0.1"
+      }
+`, j.service())
+}
 
 func (j *gateJob) hcl(t *testing.T) string {
 	command := harness.BuildTestWorkload(t)
@@ -113,7 +131,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 	return fmt.Sprintf(`
 job %[1]q {
   group "g" {
-    count = 2
+    count = %[14]d
     network {
       port "http" {}
     }
@@ -158,19 +176,13 @@ job %[1]q {
         delay    = "1s"
         mode     = "delay"
       }
-      service {
-        provider = "nomad"
-        name     = %[12]q
-        port     = "http"
-        address  = "127.0.0.1"
-      }
-      resources {
+%[15]s      resources {
         cpu    = 50
         memory = 64
       }%[13]s
     }
   }
-}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra)
+}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra, j.count, j.serviceHCL())
 }
 
 // start waits for a start of the gated app in an allocation other than
