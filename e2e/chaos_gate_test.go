@@ -295,8 +295,8 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 			// A clean stop is marked in the lock, so the next gate need
 			// not ask Nomad whether the old app is dead; say if it was not.
 			if log := a.AllocLogs(t, holder, "gate", "stderr"); strings.Contains(log, "cannot mark the release clean") {
-				notes = append(notes, "release not marked clean (the gate's log says why), so the next gate waited for Nomad to report the old app dead")
-				t.Logf("the old holder's gate could not mark its release clean:\n%s", log)
+				notes = append(notes, "release not marked clean, so the next gate waited for Nomad to report the old app dead")
+				t.Errorf("the old holder's gate could not mark its release clean after a graceful stop:\n%s", log)
 			}
 		}
 		if v := drvLock(t, a, j.lockPath()); v.Lock == nil || v.Items["holder_alloc_id"] != next.AllocID {

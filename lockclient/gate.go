@@ -124,10 +124,13 @@ func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
 		}
 	}
 	items[itemClean] = "true"
-	// The lock's own fields go back as they were: the server keeps what a
-	// write sends, and rebuilds lock timers from them after a leader change.
+	// The lock ID alone: Nomad (v1.11) refuses a plain write whose lock
+	// carries a TTL or a lock delay (400 "variable should not contain lock
+	// definition"), and stores the lock as sent. Its TTL and delay are then
+	// zero in the variable; the release follows at once, and should it fail
+	// and the lock expire early, our work is already proven dead.
 	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items,
-		Lock: &api.VariableLock{ID: ls.id, TTL: l.cfg.TTL.String(), LockDelay: l.cfg.LockDelay.String()}}
+		Lock: &api.VariableLock{ID: ls.id}}
 	if _, _, err := l.vars.Update(v, l.writeOptions(rctx)); err != nil {
 		return l.classify("mark released", err)
 	}

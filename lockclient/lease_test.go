@@ -385,3 +385,26 @@ func TestAcquireEnds(t *testing.T) {
 		})
 	}
 }
+
+// TestMarkReleasedClean: the mark keeps the variable's items, adds
+// released_clean, and sends the lock ID alone, as Nomad requires of a write
+// to a locked variable (a TTL or delay there is refused with 400 "variable
+// should not contain lock definition", which the fake cannot know).
+func TestMarkReleasedClean(t *testing.T) {
+	r := newRig(t, Timing{})
+	ls := r.acquire(t)
+	done := make(chan error, 1)
+	go func() { done <- ls.MarkReleasedClean(context.Background()) }()
+	r.api.next(t, "read").answer(reply{v: &api.Variable{Path: testPath, Items: map[string]string{"holder_alloc_id": "alloc-self"}}})
+	c := r.api.next(t, "update")
+	if c.v.Lock == nil || c.v.Lock.ID != testID || c.v.Lock.TTL != "" || c.v.Lock.LockDelay != "" {
+		t.Errorf("update sent lock %+v, want the lock ID %q alone", c.v.Lock, testID)
+	}
+	if c.v.Items[itemClean] != "true" || c.v.Items["holder_alloc_id"] != "alloc-self" {
+		t.Errorf("update sent items %v, want the old ones and %s = true", c.v.Items, itemClean)
+	}
+	c.answer(reply{})
+	if err := <-done; err != nil {
+		t.Fatalf("MarkReleasedClean: %v", err)
+	}
+}
