@@ -59,7 +59,7 @@ SIGKILL: the ` + "`nomad var lock`" + ` process for (a), the ` + "`lock`" + ` pr
 measured from the kill to the new workload's start record. A pidfd opened on
 the old workload process before the kill gives the moment it exited (poll
 wake-up, microseconds late at most); "overlap" counts runs where it exited
-after the new workload's start record, or not at all. The three
+after the new workload's start record, or not at all. The
 variants of a run go concurrently: each mostly waits on a server-side timer,
 which concurrency does not change. Each run kills at a random moment, uniform
 over one renew period ((a): over its 1.1×TTL poll period), so that the renew
