@@ -96,33 +96,7 @@ func checkNoTwoAllocs(t *testing.T, marker, record string, smp *harness.Sampler,
 	if n := countStarts(recs, "child"); n < minDaemons {
 		t.Fatalf("only %d daemons started: the test proves nothing", n)
 	}
-	asMain := make([]harness.Record, len(recs))
-	for i, r := range recs {
-		r.Role = harness.RoleMain
-		asMain[i] = r
-	}
-	byPID, byAlloc := sum.GoneByPIDOr(known...), sum.GoneByAlloc()
-	ivs := harness.Intervals(asMain, func(iv harness.Interval) (int64, bool) {
-		if end, ok := byPID(iv); ok {
-			return end, true
-		}
-		// In a PID namespace of its own (exec, docker) a process records
-		// its PID there: the allocation's last process seen gone ends it.
-		return byAlloc(iv)
-	})
-	for _, iv := range ivs {
-		if !iv.Ended {
-			t.Errorf("no end known for %+v", iv)
-		}
-	}
-	for _, o := range harness.Overlaps(ivs) {
-		if o.A.AllocID != o.B.AllocID {
-			t.Errorf("processes of two allocations overlapped for %s: %+v and %+v", o.For, o.A, o.B)
-		}
-	}
-	if over := sum.Over(1); len(over) > 0 {
-		t.Errorf("the sampler saw two allocations' processes at once in %d samples: %s", len(over), sum)
-	}
+	checkAllocsApart(t, recs, sum, known...)
 	t.Logf("%d workload runs, %d daemons, no two allocations at once; sampler: %s",
 		countStarts(recs, harness.RoleMain), countStarts(recs, "child"), sum)
 }
@@ -194,4 +168,46 @@ func testSlowGracefulStop(t *testing.T, a *harness.Agent) {
 			t.Errorf("a graceful stop within kill_timeout shows %q: %s", bad, drvFormatEvents(m))
 		}
 	}
+}
+
+// checkAllocsApart fails the test if processes (main and daemons alike) of
+// two allocations ran at once, by their records (an end from the sampler's
+// pidfd, from known, or, for a process in a PID namespace of its own, from
+// the sampler's view of its allocation) and by the sampler's scans, or if a
+// run's end is unknown. Call it once every process of the job is gone and
+// the sampler stopped. It returns the runs and how many overlapping pairs
+// (at least 1 if only the sampler saw two allocations at once) it found.
+func checkAllocsApart(t *testing.T, recs []harness.Record, sum harness.SampleSummary, known ...harness.KnownEnd) ([]harness.Interval, int) {
+	t.Helper()
+	asMain := make([]harness.Record, len(recs))
+	for i, r := range recs {
+		r.Role = harness.RoleMain
+		asMain[i] = r
+	}
+	byPID, byAlloc := sum.GoneByPIDOr(known...), sum.GoneByAlloc()
+	ivs := harness.Intervals(asMain, func(iv harness.Interval) (int64, bool) {
+		if end, ok := byPID(iv); ok {
+			return end, true
+		}
+		// In a PID namespace of its own (exec, docker) a process records
+		// its PID there: the allocation's last process seen gone ends it.
+		return byAlloc(iv)
+	})
+	for _, iv := range ivs {
+		if !iv.Ended {
+			t.Errorf("no end known for %+v", iv)
+		}
+	}
+	n := 0
+	for _, o := range harness.Overlaps(ivs) {
+		if o.A.AllocID != o.B.AllocID {
+			t.Errorf("processes of two allocations overlapped for %s: %+v and %+v", o.For, o.A, o.B)
+			n++
+		}
+	}
+	if over := sum.Over(1); len(over) > 0 {
+		t.Errorf("the sampler saw two allocations' processes at once in %d samples: %s", len(over), sum)
+		n = max(n, 1)
+	}
+	return ivs, n
 }

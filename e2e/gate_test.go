@@ -83,6 +83,8 @@ type gateJob struct {
 	// gateConfig is added to the gate's config block (its load_balancer
 	// and health_check blocks).
 	gateConfig string
+	// noService leaves out the gated task's Nomad service (built jobs).
+	noService bool
 }
 
 // newGateJobID is a built (not example) job of kind with the job ID id:
@@ -120,6 +122,14 @@ func newGateJob(t *testing.T, kind, records string) *gateJob {
 
 func (j *gateJob) lockPath() string { return fmt.Sprintf("nomad/jobs/%s/%s/gate/lock", j.id, j.group) }
 func (j *gateJob) service() string  { return j.svc }
+
+// serviceHCL is the gated task's Nomad service block ("" with noService).
+func (j *gateJob) serviceHCL() string {
+	if j.noService {
+		return ""
+	}
+	return fmt.Sprintf("      service {\n        provider = \"nomad\"\n        name     = %q\n        port     = \"http\"\n        address  = \"127.0.0.1\"\n      }\n", j.svc)
+}
 
 // run registers the job (the example with its variables, or the built one).
 func (j *gateJob) run(t *testing.T, a *harness.Agent) {
@@ -220,19 +230,13 @@ job %[1]q {
         delay    = "1s"
         mode     = "delay"
       }
-      service {
-        provider = "nomad"
-        name     = %[12]q
-        port     = "http"
-        address  = "127.0.0.1"
-      }
-      resources {
+%[12]s      resources {
         cpu    = 50
         memory = 64
       }%[13]s
     }
   }
-}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.service(), j.appExtra, j.group, j.app, count, gateCommand, j.gateConfig)
+}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.serviceHCL(), j.appExtra, j.group, j.app, count, gateCommand, j.gateConfig)
 }
 
 // start waits for a start of the gated app in an allocation other than

@@ -57,6 +57,11 @@ func TestBench(t *testing.T) {
 			opts := harness.SingletonAgentOptions(t, TTL.String(), LockDelay.String())
 			opts.Dev = true
 			opts.LogLevel = "INFO"
+			if cfg.Enabled(ScenarioHandover) || cfg.Enabled(ScenarioCrash) {
+				// (d): a gate with a docker app, on the harness's private engine.
+				b.docker = harness.StartDocker(t)
+				opts.Docker = b.docker
+			}
 			b.a = harness.StartAgent(t, opts)
 			b.progress("dev agent with the singleton plugin ready in %s at %s", time.Since(began).Round(time.Millisecond), b.a.Addr())
 

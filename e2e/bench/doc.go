@@ -8,6 +8,10 @@
 //	(b) `lock` under raw_exec (or plain `lock` processes / lockclient
 //	    goroutines where the scenario says so),
 //	(c) the `singleton` driver,
+//	(d) in the handover and crash scenarios only: a `singleton` gate
+//	    (config { gate = true }) holding the lock for a docker task of its
+//	    group, on the harness's private dockerd (harness.StartDocker; the
+//	    package's TestMain stops it),
 //
 // several times, and this package turns what they measured into a report: a
 // table of median, min and max with the ratio to the anchor and the goals met

@@ -30,8 +30,9 @@ type bench struct {
 
 	root, workload, lockBin, nomadBin, pluginBin string
 
-	a       *harness.Agent // the agent of every scenario but scale (dev, with the plugin)
-	records string         // directory of record files
+	a       *harness.Agent  // the agent of every scenario but scale (dev, with the plugin)
+	docker  *harness.Docker // its Docker engine, for VariantGate (handover, crash)
+	records string          // directory of record files
 
 	seq   atomic.Int64
 	outMu sync.Mutex
@@ -115,6 +116,8 @@ func slug(variant string) string {
 		return "lock"
 	case VariantDriver:
 		return "driver"
+	case VariantGate:
+		return "gate"
 	case VariantRawExec:
 		return "raw"
 	case VariantPlainExec:
@@ -168,6 +171,9 @@ func lockArgs(path string) []string {
 }
 
 func (b *bench) hcl(j *job) string {
+	if j.variant == VariantGate {
+		return b.gateHCL(j)
+	}
 	var driver, command string
 	var args []string
 	env := map[string]string{}
@@ -251,7 +257,9 @@ func waitStart(t testing.TB, record string, after int64, timeout time.Duration) 
 
 // waitStandbys waits until n allocations of the job other than holder have
 // had their task running for at least settle: their supervisors are then
-// waiting for the lock (blocking query parked, for (b) and (c)).
+// waiting for the lock (blocking query parked, for (b) and (c)). For (d), a
+// standby's gate never runs (Nomad starts it once it holds): its event
+// "Gate waiting for lock" is at least settle old.
 func (b *bench) waitStandbys(t testing.TB, j *job, holder string, n int, settle, timeout time.Duration) []string {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -259,6 +267,12 @@ func (b *bench) waitStandbys(t testing.TB, j *job, holder string, n int, settle,
 		allocs, err := b.a.Allocs(j.id)
 		var ready []string
 		for _, al := range allocs {
+			if j.variant == VariantGate {
+				if al.ID != holder && al.DesiredStatus == api.AllocDesiredStatusRun && gateWaitingFor(al, settle) {
+					ready = append(ready, al.ID)
+				}
+				continue
+			}
 			if al.ID == holder || al.ClientStatus != api.AllocClientStatusRunning {
 				continue
 			}
@@ -279,14 +293,14 @@ func (b *bench) waitStandbys(t testing.TB, j *job, holder string, n int, settle,
 
 // supervisorPID finds the process that supervises the job's workload in
 // allocID: the `nomad var lock` process, the `lock` process, or the
-// driver's `__singleton-supervise` process.
+// driver's `__singleton-supervise` process ((d): the gate's).
 func (b *bench) supervisorPID(t testing.TB, j *job, allocID string) int {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var found []harness.Proc
 		var err error
-		if j.variant == VariantDriver {
+		if j.variant == VariantDriver || j.variant == VariantGate {
 			found, err = harness.SupervisorProcs(allocID)
 		} else {
 			var procs []harness.Proc
@@ -315,19 +329,31 @@ func (b *bench) supervisorPID(t testing.TB, j *job, allocID string) int {
 
 // watchWorkloadExit opens a pidfd on the workload that wrote rec (its
 // recorded PID is the host PID under raw_exec and the singleton driver,
-// checked against /proc), to learn the moment it exits.
+// checked against /proc; (d)'s docker app is found by its allocation), to
+// learn the moment it exits.
 func (b *bench) watchWorkloadExit(t testing.TB, j *job, rec harness.Record) *harness.ExitWatch {
 	t.Helper()
 	procs, err := harness.FindProcs(j.marker)
 	if err != nil {
 		t.Fatal(err)
 	}
+	pid := rec.PID
+	if j.variant == VariantGate {
+		// In its container the app records its PID there (1): find its
+		// host PID by its allocation.
+		pid = 0
+		for _, p := range procs {
+			if p.IsMainWorkload() && p.AllocID == rec.AllocID {
+				pid = p.PID
+			}
+		}
+	}
 	if !slices.ContainsFunc(procs, func(p harness.Proc) bool {
-		return p.PID == rec.PID && p.IsMainWorkload() && p.AllocID == rec.AllocID
+		return p.PID == pid && p.IsMainWorkload() && p.AllocID == rec.AllocID
 	}) {
 		t.Fatalf("workload pid %d (alloc %s) not found among %v", rec.PID, rec.AllocID, procs)
 	}
-	w, err := harness.WatchExit(rec.PID)
+	w, err := harness.WatchExit(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,3 +520,50 @@ func short(id string) string {
 }
 
 func fmtS(ns int64) string { return Seconds.Format(secondsOf(ns)) }
+
+// gateTask is the gate of a VariantGate job; its gated docker task is
+// taskName.
+const gateTask = "gate"
+
+// gateHCL is a VariantGate job: a gate holding the lock for a docker task
+// running the testworkload (which exits on SIGTERM), its records in a bind
+// mount of the records directory.
+func (b *bench) gateHCL(j *job) string {
+	args := []string{"-record", "/records/" + filepath.Base(j.record), "-marker", j.marker}
+	var s strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&s, format, a...) }
+	w("job %q {\n  type = \"service\"\n  group \"g\" {\n    count = %d\n", j.id, j.count)
+	if j.failFast {
+		w("    restart {\n      attempts = 0\n      mode     = \"fail\"\n    }\n")
+		w("    reschedule {\n      attempts  = 0\n      unlimited = false\n    }\n")
+	}
+	w("    task %q {\n      driver = %q\n", gateTask, harness.PluginDriverName)
+	w("      lifecycle {\n        hook    = \"prestart\"\n        sidecar = true\n      }\n")
+	w("      restart {\n        attempts = 0\n        mode     = \"fail\"\n      }\n")
+	w("      identity {\n        env = true\n      }\n")
+	w("      config {\n        gate = true\n        lock {\n          path  = %q\n          ttl   = %q\n          delay = %q\n        }\n      }\n",
+		j.path, TTL.String(), LockDelay.String())
+	w("      resources {\n        cpu    = 20\n        memory = 32\n      }\n    }\n")
+	w("    task %q {\n      driver = \"docker\"\n", taskName)
+	w("      config {\n        image        = %q\n        network_mode = \"host\"\n        command      = %q\n        args         = %s\n        volumes      = [%q]\n      }\n",
+		b.docker.Image, harness.ImageWorkloadPath, harness.HCLList(args...), b.records+":/records")
+	w("      kill_timeout = \"6s\"\n")
+	w("      resources {\n        cpu    = 50\n        memory = 256\n      }\n")
+	w("    }\n  }\n}\n")
+	return s.String()
+}
+
+// gateWaitingFor reports whether the allocation's gate has said, at least
+// settle ago, that it waits for the lock (and has not started since).
+func gateWaitingFor(al *api.AllocationListStub, settle time.Duration) bool {
+	ts := al.TaskStates[gateTask]
+	if ts == nil || ts.State != "pending" {
+		return false
+	}
+	for _, ev := range ts.Events {
+		if strings.Contains(ev.DisplayMessage+" "+ev.Message+" "+ev.DriverMessage, "Gate waiting for lock") {
+			return time.Since(time.Unix(0, ev.Time)) >= settle
+		}
+	}
+	return false
+}

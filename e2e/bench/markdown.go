@@ -44,7 +44,14 @@ holds, and the next run adds a new standby job. (a)'s standby polls every
 two-allocation group; Nomad starts a replacement allocation at once, which
 competes for the freed lock with the waiting standby. Variants run one after
 another, so that sub-second gaps are not disturbed by another variant's work
-on the 2 cores.`,
+on the 2 cores. (d) is a gate (a ` + "`singleton`" + ` task with ` + "`config { gate = true }`" + `,
+a prestart sidecar) holding the lock for a docker task of its group, which
+runs the same testworkload (exiting on SIGTERM) in a container of the
+harness's private dockerd; its old workload is the container's process, seen
+from the host. Nomad stops the docker task first, then the gate, which marks
+its release clean; the standby's gate then holds, and Nomad creates and starts
+the standby's container: that start is part of (d)'s gap. A standby of (d)
+counts as waiting once its gate's "Gate waiting for lock" event is 1.5 s old.`,
 	TitleCrash: `A service job with count = 2 per variant, without restarts or
 rescheduling. Once the standby has waited 1.5 s, the holder's supervisor gets
 SIGKILL: the ` + "`nomad var lock`" + ` process for (a), the ` + "`lock`" + ` process for
@@ -52,7 +59,7 @@ SIGKILL: the ` + "`nomad var lock`" + ` process for (a), the ` + "`lock`" + ` pr
 measured from the kill to the new workload's start record. A pidfd opened on
 the old workload process before the kill gives the moment it exited (poll
 wake-up, microseconds late at most); "overlap" counts runs where it exited
-after the new workload's start record, or not at all. The three
+after the new workload's start record, or not at all. The
 variants of a run go concurrently: each mostly waits on a server-side timer,
 which concurrency does not change. Each run kills at a random moment, uniform
 over one renew period ((a): over its 1.1×TTL poll period), so that the renew
@@ -63,7 +70,11 @@ query; (a) renews every 0.7×TTL and its standby polls every 1.1×TTL. For (c)
 the plugin sees its supervisor die, confirms that every process of the task
 is gone and releases the lock on the supervisor's behalf, so the server timer
 does not come into play (it would if the plugin or the node died too, which
-this scenario does not do).`,
+this scenario does not do). For (d) the SIGKILL goes to the gate's
+supervisor: the gate fails, Nomad kills its docker task, and nobody releases
+the lock (the plugin cannot prove another driver's task dead), so (d) waits
+for the server's expiry as (b) does, then for the start of the standby's
+container; it runs concurrently with the others.`,
 	TitleStart: `Process start → workload start: ` + "`lock`" + ` and ` + "`nomad var lock`" + `
 (shell mode, its default) run directly (not under Nomad) against the agent's
 HTTP address, on a free lock, each wrapping the testworkload; the clock starts
@@ -261,7 +272,8 @@ func (rep *Report) Markdown(images []string) string {
 	p("%d run(s) per scenario and variant, %s, scale N = %s, scale hold window %s, footprint hold %s; lock TTL %s and delay %s throughout.%s",
 		rep.Config.Runs, scen, joinInts(rep.Config.Scale), rep.Config.Hold, rep.Config.FootprintHold, TTL, LockDelay, mode)
 	p("Variants: **(a)** `nomad var lock` under raw_exec (the anchor: \"vs (a)\" is the median over (a)'s median), " +
-		"**(b)** `lock` under raw_exec, **(c)** the `singleton` task driver.")
+		"**(b)** `lock` under raw_exec, **(c)** the `singleton` task driver, **(d)** (handover and crash only) a `singleton` gate " +
+		"holding the lock for a docker task of its group.")
 	p("")
 
 	p("## Goals")

@@ -14,6 +14,10 @@ const (
 	VariantAnchor = "(a) nomad var lock"
 	VariantLock   = "(b) lock"
 	VariantDriver = "(c) singleton driver"
+	// VariantGate is a gate (a singleton task with config { gate = true })
+	// holding the lock for a docker task of its group: handover and crash
+	// only.
+	VariantGate = "(d) gate + docker app"
 	// Baselines: the same workload without any lock.
 	VariantRawExec   = "plain raw_exec job"
 	VariantPlainExec = "plain process"

@@ -20,6 +20,10 @@ import (
 
 var lockVariants = []string{VariantAnchor, VariantLock, VariantDriver}
 
+// failoverVariants are those of the handover and crash scenarios: the lock
+// variants and (d), a gate holding the lock for a docker task.
+var failoverVariants = append(slices.Clone(lockVariants), VariantGate)
+
 // The targets the report judges rows by (its Goals table), each with the
 // mechanism that bounds the number, so a reader sees why the target holds.
 var (
@@ -37,7 +41,11 @@ var (
 		}
 		return AtMost((2*TTL + LockDelay + 500*time.Millisecond).Seconds(), Seconds, bound)
 	}
-	overlapGoal = func() *Goal {
+	overlapGoal = func(v string) *Goal {
+		if v == VariantGate {
+			return Zero("the gate fails when its supervisor dies, and Nomad kills the gated task at once (its kill_timeout, " +
+				"checked against ttl + delay when the gate starts), long before the server can expire the lock.")
+		}
 		return Zero("the supervisor's death takes the workload's process group with it (PDEATHSIG and a group guard), " +
 			"long before the server can expire the lock.")
 	}
@@ -61,35 +69,35 @@ var (
 func (b *bench) handover(t *testing.T) {
 	type rows struct{ gap, call, over, repl, won *Row }
 	rs := map[string]*rows{}
-	for _, v := range lockVariants {
+	for _, v := range failoverVariants {
 		rs[v] = &rows{}
 	}
-	for _, v := range lockVariants {
+	for _, v := range failoverVariants {
 		var g *Goal
-		if v != VariantAnchor {
+		if v != VariantAnchor && v != VariantGate {
 			g = handoverGoal()
 		}
 		rs[v].gap = b.row(TitleHandover, "holder stopped: old workload exit → standby's workload start", v, Seconds, AggStats, g)
 		rs[v].gap.Chart = "handover\n(holder stopped)"
 	}
-	for _, v := range lockVariants {
+	for _, v := range failoverVariants {
 		rs[v].call = b.row(TitleHandover, "holder stopped: stop call → standby's workload start", v, Seconds, AggStats, nil)
 	}
-	for _, v := range lockVariants {
+	for _, v := range failoverVariants {
 		rs[v].over = b.row(TitleHandover, "holder stopped: runs where old and new workload overlapped", v, Count, AggSum, nil)
 	}
 	if !b.cfg.Quick {
-		for _, v := range lockVariants {
+		for _, v := range failoverVariants {
 			rs[v].repl = b.row(TitleHandover, "alloc stop in a count = 2 group: old workload exit → next workload start", v, Seconds, AggStats, nil)
 			rs[v].repl.Note = "the replacement competes"
 			rs[v].repl.Chart = "handover\n(alloc stop,\ncount = 2)"
 		}
-		for _, v := range lockVariants {
+		for _, v := range failoverVariants {
 			rs[v].won = b.row(TitleHandover, "alloc stop in a count = 2 group: runs the replacement won over the standby", v, Count, AggSum, nil)
 		}
 	}
 	// One variant at a time: these are sub-second gaps on 2 cores.
-	for _, v := range lockVariants {
+	for _, v := range failoverVariants {
 		t.Run(slug(v), func(t *testing.T) {
 			b.handoverStandby(t, v, rs[v].gap, rs[v].call, rs[v].over)
 			if rs[v].repl != nil {
@@ -188,30 +196,30 @@ func (b *bench) handoverReplacement(t *testing.T, v string, gap, won *Row) {
 // (section TitleCrash). The variants of one run go concurrently.
 func (b *bench) crash(t *testing.T) {
 	take, gone, over := map[string]*Row{}, map[string]*Row{}, map[string]*Row{}
-	for _, v := range lockVariants {
+	for _, v := range failoverVariants {
 		var g *Goal
-		if v != VariantAnchor {
+		if v != VariantAnchor && v != VariantGate {
 			g = crashGoal(v)
 		}
 		take[v] = b.row(TitleCrash, "SIGKILL to supervisor → new workload start", v, Seconds, AggStats, g)
 		take[v].Chart = "crash\ntakeover"
 	}
-	for _, v := range lockVariants {
+	for _, v := range failoverVariants {
 		gone[v] = b.row(TitleCrash, "SIGKILL to supervisor → old workload gone", v, Seconds, AggStats, nil)
 		gone[v].NoRatio = true // near zero for all: a ratio would be noise
 		gone[v].Note = "pidfd"
 	}
-	for _, v := range lockVariants {
+	for _, v := range failoverVariants {
 		var g *Goal
 		if v != VariantAnchor {
-			g = overlapGoal()
+			g = overlapGoal(v)
 		}
 		over[v] = b.row(TitleCrash, "runs where the old workload was alive at the new start", v, Count, AggSum, g)
 	}
 	for run := 1; run <= b.cfg.Runs; run++ {
 		var names []string
 		var fns []func(*testing.T)
-		for _, v := range lockVariants {
+		for _, v := range failoverVariants {
 			names = append(names, fmt.Sprintf("run%d/%s", run, slug(v)))
 			fns = append(fns, func(t *testing.T) { b.crashRun(t, v, run, take[v], gone[v], over[v]) })
 		}
