@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -301,6 +302,30 @@ func checkIdentity(cfg *drivers.TaskConfig) error {
 	}
 	return fmt.Errorf("task %q has no workload identity token, so it cannot take the lock: "+
 		"add `identity { env = true }` (or `identity { file = true }`) to the task", cfg.Name)
+}
+
+// planTask validates the task's config and turns it into the supervisor's
+// spec: the files the jobspec names read in, the identity checked, and the
+// plugin's and the task's denied_envvars joined.
+func planTask(cfg *drivers.TaskConfig, tc TaskConfig, ttl, delay time.Duration, users userPolicy, denied []string) (supervisorSpec, error) {
+	lbSpec, err := resolveLBFiles(cfg, tc.LoadBalancer)
+	if err != nil {
+		return supervisorSpec{}, err
+	}
+	tc.LoadBalancer = lbSpec
+	sc, err := tc.shimConfig(cfg, ttl, delay)
+	if err != nil {
+		return supervisorSpec{}, err
+	}
+	if err := checkIdentity(cfg); err != nil {
+		return supervisorSpec{}, err
+	}
+	spec, err := buildSpec(cfg, tc, sc, users)
+	if err != nil {
+		return supervisorSpec{}, err
+	}
+	spec.DeniedEnvvars = slices.Concat(denied, tc.DeniedEnvvars)
+	return spec, nil
 }
 
 // buildSpec turns the validated config into the supervisor's spec, with the

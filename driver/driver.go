@@ -18,7 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -247,57 +246,22 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, errors.New("the plugin has no state dir: see the agent log for the plugin config error")
 	}
 
-	lbSpec, err := resolveLBFiles(cfg, tc.LoadBalancer)
+	spec, err := planTask(cfg, tc, ttl, delay, users, denied)
 	if err != nil {
 		return nil, nil, err
 	}
-	tc.LoadBalancer = lbSpec
-	sc, err := tc.shimConfig(cfg, ttl, delay)
+	cg, err := d.setUpCgroup(cfg, &spec)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkIdentity(cfg); err != nil {
-		return nil, nil, err
-	}
-	spec, err := buildSpec(cfg, tc, sc, users)
-	if err != nil {
-		return nil, nil, err
-	}
-	spec.DeniedEnvvars = slices.Concat(denied, tc.DeniedEnvvars)
-	cg, err := newTaskCgroup(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := cg.applyLimits(cfg.Resources); err != nil {
-		return nil, nil, fmt.Errorf("task cgroup: %w", err)
-	}
-	spec.CgroupProcs = cg.procsFiles()
-	if cg != nil {
-		spec.CgroupMode, spec.CgroupPath = int(cg.mode), cg.path
-		if n, err := cg.oomKills(); err == nil {
-			spec.OOMKillsAtStart = &n
-		} else {
-			d.logger.Warn("cannot read the task cgroup's OOM kill count: an OOM kill will not be reported", "error", err)
-		}
-	}
-
 	if spec.Gate != nil {
 		spec.Gate.Adopt = d.gateLeases.take(cfg)
 		if a := d.supersedeGate(cfg, root); a != nil {
 			spec.Gate.Adopt = a
 		}
 	}
-	dir, err := openTaskState(root, cfg)
+	dir, proc, err := d.startSupervisor(cfg, root, spec)
 	if err != nil {
-		return nil, nil, fmt.Errorf("task state dir: %w", err)
-	}
-	if err := prepareStateDir(dir, spec); err != nil {
-		dir.Close()
-		return nil, nil, err
-	}
-	proc, err := d.launch(cfg, dir.Path())
-	if err != nil {
-		dir.Close()
 		return nil, nil, err
 	}
 	ticks, _ := startTicks(proc.pid)
@@ -318,9 +282,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	d.tasks.set(cfg.ID, h)
 	go d.run(h, &eventTail{dir: dir})
-	h.logger.Info("started supervisor", "pid", proc.pid, "lock", sc.Path)
+	h.logger.Info("started supervisor", "pid", proc.pid, "lock", spec.Path)
 	if h.holding != nil {
-		if err := d.waitGateHolding(h, root, sc.Path); err != nil {
+		if err := d.waitGateHolding(h, root, spec.Path); err != nil {
 			return nil, nil, err
 		}
 	}

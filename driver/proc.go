@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -142,6 +143,25 @@ func signalChild(parent, pid int, sig syscall.Signal) error {
 func parentPID(pid int) (int, error) {
 	s, err := procfs.Read(pid)
 	return s.PPID, err
+}
+
+// startSupervisor writes the spec into the task's (emptied) state dir and
+// launches the supervisor on it.
+func (d *Driver) startSupervisor(cfg *drivers.TaskConfig, root *securefs.Dir, spec supervisorSpec) (*securefs.Dir, *supervisorProc, error) {
+	dir, err := openTaskState(root, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("task state dir: %w", err)
+	}
+	if err := prepareStateDir(dir, spec); err != nil {
+		dir.Close()
+		return nil, nil, err
+	}
+	proc, err := d.launch(cfg, dir.Path())
+	if err != nil {
+		dir.Close()
+		return nil, nil, err
+	}
+	return dir, proc, nil
 }
 
 // launch re-execs this binary as the supervisor in a new session, with the
