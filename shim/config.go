@@ -95,15 +95,7 @@ func (c Config) Timing() lockclient.Timing {
 
 // Validate checks everything that can be checked without Nomad.
 func (c Config) Validate() error {
-	var errs []error
-	if c.Path == "" {
-		errs = append(errs, errors.New("missing lock path: give it as the first argument or as lock.path in -config"))
-	} else if err := lockclient.ValidatePath(c.Path); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Timing().Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs := c.lockErrors()
 	if (len(c.Command) == 0 && c.Gate == nil) || (len(c.Command) > 0 && c.Command[0] == "") {
 		errs = append(errs, errors.New("missing command: give it after the lock path, or as command in -config"))
 	}
@@ -125,6 +117,24 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("kill signal %s cannot be handled by the workload; use SIGTERM, SIGINT or another catchable signal", c.KillSignal))
 	}
 	return errors.Join(errs...)
+}
+
+// validateLock checks what a command that runs nothing under the lock needs
+// (`lock lb add` waits for the lock's holder): its path and lease timing.
+func (c Config) validateLock() error { return errors.Join(c.lockErrors()...) }
+
+// lockErrors are what is wrong with the lock path and the lease timing.
+func (c Config) lockErrors() []error {
+	var errs []error
+	if c.Path == "" {
+		errs = append(errs, errors.New("missing lock path: give it as the first argument or as lock.path in -config"))
+	} else if err := lockclient.ValidatePath(c.Path); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Timing().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
 }
 
 // ParseDuration sets *dst from v, a Go duration such as "10s", for the
