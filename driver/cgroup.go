@@ -32,6 +32,30 @@ type taskCgroup struct {
 	cpuset string // v1 cpuset cgroup (shared or reserved)
 }
 
+// setUpCgroup makes the task's cgroup with its resource limits and names it
+// in the spec: the cgroup.procs files the workload is started in, the
+// cgroup that proves it dead, and its OOM kill count before the start.
+// Without cgroups it returns nil and leaves the spec without any.
+func (d *Driver) setUpCgroup(cfg *drivers.TaskConfig, spec *supervisorSpec) (*taskCgroup, error) {
+	cg, err := newTaskCgroup(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := cg.applyLimits(cfg.Resources); err != nil {
+		return nil, fmt.Errorf("task cgroup: %w", err)
+	}
+	spec.CgroupProcs = cg.procsFiles()
+	if cg != nil {
+		spec.CgroupMode, spec.CgroupPath = int(cg.mode), cg.path
+		if n, err := cg.oomKills(); err == nil {
+			spec.OOMKillsAtStart = &n
+		} else {
+			d.logger.Warn("cannot read the task cgroup's OOM kill count: an OOM kill will not be reported", "error", err)
+		}
+	}
+	return cg, nil
+}
+
 func newTaskCgroup(cfg *drivers.TaskConfig) (*taskCgroup, error) {
 	mode := cgroupslib.GetMode()
 	if mode == cgroupslib.OFF || cfg.Resources == nil || cfg.Resources.LinuxResources == nil {

@@ -1,10 +1,13 @@
 package driver
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -287,4 +290,71 @@ func (tc TaskConfig) validateProcess() []error {
 		errs = append(errs, fmt.Errorf("config.work_dir = %q: use an absolute path, e.g. \"${NOMAD_TASK_DIR}\" or \"/srv/app\"", tc.WorkDir))
 	}
 	return errs
+}
+
+// checkIdentity fails fast when the task cannot reach the Task API.
+func checkIdentity(cfg *drivers.TaskConfig) error {
+	if cfg.Env["NOMAD_TOKEN"] != "" {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(cfg.TaskDir().SecretsDir, "nomad_token")); err == nil {
+		return nil
+	}
+	return fmt.Errorf("task %q has no workload identity token, so it cannot take the lock: "+
+		"add `identity { env = true }` (or `identity { file = true }`) to the task", cfg.Name)
+}
+
+// planTask validates the task's config and turns it into the supervisor's
+// spec: the files the jobspec names read in, the identity checked, and the
+// plugin's and the task's denied_envvars joined.
+func planTask(cfg *drivers.TaskConfig, tc TaskConfig, ttl, delay time.Duration, users userPolicy, denied []string) (supervisorSpec, error) {
+	lbSpec, err := resolveLBFiles(cfg, tc.LoadBalancer)
+	if err != nil {
+		return supervisorSpec{}, err
+	}
+	tc.LoadBalancer = lbSpec
+	sc, err := tc.shimConfig(cfg, ttl, delay)
+	if err != nil {
+		return supervisorSpec{}, err
+	}
+	if err := checkIdentity(cfg); err != nil {
+		return supervisorSpec{}, err
+	}
+	spec, err := buildSpec(cfg, tc, sc, users)
+	if err != nil {
+		return supervisorSpec{}, err
+	}
+	spec.DeniedEnvvars = slices.Concat(denied, tc.DeniedEnvvars)
+	return spec, nil
+}
+
+// buildSpec turns the validated config into the supervisor's spec, with the
+// task's user resolved and checked against the plugin's user policy.
+func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users userPolicy) (supervisorSpec, error) {
+	spec := supervisorSpec{
+		LB: tc.LoadBalancer, Health: tc.HealthCheck,
+		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
+		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait,
+		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
+		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), SecretsDir: cfg.TaskDir().SecretsDir, ShareNomadToken: tc.ShareNomadToken,
+		OOMScoreAdj: tc.OOMScoreAdj,
+	}
+	if g := sc.Gate; g != nil {
+		spec.Gate = &gateSpec{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace}
+	}
+	id, err := users.resolve(cfg.User)
+	if err != nil {
+		return spec, err
+	}
+	// A work_dir of the job's choosing is not checked here (that would tell
+	// the job about paths its user cannot see): the workload changes into it
+	// as the task user, so the kernel's permission checks decide.
+	if err := checkReach(cfg.TaskDir().Dir, id); err != nil {
+		return spec, err
+	}
+	if id.uid != 0 {
+		uid := id.uid
+		spec.UID, spec.GID, spec.Groups = &uid, id.gid, id.groups
+	}
+	return spec, nil
 }

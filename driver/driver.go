@@ -4,13 +4,23 @@
 // it by PID (pidfd) and reads its exit from a status file, turns its state
 // changes into task events, and acts as a watchdog that kills the workload if
 // the supervisor is stuck past its fence deadline.
+//
+// The plugin's methods are in driver.go; handle.go watches one task's
+// supervisor (events, watchdog, exit, kill); statefiles.go is the file
+// protocol between plugin and supervisor. The binary's other entry points,
+// each behind a hidden argv[1], are here too: the supervisor's main
+// (supervise.go, SuperviseCommand) and the helper that runs commands in a
+// task for `nomad alloc exec` and script checks (exec.go, ExecCommand).
 package driver
 
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -22,6 +32,7 @@ import (
 	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -210,40 +221,302 @@ func (d *Driver) send(ev *drivers.TaskEvent) {
 	}
 }
 
-// taskStore maps task IDs to handles.
-type taskStore struct {
-	mu    sync.RWMutex
-	store map[string]*taskHandle
+// driverState is persisted by Nomad in the task handle, to recover the task
+// after a plugin restart.
+type driverState struct {
+	PID        int
+	StartTicks uint64
+	StartedAt  time.Time
+	StateDir   string
 }
 
-func newTaskStore() *taskStore { return &taskStore{store: map[string]*taskHandle{}} }
-
-func (s *taskStore) set(id string, h *taskHandle) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.store[id] = h
-}
-
-func (s *taskStore) get(id string) (*taskHandle, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	h, ok := s.store[id]
-	return h, ok
-}
-
-// all returns every handle.
-func (s *taskStore) all() []*taskHandle {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	out := make([]*taskHandle, 0, len(s.store))
-	for _, h := range s.store {
-		out = append(out, h)
+// StartTask starts the task's supervisor, detached in its own session.
+func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
+	if _, ok := d.tasks.get(cfg.ID); ok {
+		return nil, nil, fmt.Errorf("task %q already started", cfg.ID)
 	}
-	return out
+	var tc TaskConfig
+	if err := cfg.DecodeDriverConfig(&tc); err != nil {
+		return nil, nil, fmt.Errorf("decode task config: %w", err)
+	}
+	d.mu.RLock()
+	ttl, delay, root, users, denied := d.ttl, d.delay, d.stateRoot, d.users, d.config.DeniedEnvvars
+	d.mu.RUnlock()
+	if root == nil {
+		return nil, nil, errors.New("the plugin has no state dir: see the agent log for the plugin config error")
+	}
+
+	spec, err := planTask(cfg, tc, ttl, delay, users, denied)
+	if err != nil {
+		return nil, nil, err
+	}
+	cg, err := d.setUpCgroup(cfg, &spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	if spec.Gate != nil {
+		spec.Gate.Adopt = d.gateLeases.take(cfg)
+		if a := d.supersedeGate(cfg, root); a != nil {
+			spec.Gate.Adopt = a
+		}
+	}
+	dir, proc, err := d.startSupervisor(cfg, root, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	ticks, _ := startTicks(proc.pid)
+
+	h := &taskHandle{
+		cfg: cfg, dir: dir, proc: proc, cgroup: cg, startedAt: time.Now(),
+		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
+		done:   make(chan struct{}),
+	}
+	if tc.Gate {
+		h.holding = make(chan struct{})
+	}
+	handle := drivers.NewTaskHandle(taskHandleVersion)
+	handle.Config = cfg
+	if err := handle.SetDriverState(&driverState{PID: proc.pid, StartTicks: ticks, StartedAt: h.startedAt, StateDir: dir.Path()}); err != nil {
+		_ = proc.signal(syscall.SIGKILL)
+		return nil, nil, fmt.Errorf("set driver state: %w", err)
+	}
+	d.tasks.set(cfg.ID, h)
+	go d.run(h, &eventTail{dir: dir})
+	h.logger.Info("started supervisor", "pid", proc.pid, "lock", spec.Path)
+	if h.holding != nil {
+		if err := d.waitGateHolding(h, root, spec.Path); err != nil {
+			return nil, nil, err
+		}
+	}
+	return handle, nil, nil
 }
 
-func (s *taskStore) delete(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.store, id)
+// RecoverTask reattaches to a supervisor after a plugin restart. The task
+// keeps running and keeps its lock: the supervisor never noticed.
+func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
+	if handle == nil {
+		return errors.New("recover task: nil handle")
+	}
+	if _, ok := d.tasks.get(handle.Config.ID); ok {
+		return nil
+	}
+	var st driverState
+	if err := handle.GetDriverState(&st); err != nil {
+		return fmt.Errorf("recover task: decode driver state: %w", err)
+	}
+	cfg := handle.Config
+	cg, _ := newTaskCgroup(cfg)
+	dir, err := securefs.OpenPrivate(st.StateDir, false)
+	if err != nil {
+		// A task started by an older plugin keeps its state in the task dir,
+		// which the task user can write: nothing in it can be trusted. Kill
+		// its supervisor (proven by PID and start time; its group guard then
+		// kills the workload) and let the lock expire on the server.
+		if proc, ferr := findSupervisor(st.PID, st.StartTicks); ferr == nil {
+			_ = proc.signal(syscall.SIGKILL)
+			unix.Close(proc.pidfd)
+		}
+		return fmt.Errorf("recover task: its state dir cannot be trusted (%w); its supervisor was killed and "+
+			"its lock expires on the server within 2×TTL + delay", err)
+	}
+	h := &taskHandle{
+		cfg: cfg, dir: dir, cgroup: cg, startedAt: st.StartedAt,
+		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
+		done:   make(chan struct{}),
+	}
+	tail := &eventTail{dir: dir}
+	tail.restore()
+
+	proc, err := findSupervisor(st.PID, st.StartTicks)
+	if err != nil && !errors.Is(err, errSupervisorGone) {
+		// No pidfd (say EMFILE), but the supervisor may live: Nomad would
+		// otherwise start a second one beside it. Watch it by PID and start
+		// time instead.
+		h.logger.Warn("recover task: no pidfd on the supervisor; watching it by PID and start time", "pid", st.PID, "error", err)
+		proc, err = &supervisorProc{pid: st.PID, pidfd: -1, ticks: st.StartTicks}, nil
+	}
+	switch {
+	case errors.Is(err, errSupervisorGone):
+		h.logger.Warn("supervisor exited while the plugin was down", "pid", st.PID)
+		d.tasks.set(cfg.ID, h)
+		go func() {
+			d.drainEvents(h, tail)
+			d.cleanUpAfterExit(h)
+			h.finish(d.exitResult(h, nil, nil))
+		}()
+		return nil
+	case err != nil:
+		return fmt.Errorf("recover task: %w", err)
+	}
+	h.proc = proc
+	d.tasks.set(cfg.ID, h)
+	go d.run(h, tail)
+	h.logger.Info("recovered supervisor", "pid", st.PID)
+	return nil
+}
+
+func (d *Driver) WaitTask(ctx context.Context, taskID string) (<-chan *drivers.ExitResult, error) {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	ch := make(chan *drivers.ExitResult, 1)
+	go func() {
+		defer close(ch)
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.ctx.Done():
+			return
+		case <-h.done:
+		}
+		h.mu.Lock()
+		res := h.exit.Copy()
+		h.mu.Unlock()
+		ch <- res
+	}()
+	return ch, nil
+}
+
+// StopTask asks the supervisor to stop the workload with the task's
+// kill_signal and kill_timeout and release the lock. If it has not exited by
+// kill_timeout + stopReserve it is SIGKILLed; its group guard then kills the
+// workload, and the lock expires on the server.
+func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) error {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	if h.exited() {
+		return nil
+	}
+	sig := syscall.SIGINT // Nomad's default kill_signal
+	if signal != "" {
+		s, err := shim.ParseSignal(signal)
+		if err != nil {
+			return fmt.Errorf("stop task: kill_signal: %w", err)
+		}
+		sig = s
+	}
+	if err := writeJSON(h.dir, stopFile, stopRequest{Signal: int(sig), Timeout: timeout}); err != nil {
+		h.logger.Error("write stop request; killing the supervisor instead", "error", err)
+		return h.kill("stop request could not be written")
+	}
+	if err := h.proc.signal(stopSignal); err != nil {
+		return fmt.Errorf("stop task: signal supervisor: %w", err)
+	}
+	wait := timeout + stopReserve + h.lbRemoveReserve()
+	select {
+	case <-h.done:
+		return nil
+	case <-time.After(wait):
+		return h.kill(fmt.Sprintf("supervisor still running %s after the stop request", wait))
+	}
+}
+
+func (d *Driver) DestroyTask(taskID string, force bool) error {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	if !h.exited() {
+		if !force {
+			return errors.New("cannot destroy a running task without force")
+		}
+		if err := h.kill("task destroyed"); err != nil {
+			return err
+		}
+	}
+	d.tasks.delete(taskID)
+	d.gateLeases.keep(h)
+	d.mu.RLock()
+	root := d.stateRoot
+	d.mu.RUnlock()
+	if root != nil {
+		if err := removeTaskState(root, h.cfg); err != nil {
+			h.logger.Warn("remove the task's state dir", "error", err)
+		}
+	}
+	h.dir.Close()
+	return nil
+}
+
+func (d *Driver) InspectTask(taskID string) (*drivers.TaskStatus, error) {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ts := &drivers.TaskStatus{
+		ID: h.cfg.ID, Name: h.cfg.Name, State: drivers.TaskStateRunning, StartedAt: h.startedAt,
+		DriverAttributes: map[string]string{
+			"lock_state": h.status.State,
+			"lock_path":  h.status.Path,
+			"fence":      strconv.FormatUint(h.status.Fence, 10),
+		},
+	}
+	if h.exit != nil {
+		ts.State, ts.CompletedAt, ts.ExitResult = drivers.TaskStateExited, h.completedAt, h.exit.Copy()
+	}
+	return ts, nil
+}
+
+// SignalTask delivers `nomad alloc signal` to the workload itself.
+func (d *Driver) SignalTask(taskID string, signal string) error {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	sig, err := shim.ParseSignal(signal)
+	if err != nil {
+		return err
+	}
+	st := h.lastStatus()
+	if h.holding != nil && st.WorkloadPID == 0 && shim.State(st.State).Holds() {
+		return fmt.Errorf("task %q is a gate with no command: there is no workload to signal; signal the gated tasks", h.cfg.Name)
+	}
+	if st.WorkloadPID <= 1 || h.proc == nil || !(shim.State(st.State).Holds() || st.State == string(shim.StateStopping)) {
+		return fmt.Errorf("task %q is waiting for lock %s: there is no workload to signal yet", h.cfg.Name, st.Path)
+	}
+	return signalChild(h.proc.pid, st.WorkloadPID, sig)
+}
+
+func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Duration) (<-chan *drivers.TaskResourceUsage, error) {
+	h, ok := d.tasks.get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	if h.cgroup == nil {
+		return nil, errors.New("task stats: no task cgroup (cgroups are disabled on this client)")
+	}
+	ch := make(chan *drivers.TaskResourceUsage)
+	go func() {
+		defer close(ch)
+		var prev cpuSample
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-h.done:
+				return
+			case <-timer.C:
+			}
+			usage, cur, err := h.cgroup.usage(&prev)
+			prev = cur
+			if err != nil {
+				h.logger.Debug("task stats", "error", err)
+			} else {
+				select {
+				case ch <- usage:
+				case <-ctx.Done():
+					return
+				}
+			}
+			timer.Reset(interval)
+		}
+	}()
+	return ch, nil
 }

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sort"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"golang.org/x/sys/unix"
 )
 
 // supervisorProc is a handle on a task's supervisor process: the child we
@@ -141,4 +143,99 @@ func signalChild(parent, pid int, sig syscall.Signal) error {
 func parentPID(pid int) (int, error) {
 	s, err := procfs.Read(pid)
 	return s.PPID, err
+}
+
+// startSupervisor writes the spec into the task's (emptied) state dir and
+// launches the supervisor on it.
+func (d *Driver) startSupervisor(cfg *drivers.TaskConfig, root *securefs.Dir, spec supervisorSpec) (*securefs.Dir, *supervisorProc, error) {
+	dir, err := openTaskState(root, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("task state dir: %w", err)
+	}
+	if err := prepareStateDir(dir, spec); err != nil {
+		dir.Close()
+		return nil, nil, err
+	}
+	proc, err := d.launch(cfg, dir.Path())
+	if err != nil {
+		dir.Close()
+		return nil, nil, err
+	}
+	return dir, proc, nil
+}
+
+// launch re-execs this binary as the supervisor in a new session, with the
+// task's log FIFOs as stdout and stderr and the task environment (token
+// included: environment, never argv).
+func (d *Driver) launch(cfg *drivers.TaskConfig, dir string) (*supervisorProc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find own binary: %w", err)
+	}
+	stdout, err := openLogFIFO(cfg.StdoutPath)
+	if err != nil {
+		return nil, err
+	}
+	defer stdout.Close()
+	stderr, err := openLogFIFO(cfg.StderrPath)
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close()
+
+	env := make([]string, 0, len(cfg.Env)+1)
+	for k, v := range cfg.Env {
+		env = append(env, k+"="+v)
+	}
+	if _, ok := cfg.Env["NOMAD_NODE_NAME"]; !ok && cfg.NodeName != "" {
+		env = append(env, "NOMAD_NODE_NAME="+cfg.NodeName)
+	}
+	sort.Strings(env)
+
+	cmd := exec.Command(self, SuperviseCommand, dir)
+	cmd.Dir = cfg.TaskDir().Dir
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start supervisor: %w", err)
+	}
+	return &supervisorProc{pid: cmd.Process.Pid, cmd: cmd, pidfd: -1}, nil
+}
+
+// openLogFIFO opens the write end of a logmon FIFO (or /dev/null). Opening
+// blocks until logmon has the read end open, so it is bounded.
+func openLogFIFO(path string) (*os.File, error) {
+	type result struct {
+		f   *os.File
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// The log dir is in the shared alloc dir, which the task user can
+		// write: never follow a symlink there, and write only to a FIFO (or
+		// /dev/null), never to a file that root would then fill.
+		f, err := os.OpenFile(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == nil {
+			if fi, serr := f.Stat(); serr != nil || !(fi.Mode()&os.ModeNamedPipe != 0 || path == os.DevNull && fi.Mode()&os.ModeCharDevice != 0) {
+				f.Close()
+				f, err = nil, fmt.Errorf("not a FIFO: refusing to write the task's log into it")
+			}
+		}
+		ch <- result{f, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("open task log %s: %w", path, r.err)
+		}
+		return r.f, nil
+	case <-time.After(30 * time.Second):
+		go func() {
+			if r := <-ch; r.f != nil {
+				r.f.Close()
+			}
+		}()
+		return nil, fmt.Errorf("open task log %s: no reader after 30s (is logmon running?)", path)
+	}
 }

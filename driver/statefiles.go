@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
@@ -75,6 +76,17 @@ func removeTaskState(root *securefs.Dir, cfg *drivers.TaskConfig) error {
 	}
 	_ = root.RemoveEmptySub(cfg.AllocID)
 	return nil
+}
+
+// prepareStateDir empties the task's state dir (a restarted task may reuse
+// it) and writes the spec.
+func prepareStateDir(dir *securefs.Dir, spec supervisorSpec) error {
+	for _, f := range []string{statusFile, eventsFile, offsetFile, exitFile, stopFile, leaseFile, lbFile} {
+		if err := dir.Remove(f); err != nil {
+			return err
+		}
+	}
+	return writeJSON(dir, specFile, spec)
 }
 
 var allocIDPattern = regexp.MustCompile(`^[0-9a-fA-F-]{1,64}$`)
@@ -190,6 +202,10 @@ func wroteExitStatus(dir *securefs.Dir) bool {
 	var es exitStatus
 	return readJSON(dir, exitFile, &es) == nil
 }
+
+// stopSignal tells the supervisor that stop.json holds a StopTask request. A
+// real-time signal that no user sends by accident and that is never forwarded.
+const stopSignal = syscall.Signal(51)
 
 // stopRequest is a StopTask's kill signal and timeout.
 type stopRequest struct {

@@ -25,10 +25,6 @@ import (
 // own binary as a task's supervisor, so plugin and supervisor never skew.
 const SuperviseCommand = "__singleton-supervise"
 
-// stopSignal tells the supervisor that stop.json holds a StopTask request. A
-// real-time signal that no user sends by accident and that is never forwarded.
-const stopSignal = syscall.Signal(51)
-
 // MaybeRunSupervisor runs the supervisor and exits if args ask for it.
 func MaybeRunSupervisor(args []string) {
 	if len(args) < 3 || args[1] != SuperviseCommand {

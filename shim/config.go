@@ -95,15 +95,7 @@ func (c Config) Timing() lockclient.Timing {
 
 // Validate checks everything that can be checked without Nomad.
 func (c Config) Validate() error {
-	var errs []error
-	if c.Path == "" {
-		errs = append(errs, errors.New("missing lock path: give it as the first argument or as lock.path in -config"))
-	} else if err := lockclient.ValidatePath(c.Path); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Timing().Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs := c.lockErrors()
 	if (len(c.Command) == 0 && c.Gate == nil) || (len(c.Command) > 0 && c.Command[0] == "") {
 		errs = append(errs, errors.New("missing command: give it after the lock path, or as command in -config"))
 	}
@@ -125,6 +117,24 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("kill signal %s cannot be handled by the workload; use SIGTERM, SIGINT or another catchable signal", c.KillSignal))
 	}
 	return errors.Join(errs...)
+}
+
+// validateLock checks what a command that runs nothing under the lock needs
+// (`lock lb add` waits for the lock's holder): its path and lease timing.
+func (c Config) validateLock() error { return errors.Join(c.lockErrors()...) }
+
+// lockErrors are what is wrong with the lock path and the lease timing.
+func (c Config) lockErrors() []error {
+	var errs []error
+	if c.Path == "" {
+		errs = append(errs, errors.New("missing lock path: give it as the first argument or as lock.path in -config"))
+	} else if err := lockclient.ValidatePath(c.Path); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Timing().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
 }
 
 // ParseDuration sets *dst from v, a Go duration such as "10s", for the
@@ -297,17 +307,62 @@ var errHelp = flag.ErrHelp
 // on the command line override the -config file.
 func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 	c := DefaultConfig()
-	fs := flag.NewFlagSet("lock", flag.ContinueOnError)
+	rf := newRunFlags(stderr)
+	if err := rf.fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, errHelp
+		}
+		return c, fmt.Errorf("%w (see lock -h)", err)
+	}
+	if rf.token != "" {
+		return c, errors.New("-token is refused: a token in argv is visible to every user in /proc; " +
+			"use NOMAD_TOKEN or `identity { file = true }` (secrets/nomad_token)")
+	}
+
+	if rf.configFile != "" {
+		if err := loadFile(&c, rf.configFile); err != nil {
+			return c, err
+		}
+	}
+	if err := rf.apply(&c); err != nil {
+		return c, err
+	}
+
+	rest := rf.fs.Args()
+	if len(rest) > 0 {
+		c.Path = rest[0]
+		if len(rest) > 1 {
+			c.Command = rest[1:]
+		}
+	}
+	lb, err := BuildLoadBalancer(mergeLB(c.fileLB, rf.lb), mergeHealth(c.fileHealth, rf.health), os.Getenv, "")
+	if err != nil {
+		return c, err
+	}
+	c.LB = lb
+	if err := c.resolveUpstream(os.Getenv); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// runFlags are the flags of `lock`: the lock settings are parsed into cli,
+// and laid over the -config file (apply) only where given.
+type runFlags struct {
+	fs                            *flag.FlagSet
+	configFile, killSignal, token string
+	cli                           Config
+	lb                            LBSpec
+	health                        HealthSpec
+}
+
+func newRunFlags(stderr io.Writer) *runFlags {
+	rf := &runFlags{fs: flag.NewFlagSet("lock", flag.ContinueOnError)}
+	fs, cli := rf.fs, &rf.cli
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usageText) }
 
-	var (
-		configFile, killSignal, token string
-		cli                           Config
-		flagLB                        LBSpec
-		flagHealth                    HealthSpec
-	)
-	lbFlags(fs, &flagLB, &flagHealth)
+	lbFlags(fs, &rf.lb, &rf.health)
 	fs.DurationVar(&cli.TTL, "ttl", DefaultTTL, "")
 	fs.DurationVar(&cli.LockDelay, "delay", DefaultLockDelay, "")
 	fs.DurationVar(&cli.Renew, "renew", 0, "")
@@ -318,30 +373,20 @@ func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.DurationVar(&cli.Backoff, "backoff", DefaultMaxBackoff, "")
 	fs.BoolVar(&cli.Shell, "shell", false, "")
 	fs.BoolVar(&cli.Verbose, "verbose", false, "")
-	fs.StringVar(&killSignal, "kill-signal", "", "")
+	fs.StringVar(&rf.killSignal, "kill-signal", "", "")
 	fs.DurationVar(&cli.KillTimeout, "kill-timeout", DefaultKillTimeout, "")
-	fs.StringVar(&configFile, "config", "", "")
+	fs.StringVar(&rf.configFile, "config", "", "")
 	fs.StringVar(&cli.Namespace, "namespace", "", "")
 	fs.StringVar(&cli.Address, "address", "", "")
-	fs.StringVar(&token, "token", "", "")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return c, errHelp
-		}
-		return c, fmt.Errorf("%w (see lock -h)", err)
-	}
-	if token != "" {
-		return c, errors.New("-token is refused: a token in argv is visible to every user in /proc; " +
-			"use NOMAD_TOKEN or `identity { file = true }` (secrets/nomad_token)")
-	}
+	fs.StringVar(&rf.token, "token", "", "")
+	return rf
+}
 
-	if configFile != "" {
-		if err := loadFile(&c, configFile); err != nil {
-			return c, err
-		}
-	}
+// apply sets in c the lock settings given on the command line.
+func (rf *runFlags) apply(c *Config) error {
+	cli := rf.cli
 	var flagErr error
-	fs.Visit(func(f *flag.Flag) {
+	rf.fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "ttl":
 			c.TTL = cli.TTL
@@ -370,33 +415,14 @@ func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
 		case "address":
 			c.Address = cli.Address
 		case "kill-signal":
-			sig, err := ParseSignal(killSignal)
+			sig, err := ParseSignal(rf.killSignal)
 			if err != nil {
 				flagErr = fmt.Errorf("-kill-signal: %w", err)
 			}
 			c.KillSignal, c.KillSignalSet = sig, true
 		}
 	})
-	if flagErr != nil {
-		return c, flagErr
-	}
-
-	rest := fs.Args()
-	if len(rest) > 0 {
-		c.Path = rest[0]
-		if len(rest) > 1 {
-			c.Command = rest[1:]
-		}
-	}
-	lb, err := BuildLoadBalancer(mergeLB(c.fileLB, flagLB), mergeHealth(c.fileHealth, flagHealth), os.Getenv, "")
-	if err != nil {
-		return c, err
-	}
-	c.LB = lb
-	if err := c.resolveUpstream(os.Getenv); err != nil {
-		return c, err
-	}
-	return c, c.Validate()
+	return flagErr
 }
 
 // resolveUpstream sets Upstream from UpstreamPort and the task environment.

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
@@ -40,71 +41,32 @@ type lbCmdState struct {
 	Upstream string
 }
 
+// lbCmd is one `lock lb` command, parsed, with its LB client.
+type lbCmd struct {
+	verb            string
+	args            []string // what follows the flags: the lock path
+	wait            time.Duration
+	namespace, addr string
+	lb              *LoadBalancer
+	client          *lbhook.Client
+	log             hclog.Logger
+	stdout, stderr  io.Writer
+}
+
 // runLB is `lock lb add|remove|state`.
 func runLB(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "add" && args[0] != "remove" && args[0] != "state") {
-		fmt.Fprint(stderr, lbUsage)
-		return ExitConfig
+	c, code, ok := parseLBArgs(args, stdout, stderr)
+	if !ok {
+		return code
 	}
-	verb := args[0]
-	fs := flag.NewFlagSet("lock lb "+verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, lbUsage) }
-	var (
-		spec            LBSpec
-		health          HealthSpec
-		configFile      string
-		wait            time.Duration
-		namespace, addr string
-		verbose         bool
-	)
-	lbFlags(fs, &spec, &health)
-	fs.StringVar(&configFile, "config", "", "")
-	fs.DurationVar(&wait, "wait", 0, "")
-	fs.StringVar(&namespace, "namespace", "", "")
-	fs.StringVar(&addr, "address", "", "")
-	fs.BoolVar(&verbose, "verbose", false, "")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return ExitConfig
-	}
-	log := newLogger(stderr, verbose).Named("lb")
-	if configFile != "" {
-		c := DefaultConfig()
-		if err := loadFile(&c, configFile); err != nil {
-			fmt.Fprintf(stderr, "lock lb: %v\n", err)
-			return ExitConfig
-		}
-		spec, health = mergeLB(c.fileLB, spec), mergeHealth(c.fileHealth, health)
-	}
-	lb, err := buildLBForCommand(spec, health, verb)
-	if err != nil {
-		fmt.Fprintf(stderr, "lock lb %s: %v\n", verb, err)
-		return ExitConfig
-	}
-	client, err := lbhook.NewClient(lb.Config, lbhook.ClientOptions{Logger: log})
-	if err != nil {
-		fmt.Fprintf(stderr, "lock lb %s: %v\n", verb, err)
-		return ExitConfig
-	}
-	defer client.Close()
+	defer c.client.Close()
 	ctx := context.Background()
 
-	if verb == "state" {
-		st, err := client.ServiceState(ctx)
-		if err != nil && !errors.Is(err, lbhook.ErrNotFound) {
-			fmt.Fprintf(stderr, "lock lb state: %v\n", err)
-			return ExitInfra
-		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(st.Upstreams)
-		return 0
+	if c.verb == "state" {
+		return c.state(ctx)
 	}
-
-	if fs.NArg() != 1 {
+	verb := c.verb
+	if len(c.args) != 1 {
 		fmt.Fprintf(stderr, "lock lb %s: give the lock path, e.g. lock lb %s -config lb.hcl nomad/jobs/web/lock\n", verb, verb)
 		return ExitConfig
 	}
@@ -115,96 +77,189 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 		return ExitConfig
 	}
 	statePath := filepath.Join(allocDir, lbStateFile)
-	self := client.Self(lb.Upstream)
-
 	if verb == "remove" {
-		var st lbCmdState
-		if err := readLBState(statePath, &st); err != nil {
-			log.Info("nothing to remove: lock lb add registered nothing in this allocation", "reason", err)
-			return 0
-		}
-		hook, err := client.ForAlloc(allocID, st.Fence)
-		if err != nil {
-			fmt.Fprintf(stderr, "lock lb remove: %v\n", err)
-			return ExitConfig
-		}
-		if _, err := hook.Remove(ctx, client.Self(st.Upstream)); err != nil {
-			fmt.Fprintf(stderr, "lock lb remove: %s\n", lbhook.Diagnose(err, client.Config()))
-			return lbErrorCode(err)
-		}
-		_ = os.Remove(statePath)
-		log.Info("removed from the load balancer", "upstream", st.Upstream)
-		return 0
+		return c.remove(ctx, allocID, statePath)
 	}
+	return c.add(ctx, allocID, statePath)
+}
 
-	cfg := DefaultConfig()
-	cfg.Path, cfg.Namespace, cfg.Address, cfg.Command = fs.Arg(0), namespace, addr, []string{"lb"}
-	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "lock lb add: %v\n", err)
-		return ExitConfig
+// parseLBArgs parses the verb and flags of `lock lb`, lays them over the
+// -config file's blocks, and makes the LB client. ok is false, with the
+// exit code, when the command ends here (usage, -h, a config error).
+func parseLBArgs(args []string, stdout, stderr io.Writer) (c *lbCmd, code int, ok bool) {
+	if len(args) == 0 || (args[0] != "add" && args[0] != "remove" && args[0] != "state") {
+		fmt.Fprint(stderr, lbUsage)
+		return nil, ExitConfig, false
 	}
-	locker, err := NewLocker(cfg, log, lockclient.Holder{})
-	if err != nil {
-		fmt.Fprintf(stderr, "lock lb add: %v\n", err)
-		return ExitConfig
-	}
-	wctx := ctx
-	if wait > 0 {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, wait)
-		defer cancel()
-	}
-	log.Info("waiting until this allocation holds the lock", "path", cfg.Path, "alloc_id", allocID)
-	held, err := locker.WaitHeldBy(wctx, allocID)
-	if err != nil {
-		fmt.Fprintf(stderr, "lock lb add: %v\n", err)
-		if wctx.Err() != nil {
-			return ExitWaitTimeout
+	c = &lbCmd{verb: args[0], stdout: stdout, stderr: stderr}
+	verb := c.verb
+	fs := flag.NewFlagSet("lock lb "+verb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, lbUsage) }
+	var (
+		spec       LBSpec
+		health     HealthSpec
+		configFile string
+		verbose    bool
+	)
+	lbFlags(fs, &spec, &health)
+	fs.StringVar(&configFile, "config", "", "")
+	fs.DurationVar(&c.wait, "wait", 0, "")
+	fs.StringVar(&c.namespace, "namespace", "", "")
+	fs.StringVar(&c.addr, "address", "", "")
+	fs.BoolVar(&verbose, "verbose", false, "")
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, 0, false
 		}
+		return nil, ExitConfig, false
+	}
+	c.args = fs.Args()
+	c.log = newLogger(stderr, verbose).Named("lb")
+	if configFile != "" {
+		cfg := DefaultConfig()
+		if err := loadFile(&cfg, configFile); err != nil {
+			fmt.Fprintf(stderr, "lock lb: %v\n", err)
+			return nil, ExitConfig, false
+		}
+		spec, health = mergeLB(cfg.fileLB, spec), mergeHealth(cfg.fileHealth, health)
+	}
+	var err error
+	if c.lb, err = buildLBForCommand(spec, health, verb); err != nil {
+		fmt.Fprintf(stderr, "lock lb %s: %v\n", verb, err)
+		return nil, ExitConfig, false
+	}
+	if c.client, err = lbhook.NewClient(c.lb.Config, lbhook.ClientOptions{Logger: c.log}); err != nil {
+		fmt.Fprintf(stderr, "lock lb %s: %v\n", verb, err)
+		return nil, ExitConfig, false
+	}
+	return c, 0, true
+}
+
+// state is `lock lb state`: the service's upstreams, as JSON.
+func (c *lbCmd) state(ctx context.Context) int {
+	st, err := c.client.ServiceState(ctx)
+	if err != nil && !errors.Is(err, lbhook.ErrNotFound) {
+		fmt.Fprintf(c.stderr, "lock lb state: %v\n", err)
 		return ExitInfra
 	}
-	if lb.Health != nil {
-		if err := waitHealthy(wctx, lb.Health); err != nil {
-			fmt.Fprintf(stderr, "lock lb add: health check: %v\n", err)
-			return ExitWaitTimeout
-		}
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(st.Upstreams)
+	return 0
+}
+
+// remove is `lock lb remove`: REMOVE what `lock lb add` registered in this
+// allocation, as it recorded it in statePath.
+func (c *lbCmd) remove(ctx context.Context, allocID, statePath string) int {
+	var st lbCmdState
+	if err := readLBState(statePath, &st); err != nil {
+		c.log.Info("nothing to remove: lock lb add registered nothing in this allocation", "reason", err)
+		return 0
 	}
-	hook, err := client.ForAlloc(allocID, held.Fence)
+	hook, err := c.client.ForAlloc(allocID, st.Fence)
 	if err != nil {
-		fmt.Fprintf(stderr, "lock lb add: %v\n", err)
+		fmt.Fprintf(c.stderr, "lock lb remove: %v\n", err)
+		return ExitConfig
+	}
+	if _, err := hook.Remove(ctx, c.client.Self(st.Upstream)); err != nil {
+		fmt.Fprintf(c.stderr, "lock lb remove: %s\n", lbhook.Diagnose(err, c.client.Config()))
+		return lbErrorCode(err)
+	}
+	_ = os.Remove(statePath)
+	c.log.Info("removed from the load balancer", "upstream", st.Upstream)
+	return 0
+}
+
+// add is `lock lb add`: once this allocation holds the lock (and the health
+// check passes), record the registration for `lock lb remove` in statePath
+// and ADD our upstream, swapping out the previous holder's.
+func (c *lbCmd) add(ctx context.Context, allocID, statePath string) int {
+	held, code, ok := c.waitHeld(ctx, allocID)
+	if !ok {
+		return code
+	}
+	self := c.client.Self(c.lb.Upstream)
+	hook, err := c.client.ForAlloc(allocID, held.Fence)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
 		return ExitConfig
 	}
 	if err := writeLBState(statePath, lbCmdState{Fence: held.Fence, Upstream: self.Upstream}); err != nil {
-		fmt.Fprintf(stderr, "lock lb add: record the registration for lock lb remove: %v\n", err)
+		fmt.Fprintf(c.stderr, "lock lb add: record the registration for lock lb remove: %v\n", err)
 		return ExitInfra
 	}
-	// The holder record is what the next holder's ADD swaps out: it must
-	// name our upstream, or a holder that dies without its poststop REMOVE
-	// (docker kill, OOM, node loss) stays in the LB. Only the process that
-	// holds the lock can write it (Nomad refuses other writes to a locked
-	// variable), so the holder is told its port: lock -upstream-port.
-	switch recorded := held.Holder.Upstream; recorded {
-	case self.Upstream:
-	case "":
-		log.Warn("the lock's holder record names no upstream: should this instance die without `lock lb remove`, "+
-			"the next holder cannot swap it out of the load balancer; run the lock holder with "+
-			"-upstream-port "+lb.PortLabel, "upstream", self.Upstream)
-	default:
-		log.Warn("the lock's holder record names another upstream than ours: the next holder will swap out that one, "+
-			"not ours; give the lock holder the same -upstream-port as load_balancer.port",
-			"recorded", recorded, "upstream", self.Upstream, "port", lb.PortLabel)
-	}
+	c.checkHolderRecord(held.Holder.Upstream, self.Upstream)
 	var previous []lbhook.UpstreamInfo
 	if up := held.Holder.PreviousUpstream; up != "" {
-		previous = append(previous, lbhook.UpstreamInfo{Upstream: up, Group: lb.Group})
+		previous = append(previous, lbhook.UpstreamInfo{Upstream: up, Group: c.lb.Group})
 	}
 	if _, err := hook.Add(ctx, self, previous); err != nil {
-		fmt.Fprintf(stderr, "lock lb add: %s\n", lbhook.Diagnose(err, client.Config()))
+		fmt.Fprintf(c.stderr, "lock lb add: %s\n", lbhook.Diagnose(err, c.client.Config()))
 		return lbErrorCode(err)
 	}
-	log.Info("registered with the load balancer", "upstream", self.Upstream, "fence", held.Fence,
+	c.log.Info("registered with the load balancer", "upstream", self.Upstream, "fence", held.Fence,
 		"removed_previous", held.Holder.PreviousUpstream)
 	return 0
+}
+
+// waitHeld waits, within -wait, until allocID holds the lock and the health
+// check (if any) passes, and returns the lock's status. ok is false, with
+// the exit code, when it does not.
+func (c *lbCmd) waitHeld(ctx context.Context, allocID string) (held lockclient.Status, code int, ok bool) {
+	cfg := DefaultConfig()
+	cfg.Path, cfg.Namespace, cfg.Address = c.args[0], c.namespace, c.addr
+	if err := cfg.validateLock(); err != nil {
+		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
+		return held, ExitConfig, false
+	}
+	locker, err := NewLocker(cfg, c.log, lockclient.Holder{})
+	if err != nil {
+		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
+		return held, ExitConfig, false
+	}
+	wctx := ctx
+	if c.wait > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, c.wait)
+		defer cancel()
+	}
+	c.log.Info("waiting until this allocation holds the lock", "path", cfg.Path, "alloc_id", allocID)
+	held, err = locker.WaitHeldBy(wctx, allocID)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
+		if wctx.Err() != nil {
+			return held, ExitWaitTimeout, false
+		}
+		return held, ExitInfra, false
+	}
+	if c.lb.Health != nil {
+		if err := waitHealthy(wctx, c.lb.Health); err != nil {
+			fmt.Fprintf(c.stderr, "lock lb add: health check: %v\n", err)
+			return held, ExitWaitTimeout, false
+		}
+	}
+	return held, 0, true
+}
+
+// checkHolderRecord warns when the lock's holder record does not name our
+// upstream. The holder record is what the next holder's ADD swaps out: it
+// must name our upstream, or a holder that dies without its poststop REMOVE
+// (docker kill, OOM, node loss) stays in the LB. Only the process that
+// holds the lock can write it (Nomad refuses other writes to a locked
+// variable), so the holder is told its port: lock -upstream-port.
+func (c *lbCmd) checkHolderRecord(recorded, upstream string) {
+	switch recorded {
+	case upstream:
+	case "":
+		c.log.Warn("the lock's holder record names no upstream: should this instance die without `lock lb remove`, "+
+			"the next holder cannot swap it out of the load balancer; run the lock holder with "+
+			"-upstream-port "+c.lb.PortLabel, "upstream", upstream)
+	default:
+		c.log.Warn("the lock's holder record names another upstream than ours: the next holder will swap out that one, "+
+			"not ours; give the lock holder the same -upstream-port as load_balancer.port",
+			"recorded", recorded, "upstream", upstream, "port", c.lb.PortLabel)
+	}
 }
 
 // buildLBForCommand builds the LB block for a subcommand: "state" needs no

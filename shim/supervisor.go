@@ -201,51 +201,24 @@ func (s *Supervisor) notify(ev Event) {
 
 // Run supervises until the workload is gone and the lock released, and
 // returns the exit code. sigs delivers the signals the supervisor received.
+//
+// Its steps, in order: set up; a gate checks its job before it takes the
+// lock (gateRefused); take the lease (acquireOrAdopt); a gate waits until
+// the previous holder's gated tasks are dead (gateAwaitPrevious) and, with
+// no command of its own, holds the lock for them (holdGate); otherwise start
+// the workload under its armed guard (startHeld), register it with the load
+// balancer (registerLB) and hold the lease (hold) until the workload exits,
+// the lease is lost or a stop comes, each of which ends in shutdown: LB
+// REMOVE, stop, proof of death, release.
 func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
-	if s.Logger == nil {
-		s.Logger = hclog.NewNullLogger()
+	s.setUp()
+	if code, refused := s.gateRefused(ctx); refused {
+		return code
 	}
-	s.spawner = newSpawner()
-	if s.Subreaper {
-		if err := becomeSubreaper(); err != nil {
-			s.Logger.Warn("cannot become a child subreaper: processes that leave the workload's process group are not tracked", "error", err)
-			s.Subreaper = false
-		}
+	lease, code, done := s.acquireOrAdopt(ctx, sigs)
+	if done {
+		return code
 	}
-
-	if s.Config.Gate != nil {
-		if err := s.gateCheck(ctx); err != nil {
-			s.Logger.Error("gate: not taking the lock", "error", err)
-			s.emit(Event{State: StateStopping, Message: "Gate not started: " + err.Error()})
-			var ge *GateConfigError
-			var pe *lockclient.AllocPermissionError
-			switch {
-			case errors.As(err, &ge):
-				return ExitConfig
-			case errors.As(err, &pe):
-				return ExitPermission
-			}
-			return ExitInfra
-		}
-	}
-	var lease *lockclient.Lease
-	if g := s.Config.Gate; g != nil && g.Adopt != nil {
-		l, err := s.gateAdopt(ctx)
-		if err != nil {
-			s.Logger.Error("gate: cannot take over the previous run's lease", "error", err)
-			s.emit(Event{State: StateLost, Fence: g.Adopt.Fence, Message: "Lock lost: the restarted gate could not take over its lease (" +
-				err.Error() + "): it fails, and Nomad kills the gated tasks"})
-			return ExitLost
-		}
-		lease = l
-	} else {
-		l, code, done := s.acquire(ctx, sigs)
-		if done {
-			return code
-		}
-		lease = l
-	}
-	log := s.Logger.With("fence", lease.Fence)
 	if s.OnAcquire != nil {
 		s.OnAcquire(lease)
 	}
@@ -259,12 +232,97 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 			return s.holdGate(lease, sigs)
 		}
 	}
+	r, code, started := s.startHeld(lease)
+	if !started {
+		return code
+	}
+	if code, failed := r.registerLB(); failed {
+		return code
+	}
+	return r.hold(ctx, sigs)
+}
 
+// setUp readies the supervisor for Run: a logger, the spawner, and the
+// child subreaper role when asked for (dropped, with a warning, when the
+// kernel refuses it).
+func (s *Supervisor) setUp() {
+	if s.Logger == nil {
+		s.Logger = hclog.NewNullLogger()
+	}
+	s.spawner = newSpawner()
+	if s.Subreaper {
+		if err := becomeSubreaper(); err != nil {
+			s.Logger.Warn("cannot become a child subreaper: processes that leave the workload's process group are not tracked", "error", err)
+			s.Subreaper = false
+		}
+	}
+}
+
+// gateRefused runs a gate's checks of its job before it takes the lock
+// (gateCheck). refused is true, with the exit code, when the gate must not
+// take it; a task that is no gate is never refused.
+func (s *Supervisor) gateRefused(ctx context.Context) (code int, refused bool) {
+	if s.Config.Gate == nil {
+		return 0, false
+	}
+	err := s.gateCheck(ctx)
+	if err == nil {
+		return 0, false
+	}
+	s.Logger.Error("gate: not taking the lock", "error", err)
+	s.emit(Event{State: StateStopping, Message: "Gate not started: " + err.Error()})
+	var ge *GateConfigError
+	var pe *lockclient.AllocPermissionError
+	switch {
+	case errors.As(err, &ge):
+		return ExitConfig, true
+	case errors.As(err, &pe):
+		return ExitPermission, true
+	}
+	return ExitInfra, true
+}
+
+// acquireOrAdopt takes the lease: a restarted gate takes over the lease its
+// previous run left held (gateAdopt), anyone else waits for the lock
+// (acquire). done is true when Run must return code without a lease.
+func (s *Supervisor) acquireOrAdopt(ctx context.Context, sigs <-chan os.Signal) (lease *lockclient.Lease, code int, done bool) {
+	if g := s.Config.Gate; g != nil && g.Adopt != nil {
+		l, err := s.gateAdopt(ctx)
+		if err != nil {
+			s.Logger.Error("gate: cannot take over the previous run's lease", "error", err)
+			s.emit(Event{State: StateLost, Fence: g.Adopt.Fence, Message: "Lock lost: the restarted gate could not take over its lease (" +
+				err.Error() + "): it fails, and Nomad kills the gated tasks"})
+			return nil, ExitLost, true
+		}
+		return l, 0, false
+	}
+	return s.acquire(ctx, sigs)
+}
+
+// heldRun is the workload running under a held lease: what the hold loop
+// and shutdown act on.
+type heldRun struct {
+	s      *Supervisor
+	lease  *lockclient.Lease
+	g      *group
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has been waited for
+	lb     *lbSession    // nil without a load balancer
+	log    hclog.Logger
+}
+
+// startHeld starts the workload under the lease: its process-group guard
+// (which the driver requires), the workload in the guard's group, the
+// subreaper's view of its tree, the guard armed, and the holding event.
+// started is false, with the exit code, when the workload could not start;
+// the lease is then released as finish allows.
+func (s *Supervisor) startHeld(lease *lockclient.Lease) (r *heldRun, code int, started bool) {
+	log := s.Logger.With("fence", lease.Fence)
 	g, err := startGuard(s.spawner)
 	if err != nil && s.RequireGuard {
 		log.Error("cannot start the process-group guard; not starting the workload", "error", err)
 		s.finish(lease, nil, nil)
-		return ExitInfra
+		return nil, ExitInfra, false
 	}
 	if err != nil {
 		log.Warn("running without a process-group guard: descendants that outlive a killed supervisor are not cleaned up", "error", err)
@@ -273,7 +331,7 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	if err != nil {
 		log.Error("cannot start the workload", "error", err)
 		s.finish(lease, g, nil)
-		return startErrorCode(err)
+		return nil, startErrorCode(err), false
 	}
 	log.Info("workload started", "pid", cmd.Process.Pid, "pgid", g.pgid)
 	if s.Subreaper && s.Tree == nil {
@@ -284,40 +342,63 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 		s.Tree = guardedTree{newSubreaperTree(cmd.Process.Pid, guard), guard}
 	}
 	g.arm(s.guardDeadline(lease))
-	held := func(state State, msg string) Event {
-		return Event{State: state, Fence: lease.Fence, Message: msg,
-			FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline(),
-			WorkloadPID: cmd.Process.Pid, WorkloadPGID: g.pgid}
-	}
-	holding := held(StateHolding, fmt.Sprintf("Acquired lock (fence %d)", lease.Fence))
-	s.emit(holding)
+	r = &heldRun{s: s, lease: lease, g: g, cmd: cmd, log: log}
+	s.emit(r.held(StateHolding, fmt.Sprintf("Acquired lock (fence %d)", lease.Fence)))
 
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	r.exited = make(chan struct{})
+	go func() { _ = cmd.Wait(); close(r.exited) }()
+	return r, 0, true
+}
 
-	var lb *lbSession
-	// shutdown takes the instance out of the LB first, then stops the
-	// workload and releases.
-	shutdown := func(sig syscall.Signal, timeout time.Duration) {
-		// The loop no longer re-arms the guard: give it the whole stop
-		// (LB remove, then the grace), still capped by the stop deadline.
-		until := time.Now().Add(s.removeBudget(lease) + s.lbCheckTime() + timeout + 2*time.Second)
+// held is an event of the holding states, with the lease's deadlines and
+// the workload's PID and group, which the driver's watchdog reads.
+func (r *heldRun) held(state State, msg string) Event {
+	return Event{State: state, Fence: r.lease.Fence, Message: msg,
+		FenceDeadline: r.lease.FenceDeadline(), StopDeadline: r.lease.StopDeadline(),
+		WorkloadPID: r.cmd.Process.Pid, WorkloadPGID: r.g.pgid}
+}
+
+// shutdown takes the instance out of the LB first, then stops the
+// workload and releases.
+func (r *heldRun) shutdown(sig syscall.Signal, timeout time.Duration) {
+	s, lease, g := r.s, r.lease, r.g
+	// The loop no longer re-arms the guard: give it the whole stop
+	// (LB remove, then the grace), still capped by the stop deadline.
+	until := time.Now().Add(s.removeBudget(lease) + s.lbCheckTime() + timeout + 2*time.Second)
+	g.arm(earliest(until, lease.StopDeadline()))
+	s.deregister(r.lb, s.removeBudget(lease), r.held, lease.Renewed(), func() {
 		g.arm(earliest(until, lease.StopDeadline()))
-		s.deregister(lb, s.removeBudget(lease), held, lease.Renewed(), func() {
-			g.arm(earliest(until, lease.StopDeadline()))
-			s.emit(held(s.state, s.message))
-		})
-		s.stop(lease, g, exited, sig, timeout, held)
-		s.finish(lease, g, exited)
+		s.emit(r.held(s.state, s.message))
+	})
+	s.stop(lease, g, r.exited, sig, timeout, r.held)
+	s.finish(lease, g, r.exited)
+}
+
+// registerLB starts the load balancer session, when one is configured.
+// failed is true, with the exit code, when it could not: the workload has
+// then been shut down.
+func (r *heldRun) registerLB() (code int, failed bool) {
+	s := r.s
+	if s.Config.LB == nil {
+		return 0, false
 	}
-	if s.Config.LB != nil {
-		if lb, err = s.startLB(lease); err != nil {
-			log.Error("cannot register with the load balancer", "error", err)
-			s.emit(held(StateStopping, "LB add failed: "+err.Error()))
-			shutdown(s.Config.KillSignal, s.Config.KillTimeout)
-			return ExitLBFailed
-		}
+	var err error
+	if r.lb, err = s.startLB(r.lease); err != nil {
+		r.log.Error("cannot register with the load balancer", "error", err)
+		s.emit(r.held(StateStopping, "LB add failed: "+err.Error()))
+		r.shutdown(s.Config.KillSignal, s.Config.KillTimeout)
+		return ExitLBFailed, true
 	}
+	return 0, false
+}
+
+// hold is the holding state. Each renewal re-arms the guard and republishes
+// the deadlines; LB events are relayed and other signals forwarded to the
+// workload. The workload's exit, the lease's loss, a failed LB ADD, a stop
+// request or a terminating signal shuts down and ends the run with its
+// exit code.
+func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
+	s, lease, lb := r.s, r.lease, r.lb
 	// A gate with a command of its own carries its gated task's LB
 	// registration as holdGate does: the REMOVE goes out when the
 	// allocation is being stopped, before Nomad kills the gated tasks.
@@ -331,27 +412,20 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	for {
 		select {
 		case <-lease.Renewed():
-			g.arm(s.guardDeadline(lease))
-			s.emit(held(s.state, s.message))
+			r.g.arm(s.guardDeadline(lease))
+			s.emit(r.held(s.state, s.message))
 
 		case ev := <-lb.eventsC():
-			if err := s.handleLB(lb, ev, held); err != nil {
-				log.Error("stopping: the load balancer ADD failed", "error", err)
-				msg := lbAddFailedMessage(err, lb.client.Config())
-				if s.Config.Gate != nil {
-					msg = gateLBAddFailedMessage(err, lb.client.Config())
-				}
-				s.emit(held(StateStopping, msg))
-				shutdown(s.Config.KillSignal, s.Config.KillTimeout)
-				return ExitLBFailed
+			if err := s.handleLB(lb, ev, r.held); err != nil {
+				return r.lbAddFailed(err)
 			}
 
 		case <-allocStopping:
 			allocStopping = nil
-			log.Info("gate: the allocation is being stopped: removing the gated task's upstream before Nomad kills it")
-			s.deregister(lb, s.removeBudget(lease), held, lease.Renewed(), func() {
-				g.arm(s.guardDeadline(lease))
-				s.emit(held(s.state, s.message))
+			r.log.Info("gate: the allocation is being stopped: removing the gated task's upstream before Nomad kills it")
+			s.deregister(lb, s.removeBudget(lease), r.held, lease.Renewed(), func() {
+				r.g.arm(s.guardDeadline(lease))
+				s.emit(r.held(s.state, s.message))
 			})
 
 		case <-lb.recheckC():
@@ -359,44 +433,74 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 				lb.check()
 			}
 
-		case <-exited:
-			code := exitCode(cmd.ProcessState)
-			log.Info("workload exited", "code", code)
-			shutdown(s.Config.KillSignal, s.Config.KillTimeout)
+		case <-r.exited:
+			code := exitCode(r.cmd.ProcessState)
+			r.log.Info("workload exited", "code", code)
+			r.shutdown(s.Config.KillSignal, s.Config.KillTimeout)
 			return code
 
 		case <-lease.Lost():
-			why := lease.Err()
-			log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", time.Until(lease.StopDeadline()).Round(time.Millisecond))
-			s.emit(held(StateLost, "Lock lost: "+strings.TrimPrefix(why.Error(), "lock lost: ")))
-			shutdown(s.Config.KillSignal, s.Config.KillTimeout)
-			return ExitLost
+			return r.lost()
 
 		case req := <-s.Stop:
-			log.Info("stop requested", "kill_signal", signalName(req.Signal), "kill_timeout", req.Timeout)
+			r.log.Info("stop requested", "kill_signal", signalName(req.Signal), "kill_timeout", req.Timeout)
 			if s.Config.Gate != nil {
 				s.Config.Gate.stopRequested = true
 			}
-			shutdown(req.Signal, req.Timeout)
-			return exitCode(cmd.ProcessState)
+			r.shutdown(req.Signal, req.Timeout)
+			return exitCode(r.cmd.ProcessState)
 
 		case sig := <-sigs:
-			sys, _ := sig.(syscall.Signal)
-			if sys == syscall.SIGTERM || sys == syscall.SIGINT {
-				stopSig := sys
-				if s.Config.KillSignalSet {
-					stopSig = s.Config.KillSignal
-				}
-				log.Info("stopping on signal", "signal", sig, "kill_signal", stopSig)
-				shutdown(stopSig, s.Config.KillTimeout)
-				return exitCode(cmd.ProcessState)
-			}
-			log.Debug("forwarding signal", "signal", sig, "pid", cmd.Process.Pid)
-			if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-				log.Warn("forward signal", "signal", sig, "error", err)
+			if code, stopped := r.signal(sig); stopped {
+				return code
 			}
 		}
 	}
+}
+
+// lbAddFailed shuts down after the load balancer refused our ADD for good.
+func (r *heldRun) lbAddFailed(err error) int {
+	s := r.s
+	r.log.Error("stopping: the load balancer ADD failed", "error", err)
+	msg := lbAddFailedMessage(err, r.lb.client.Config())
+	if s.Config.Gate != nil {
+		msg = gateLBAddFailedMessage(err, r.lb.client.Config())
+	}
+	s.emit(r.held(StateStopping, msg))
+	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout)
+	return ExitLBFailed
+}
+
+// lost stops the workload after the lease was lost, within its stop deadline.
+func (r *heldRun) lost() int {
+	s, lease := r.s, r.lease
+	why := lease.Err()
+	r.log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", time.Until(lease.StopDeadline()).Round(time.Millisecond))
+	s.emit(r.held(StateLost, "Lock lost: "+strings.TrimPrefix(why.Error(), "lock lost: ")))
+	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout)
+	return ExitLost
+}
+
+// signal stops the workload on SIGTERM or SIGINT (with kill_signal instead,
+// when one is set) and forwards any other signal to it. stopped is true,
+// with the exit code, once the workload was stopped.
+func (r *heldRun) signal(sig os.Signal) (code int, stopped bool) {
+	s := r.s
+	sys, _ := sig.(syscall.Signal)
+	if sys == syscall.SIGTERM || sys == syscall.SIGINT {
+		stopSig := sys
+		if s.Config.KillSignalSet {
+			stopSig = s.Config.KillSignal
+		}
+		r.log.Info("stopping on signal", "signal", sig, "kill_signal", stopSig)
+		r.shutdown(stopSig, s.Config.KillTimeout)
+		return exitCode(r.cmd.ProcessState), true
+	}
+	r.log.Debug("forwarding signal", "signal", sig, "pid", r.cmd.Process.Pid)
+	if err := r.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		r.log.Warn("forward signal", "signal", sig, "error", err)
+	}
+	return 0, false
 }
 
 // acquire waits for the lock. Terminating signals abort the wait. done is

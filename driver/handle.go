@@ -1,0 +1,285 @@
+package driver
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+	"golang.org/x/sys/unix"
+)
+
+// Timings of the plugin side.
+const (
+	// watchInterval is how often the plugin reads the supervisor's status
+	// and events.
+	watchInterval = 100 * time.Millisecond
+	// watchdogGrace is how long past a deadline the watchdog waits for the
+	// supervisor to act before it kills the workload itself. A healthy
+	// supervisor acts at the deadline; the server expires the lock a full
+	// TTL later, so this grace costs no safety.
+	watchdogGrace = time.Second
+	// stopReserve is added to kill_timeout for the supervisor to SIGKILL
+	// stragglers and release the lock before StopTask kills it.
+	stopReserve = 10 * time.Second
+	// killWait bounds the wait for a SIGKILLed supervisor to disappear.
+	killWait = 5 * time.Second
+)
+
+// taskHandle is the plugin's view of one task's supervisor.
+type taskHandle struct {
+	cfg       *drivers.TaskConfig
+	dir       *securefs.Dir
+	proc      *supervisorProc
+	cgroup    *taskCgroup
+	startedAt time.Time
+	logger    hclog.Logger
+
+	done chan struct{}
+	// holding, for a gate, is closed once its supervisor holds the lock
+	// (StartTask returns only then); nil for other tasks.
+	holding     chan struct{}
+	holdingOnce sync.Once
+
+	mu          sync.Mutex
+	exit        *drivers.ExitResult
+	completedAt time.Time
+	status      supervisorStatus
+	watchdogHit bool
+}
+
+func (h *taskHandle) exited() bool { return chans.Closed(h.done) }
+
+func (h *taskHandle) lastStatus() supervisorStatus {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.status
+}
+
+// run watches one supervisor until it exits: it relays its events, runs the
+// watchdog, and records the exit.
+func (d *Driver) run(h *taskHandle, tail *eventTail) {
+	type waited struct {
+		state *os.ProcessState
+		err   error
+	}
+	exited := make(chan waited, 1)
+	go func() {
+		ps, err := h.proc.wait()
+		exited <- waited{ps, err}
+	}()
+	tick := time.NewTicker(watchInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case w := <-exited:
+			d.drainEvents(h, tail)
+			d.cleanUpAfterExit(h)
+			h.finish(d.exitResult(h, w.state, w.err))
+			return
+		case <-tick.C:
+			d.drainEvents(h, tail)
+			d.watchdog(h)
+		}
+	}
+}
+
+// drainEvents turns new supervisor events into task events and refreshes
+// the cached status.
+func (d *Driver) drainEvents(h *taskHandle, tail *eventTail) {
+	var st supervisorStatus
+	if err := readJSON(h.dir, statusFile, &st); err == nil {
+		h.mu.Lock()
+		h.status = st
+		h.mu.Unlock()
+		if h.holding != nil && shim.State(st.State).Holds() {
+			h.holdingOnce.Do(func() { close(h.holding) })
+		}
+	}
+	evs, err := tail.read()
+	if err != nil {
+		h.logger.Debug("read supervisor events", "error", err)
+	}
+	for _, ev := range evs {
+		ann := map[string]string{"lock_state": ev.State}
+		if ev.Fence != 0 {
+			ann["fence"] = strconv.FormatUint(ev.Fence, 10)
+		}
+		if ev.Holder != "" {
+			ann["holder_alloc_id"] = ev.Holder
+		}
+		d.emitEvent(h.cfg, ev.Message, ann)
+	}
+	if len(evs) > 0 {
+		tail.save()
+	}
+}
+
+// watchdog kills the workload's process group, and the supervisor, when the
+// supervisor has let a deadline pass while the workload still runs (e.g. it
+// is SIGSTOPped or starved). No second holder can then overlap a stuck one.
+func (d *Driver) watchdog(h *taskHandle) {
+	st := h.lastStatus()
+	if st.WorkloadPGID == 0 {
+		return
+	}
+	now, grace := monoNow(), int64(watchdogGrace)
+	var why string
+	switch state := shim.State(st.State); {
+	case state.Holds():
+		if st.FenceDeadlineMono > 0 && now > st.FenceDeadlineMono+grace {
+			why = fmt.Sprintf("supervisor unresponsive %s past its fence deadline", time.Duration(now-st.FenceDeadlineMono).Round(time.Millisecond))
+		}
+	case state == shim.StateLost || state == shim.StateStopping:
+		if st.StopDeadlineMono > 0 && now > st.StopDeadlineMono+grace {
+			why = fmt.Sprintf("workload still running %s past its stop deadline", time.Duration(now-st.StopDeadlineMono).Round(time.Millisecond))
+		}
+	}
+	if why == "" || !groupAlive(st.WorkloadPGID) {
+		return
+	}
+	h.mu.Lock()
+	first := !h.watchdogHit
+	h.watchdogHit = true
+	h.mu.Unlock()
+	h.logger.Error("watchdog: killing the task", "why", why)
+	h.killTask()
+	if first {
+		d.emitEvent(h.cfg, "Lock lost: watchdog killed the workload: "+why, map[string]string{"lock_state": string(shim.StateLost)})
+	}
+}
+
+// exitResult is the task's exit: the supervisor's exit code (the workload's
+// own, or a documented lock code) from exit.json, else from the wait status.
+// errOOMKilled is the exit message of a task whose memory cgroup OOM-killed a
+// workload process (the docker driver says "OOM Killed" too).
+var errOOMKilled = errors.New("OOM Killed: a workload process went over the task's memory limit; raise resources.memory (or memory_max)")
+
+func (d *Driver) exitResult(h *taskHandle, ps *os.ProcessState, waitErr error) *drivers.ExitResult {
+	var es exitStatus
+	if err := readJSON(h.dir, exitFile, &es); err == nil {
+		res := &drivers.ExitResult{ExitCode: es.ExitCode, Signal: es.Signal, OOMKilled: es.OOMKilled}
+		if es.OOMKilled {
+			res.Err = errOOMKilled
+		}
+		return res
+	}
+	// The supervisor died without its exit status: the plugin compares the
+	// OOM kill count itself.
+	var spec supervisorSpec
+	oom := readJSON(h.dir, specFile, &spec) == nil && h.cgroup.oomKilledSince(spec.OOMKillsAtStart)
+	if ps != nil {
+		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return &drivers.ExitResult{ExitCode: 128 + int(ws.Signal()), Signal: int(ws.Signal()), OOMKilled: oom,
+				Err: fmt.Errorf("the supervisor was killed by %s", unix.SignalName(ws.Signal()))}
+		}
+		return &drivers.ExitResult{ExitCode: ps.ExitCode(), OOMKilled: oom}
+	}
+	err := errors.New("supervisor exited without an exit status (killed)")
+	if waitErr != nil {
+		err = fmt.Errorf("wait for supervisor: %w", waitErr)
+	}
+	return &drivers.ExitResult{ExitCode: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL), OOMKilled: oom, Err: err}
+}
+
+func (h *taskHandle) finish(res *drivers.ExitResult) {
+	h.mu.Lock()
+	h.exit, h.completedAt = res, time.Now()
+	h.mu.Unlock()
+	close(h.done)
+	h.logger.Info("supervisor exited", "code", res.ExitCode, "signal", res.Signal, "error", res.Err)
+}
+
+// lbRemoveReserve is what the supervisor may spend on its LB REMOVE before
+// it signals the workload: remove_deadline and one state read
+// (request_timeout). StopTask waits that much longer.
+func (h *taskHandle) lbRemoveReserve() time.Duration {
+	var spec supervisorSpec
+	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.LB.IsZero() {
+		return 0
+	}
+	parse := func(v string, def time.Duration) time.Duration {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			return d
+		}
+		return def
+	}
+	return parse(spec.LB.RemoveDeadline, lbhook.DefaultRemoveDeadline) + parse(spec.LB.RequestTimeout, lbhook.DefaultRequestTimeout)
+}
+
+// killTask SIGKILLs the supervisor, through the handle that proves it is
+// ours, and everything in the task cgroup. The supervisor's group guard
+// kills the workload's process group when the supervisor dies, also where
+// there is no cgroup. No PID or group read from a file is ever signalled.
+func (h *taskHandle) killTask() {
+	if h.proc != nil {
+		_ = h.proc.signal(syscall.SIGKILL)
+	}
+	if h.cgroup != nil {
+		go func() {
+			if err := h.cgroup.KillAll(killWait); err != nil {
+				h.logger.Error("kill the task cgroup", "error", err)
+			}
+		}()
+	}
+}
+
+// kill SIGKILLs the task (see killTask) and waits for the supervisor to be
+// gone.
+func (h *taskHandle) kill(why string) error {
+	h.logger.Warn("killing supervisor", "why", why)
+	h.killTask()
+	select {
+	case <-h.done:
+		return nil
+	case <-time.After(killWait):
+		return fmt.Errorf("supervisor pid %d did not exit %s after SIGKILL", h.proc.pid, killWait)
+	}
+}
+
+// taskStore maps task IDs to handles.
+type taskStore struct {
+	mu    sync.RWMutex
+	store map[string]*taskHandle
+}
+
+func newTaskStore() *taskStore { return &taskStore{store: map[string]*taskHandle{}} }
+
+func (s *taskStore) set(id string, h *taskHandle) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.store[id] = h
+}
+
+func (s *taskStore) get(id string) (*taskHandle, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	h, ok := s.store[id]
+	return h, ok
+}
+
+// all returns every handle.
+func (s *taskStore) all() []*taskHandle {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*taskHandle, 0, len(s.store))
+	for _, h := range s.store {
+		out = append(out, h)
+	}
+	return out
+}
+
+func (s *taskStore) delete(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.store, id)
+}
