@@ -969,12 +969,7 @@ func chaosReport(trials int, took time.Duration, load string) string {
 		"before reporting the task's exit, and showed \"Lock not released after supervisor crash\". The supervisor now drops " +
 		"the record once it has tried; the row asserts that no such event appears.")
 	p("")
-	p("Found by row 8, open: a gated task with a Nomad service (provider \"nomad\") on a client cut off from the servers outlives " +
-		"the lock. The gate self-fences and fails on time, and Nomad's client starts killing the gated task (\"Sibling Task Failed\", " +
-		"\"Sent interrupt\"), but the client runs the task's pre-kill hooks first, and the Nomad service deregistration there is an RPC " +
-		"to the servers that blocks until the connection is declared dead (yamux keepalive, about 30s). Measured once while developing " +
-		"the row: the old app was gone 41.6s after the cut, the replacement's app had started at 18.7s: a 22.9s overlap. Without the " +
-		"service (8-gate-partition-docker) the app is gone about 9.5s after the cut, before the lock can expire.")
+	p("Found by row 8: a gated task with a Nomad service (provider \"nomad\") on a client cut off from the servers outlives the lock. The gate self-fences and fails on time, and Nomad's client starts killing the gated task (\"Sibling Task Failed\", \"Sent interrupt\"), but the client runs the task's pre-kill hooks first, and the Nomad service deregistration there is an RPC to the servers that blocks until the connection is declared dead (yamux keepalive, about 30s). Measured while developing the row: the old app was gone 41.6s after the cut, the replacement's app had started at 18.7s: a 22.9s overlap (3 of 3 trials). The next gate had taken the servers' \"lost\" for dead. Now, after a release it did not see marked clean, the next gate waits until Nomad's client reports the old holder's tasks dead, at most 2×TTL + delay, and 60s more when the group registers Nomad services: no overlap, at the price of a slower takeover on a partition (both partition rows above).")
 	return b.String()
 }
 
