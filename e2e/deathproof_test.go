@@ -63,7 +63,7 @@ func testLockDaemonNeverTwice(t *testing.T, a *harness.Agent) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	_ = a.Purge(s.job)
+	stopJobWait(t, a, s.job, 90*time.Second)
 	checkNoTwoAllocs(t, s.marker, s.record, smp, runs-1)
 }
 
@@ -133,7 +133,7 @@ func testDaemonNeverTwice(t *testing.T, a *harness.Agent) {
 		t.Fatal(err)
 	}
 	j.waitStart(t, 60*time.Second, func(r harness.Record) bool { return r.AllocID != last.AllocID && r.Mono > last.Mono })
-	_ = a.Purge(j.id)
+	stopJobWait(t, a, j.id, 90*time.Second)
 	checkNoTwoAllocs(t, j.marker, j.record, smp, handovers)
 }
 
@@ -168,6 +168,9 @@ func testSlowGracefulStop(t *testing.T, a *harness.Agent) {
 			t.Errorf("a graceful stop within kill_timeout shows %q: %s", bad, drvFormatEvents(m))
 		}
 	}
+	// The replacement's workload also takes 25 s to stop: wait for it,
+	// so that nothing of the job outlives the test's agent.
+	stopJobWait(t, a, j.id, 90*time.Second)
 }
 
 // checkAllocsApart fails the test if processes (main and daemons alike) of
@@ -210,4 +213,37 @@ func checkAllocsApart(t *testing.T, recs []harness.Record, sum harness.SampleSum
 		n = max(n, 1)
 	}
 	return ivs, n
+}
+
+// stopJobWait stops the job and waits until its client has reported every
+// allocation complete, failed or lost, then purges it. A purge alone leaves
+// a standby that took the lock a moment before its own stop arrived to run
+// its workload briefly, after a check that found nothing running.
+func stopJobWait(t *testing.T, a *harness.Agent, jobID string, timeout time.Duration) {
+	t.Helper()
+	if _, _, err := a.API().Jobs().Deregister(jobID, false, nil); err != nil {
+		t.Fatalf("stop job %s: %v", jobID, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		allocs, err := a.Allocs(jobID)
+		done := err == nil
+		for _, al := range allocs {
+			switch al.ClientStatus {
+			case api.AllocClientStatusComplete, api.AllocClientStatusFailed, api.AllocClientStatusLost:
+			default:
+				done = false
+			}
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s: allocations not all ended %s after its stop: %s", jobID, timeout, a.Nomad(t, "job", "status", jobID))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := a.Purge(jobID); err != nil {
+		t.Fatal(err)
+	}
 }
