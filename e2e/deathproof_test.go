@@ -203,10 +203,20 @@ func checkAllocsApart(t *testing.T, recs []harness.Record, sum harness.SampleSum
 	}
 	n := 0
 	for _, o := range harness.Overlaps(ivs) {
-		if o.A.AllocID != o.B.AllocID {
-			t.Errorf("processes of two allocations overlapped for %s: %+v and %+v", o.For, o.A, o.B)
-			n++
+		if o.A.AllocID == o.B.AllocID {
+			continue
 		}
+		// A SIGKILLed process writes no end record: its end is what the
+		// sampler saw, by pidfd or, failing that, by the first scan without
+		// it, late by up to an interval and a scan. Within that an overlap
+		// of the records proves nothing either way; the sampler's check
+		// below, dated by pidfds, fails on any moment two ran at once.
+		if o.A.EndedBy == "observed" && o.For <= dockerSampleResolution {
+			t.Logf("within the sampler's resolution (%s), not counted: %s between %+v and %+v", dockerSampleResolution, o.For, o.A, o.B)
+			continue
+		}
+		t.Errorf("processes of two allocations overlapped for %s: %+v and %+v", o.For, o.A, o.B)
+		n++
 	}
 	if over := sum.Over(1); len(over) > 0 {
 		t.Errorf("the sampler saw two allocations' processes at once in %d samples: %s", len(over), sum)
