@@ -7,8 +7,6 @@ package e2e
 import (
 	"fmt"
 	"slices"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,80 +16,6 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi"
 )
-
-// gateLBSampler polls a service's upstreams every few milliseconds and
-// remembers the most it saw at once and when it last saw each upstream
-// (CLOCK_MONOTONIC, as the app's records and the LB's request stamps).
-type gateLBSampler struct {
-	stop, done chan struct{}
-
-	mu       sync.Mutex
-	samples  int
-	max      int
-	multi    []string
-	lastSeen map[string]int64
-}
-
-func gateSampleLB(t *testing.T, lb *harness.LB, service string) *gateLBSampler {
-	s := &gateLBSampler{stop: make(chan struct{}), done: make(chan struct{}), lastSeen: map[string]int64{}}
-	go func() {
-		defer close(s.done)
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			now := harness.MonoNow()
-			ups := lb.Upstreams(service)
-			s.mu.Lock()
-			s.samples++
-			s.max = max(s.max, len(ups))
-			if len(ups) > 1 && len(s.multi) < 10 {
-				s.multi = append(s.multi, fmt.Sprintf("%d: %q", now, ups))
-			}
-			for _, u := range ups {
-				s.lastSeen[u] = now
-			}
-			s.mu.Unlock()
-			select {
-			case <-s.stop:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	t.Cleanup(s.halt)
-	return s
-}
-
-func (s *gateLBSampler) halt() {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	<-s.done
-}
-
-// seen is the last moment the sampler saw upstream listed (0: never).
-func (s *gateLBSampler) seen(upstream string) int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lastSeen[upstream]
-}
-
-// check stops the sampler and fails the test if it ever saw two upstreams.
-func (s *gateLBSampler) check(t *testing.T) {
-	t.Helper()
-	s.halt()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t.Logf("LB sampler: %d samples, at most %d upstream(s) at once", s.samples, s.max)
-	if s.samples < 100 {
-		t.Errorf("LB sampler: only %d samples", s.samples)
-	}
-	if s.max > 1 {
-		t.Errorf("the LB listed %d upstreams at once: %s", s.max, strings.Join(s.multi, "; "))
-	}
-}
 
 // gateLBRequest waits until the LB holds a request of the service whose id
 // starts with prefix in state SUCCESS, and returns the first such one.
@@ -131,7 +55,7 @@ func testGateLB(t *testing.T, a *harness.Agent, records string, d *harness.Docke
 	j.appExtra = "\n      shutdown_delay = \"2s\""
 
 	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsMainWorkload})
-	ups := gateSampleLB(t, lb, service)
+	ups := lbSampleState(t, lb, service)
 	a.RunJobHCL(t, j.hcl(t))
 	t.Cleanup(func() { _ = a.Purge(j.id) })
 
@@ -231,7 +155,10 @@ func testGateLB(t *testing.T, a *harness.Agent, records string, d *harness.Docke
 		t.Fatal(err)
 	}
 	lbWaitUpstreams(t, lb, service, 60*time.Second)
-	ups.check(t)
+	ups.check(t, "gate failovers")
+	if ups.samples < 100 {
+		t.Errorf("LB sampler: only %d samples", ups.samples)
+	}
 	checkNoTwoAllocs(t, j.marker, j.record, smp, 0, known...)
 	t.Logf("LB requests:\n%s", lbFormatRequests(lb.Requests(service)))
 }
@@ -240,7 +167,7 @@ func testGateLB(t *testing.T, a *harness.Agent, records string, d *harness.Docke
 // swapped prev's upstream out in the same request, the service lists its
 // upstream alone, and prev's was never listed after that ADD. It returns
 // next's upstream.
-func gateLBHandover(t *testing.T, a *harness.Agent, lb *harness.LB, ups *gateLBSampler, service, prev, prevUp string, next harness.Record) string {
+func gateLBHandover(t *testing.T, a *harness.Agent, lb *harness.LB, ups *lbStateSampler, service, prev, prevUp string, next harness.Record) string {
 	t.Helper()
 	nextUp := lbUpstreamOf(t, a, next.AllocID)
 	add := gateLBRequest(t, lb, service, next.AllocID+"-ADD-", 60*time.Second)

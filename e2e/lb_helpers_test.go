@@ -286,30 +286,37 @@ func lbFormatRequests(recs []lbapi.RequestRecord) string {
 }
 
 // lbStateSampler polls a service's upstreams every few milliseconds and
-// remembers every moment it saw more than one.
+// remembers every moment it saw more than one, and when it last saw each
+// upstream (CLOCK_MONOTONIC, as the workloads' records and the LB's
+// request stamps).
 type lbStateSampler struct {
 	stop chan struct{}
 	done chan struct{}
 
-	mu      sync.Mutex
-	samples int
-	max     int
-	multi   []string // "<mono>: [a b]"
+	mu       sync.Mutex
+	samples  int
+	max      int
+	multi    []string // "<mono>: [a b]"
+	lastSeen map[string]int64
 }
 
 func lbSampleState(t *testing.T, lb *harness.LB, service string) *lbStateSampler {
-	s := &lbStateSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	s := &lbStateSampler{stop: make(chan struct{}), done: make(chan struct{}), lastSeen: map[string]int64{}}
 	go func() {
 		defer close(s.done)
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
 		for {
+			now := harness.MonoNow()
 			ups := lb.Upstreams(service)
 			s.mu.Lock()
 			s.samples++
 			s.max = max(s.max, len(ups))
 			if len(ups) > 1 && len(s.multi) < 10 {
-				s.multi = append(s.multi, fmt.Sprintf("%d: %q", harness.MonoNow(), ups))
+				s.multi = append(s.multi, fmt.Sprintf("%d: %q", now, ups))
+			}
+			for _, u := range ups {
+				s.lastSeen[u] = now
 			}
 			s.mu.Unlock()
 			select {
@@ -333,6 +340,13 @@ func (s *lbStateSampler) halt() {
 }
 
 // check stops the sampler and fails the test if it ever saw two upstreams.
+// seen is the last moment the sampler saw upstream listed (0: never).
+func (s *lbStateSampler) seen(upstream string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastSeen[upstream]
+}
+
 func (s *lbStateSampler) check(t *testing.T, what string) {
 	t.Helper()
 	s.halt()
