@@ -201,18 +201,33 @@ func checkAllocsApart(t *testing.T, recs []harness.Record, sum harness.SampleSum
 			t.Errorf("no end known for %+v", iv)
 		}
 	}
+	return ivs, countAllocOverlaps(t, ivs, sum)
+}
+
+// sampleResolution bounds how late the sampler dates the end of a process
+// it saw only by scanning: a 20 ms interval plus a scan on a busy machine.
+const sampleResolution = 50 * time.Millisecond
+
+// countAllocOverlaps fails the test for every pair of runs of two
+// allocations that overlapped, and for every sample in which the sampler
+// proved two allocations alive at once; it returns how many overlapping
+// pairs it found (at least 1 if only the sampler saw them).
+//
+// A SIGKILLed process writes no end record: its end is what the sampler
+// saw, by pidfd or, failing that (a process in a PID namespace of its own),
+// by the first scan without it, late by up to sampleResolution. A records
+// overlap within that against such an end proves nothing either way and is
+// logged; the sampler's check, dated by pidfds, fails on any moment two ran
+// at once.
+func countAllocOverlaps(t *testing.T, ivs []harness.Interval, sum harness.SampleSummary) int {
+	t.Helper()
 	n := 0
 	for _, o := range harness.Overlaps(ivs) {
 		if o.A.AllocID == o.B.AllocID {
 			continue
 		}
-		// A SIGKILLed process writes no end record: its end is what the
-		// sampler saw, by pidfd or, failing that, by the first scan without
-		// it, late by up to an interval and a scan. Within that an overlap
-		// of the records proves nothing either way; the sampler's check
-		// below, dated by pidfds, fails on any moment two ran at once.
-		if o.A.EndedBy == "observed" && o.For <= dockerSampleResolution {
-			t.Logf("within the sampler's resolution (%s), not counted: %s between %+v and %+v", dockerSampleResolution, o.For, o.A, o.B)
+		if o.A.EndedBy == "observed" && o.For <= sampleResolution {
+			t.Logf("within the sampler's resolution (%s), not counted: %s between %+v and %+v", sampleResolution, o.For, o.A, o.B)
 			continue
 		}
 		t.Errorf("processes of two allocations overlapped for %s: %+v and %+v", o.For, o.A, o.B)
@@ -222,7 +237,7 @@ func checkAllocsApart(t *testing.T, recs []harness.Record, sum harness.SampleSum
 		t.Errorf("the sampler saw two allocations' processes at once in %d samples: %s", len(over), sum)
 		n = max(n, 1)
 	}
-	return ivs, n
+	return n
 }
 
 // stopJobWait stops the job and waits until its client has reported every

@@ -138,11 +138,6 @@ func waitStartNotIn(t *testing.T, record string, timeout time.Duration, excluded
 // (a SIGKILLed process's end from the sampler, keyed by allocation: in a
 // container the recorded PID is not the host PID) and by the sampler's
 // scans; and if the fences did not grow from holder to holder.
-// dockerSampleResolution bounds how late the sampler dates the end of a
-// process it saw only by scanning: a 20 ms interval plus a scan on a busy
-// machine.
-const dockerSampleResolution = 50 * time.Millisecond
-
 func checkDockerNoOverlap(t *testing.T, a *harness.Agent, s dockerScenario, smp *harness.Sampler, withChildren bool) []harness.Interval {
 	t.Helper()
 	stopJobWait(t, a, s.job, 90*time.Second)
@@ -168,27 +163,7 @@ func checkDockerNoOverlap(t *testing.T, a *harness.Agent, s dockerScenario, smp 
 			t.Errorf("no end known for %+v", iv)
 		}
 	}
-	overlaps := 0
-	for _, o := range harness.Overlaps(ivs) {
-		if o.A.AllocID == o.B.AllocID {
-			continue
-		}
-		// A SIGKILLed process in the container's PID namespace writes no
-		// end record and its recorded PID is not the host's: its end is
-		// the first sample without its allocation, which is late by up
-		// to a sampling interval and a scan. An "overlap" within that is
-		// not proven either way by the records; the sampler's own check
-		// below, dated by pidfds, is.
-		if o.A.EndedBy == "observed" && o.For <= dockerSampleResolution {
-			t.Logf("within the sampler's resolution (%s), not counted: %s between %+v and %+v", dockerSampleResolution, o.For, o.A, o.B)
-			continue
-		}
-		overlaps++
-		t.Errorf("processes of two allocations overlapped for %s: %+v and %+v", o.For, o.A, o.B)
-	}
-	if over := sum.Over(1); len(over) > 0 {
-		t.Errorf("the sampler saw two allocations' workloads at once in %d samples: %s", len(over), sum)
-	}
+	overlaps := countAllocOverlaps(t, ivs, sum)
 	harness.Measure(t, "overlaps", overlaps)
 	t.Logf("%d lifetimes (%d main), sampler: %s", len(ivs), len(mains), sum)
 	return mains
