@@ -1,6 +1,7 @@
 package lockclient
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,15 +43,14 @@ type PermissionError struct {
 
 func (e *PermissionError) Unwrap() error { return e.Err }
 
+// policyTarget is the namespace and job an ACL fix names: "default" and
+// "<job>" where unknown.
+func policyTarget(namespace, jobID string) (ns, job string) {
+	return cmp.Or(namespace, "default"), cmp.Or(jobID, "<job>")
+}
+
 func (e *PermissionError) Error() string {
-	ns := e.Namespace
-	if ns == "" {
-		ns = "default"
-	}
-	job := e.JobID
-	if job == "" {
-		job = "<job>"
-	}
+	ns, job := policyTarget(e.Namespace, e.JobID)
 	return fmt.Sprintf(`%s %s: permission denied (HTTP 403).
 The token needs the "write" capability on the variable path; the implicit workload-identity policy never grants it.
 Save this as singleton-lock.policy.hcl:

@@ -1,6 +1,7 @@
 package lockclient
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -33,7 +34,7 @@ func (l *Locker) Allocation(ctx context.Context, id, namespace string, index uin
 	if err != nil {
 		switch statusCode(err) {
 		case http.StatusForbidden:
-			return nil, 0, &AllocPermissionError{AllocID: id, Namespace: namespace, JobID: l.cfg.Holder.JobID, Err: err}
+			return nil, 0, l.NewAllocPermissionError(id, namespace, err)
 		case http.StatusNotFound:
 			return nil, 0, fmt.Errorf("read allocation %s: %w", id, ErrAllocGone)
 		}
@@ -71,34 +72,38 @@ var ErrAllocGone = fmt.Errorf("allocation not found")
 var ErrIdentityRejected = fmt.Errorf("the workload identity no longer authenticates")
 
 // AllocPermissionError is a 403 on reading the task's own allocation. Its
-// message carries the ACL policy line that fixes it.
+// message carries the ACL policy line that fixes it, and how to apply it to
+// the gate task alone.
 type AllocPermissionError struct {
-	AllocID, Namespace, JobID string
-	Err                       error
+	AllocID, Namespace, JobID, Group, Task string
+	Err                                    error
 }
 
 func (e *AllocPermissionError) Unwrap() error { return e.Err }
 
 func (e *AllocPermissionError) Error() string {
-	ns := e.Namespace
-	if ns == "" {
-		ns = "default"
-	}
-	job := e.JobID
-	if job == "" {
-		job = "<job>"
-	}
+	ns, job := policyTarget(e.Namespace, e.JobID)
+	group, task := cmp.Or(e.Group, "<group>"), cmp.Or(e.Task, "<gate task>")
 	return fmt.Sprintf(`read allocation %s: permission denied (HTTP 403, or "Unknown allocation" for an allocation that runs).
 A gate reads allocations (its own job and desired status, the previous holder's tasks) with its workload identity,
 which needs the "read-job" capability in namespace %q; the implicit workload-identity policy does not grant it.
-Add to the job's policy (beside the lock path's "write"):
+Add to the gate's policy (beside the lock path's "write"; examples/acl/singleton-gate.policy.hcl):
 
 namespace %q {
   capabilities = ["read-job"]
 }
 
-and apply it to the job: nomad acl policy apply -namespace %s -job %s singleton-lock-%s singleton-lock.policy.hcl`,
-		e.AllocID, ns, ns, ns, job, job)
+and apply it to the gate task alone (a policy on the whole job reaches the gated tasks' identities too):
+
+  nomad acl policy apply -namespace %s -job %s -group %s -task %s singleton-gate-%s singleton-gate.policy.hcl`,
+		e.AllocID, ns, ns, ns, job, group, task, job)
+}
+
+// NewAllocPermissionError is the error for a read of allocation id that the
+// locker's identity may not make.
+func (l *Locker) NewAllocPermissionError(id, namespace string, err error) *AllocPermissionError {
+	h := l.cfg.Holder
+	return &AllocPermissionError{AllocID: id, Namespace: namespace, JobID: h.JobID, Group: h.Group, Task: h.Task, Err: err}
 }
 
 // Adopt takes over a lease that this holder's previous run still holds on

@@ -187,8 +187,7 @@ func (s *Supervisor) gateCheck(ctx context.Context) error {
 	if errors.Is(err, lockclient.ErrAllocGone) {
 		// The gate's own allocation runs: the servers hide it from a
 		// token without read-job.
-		return &lockclient.AllocPermissionError{AllocID: g.AllocID, Namespace: g.Namespace,
-			JobID: s.Locker.Config().Holder.JobID, Err: err}
+		return s.Locker.NewAllocPermissionError(g.AllocID, g.Namespace, err)
 	}
 	if err != nil {
 		return err
