@@ -354,17 +354,7 @@ func chaosGatePartitionTrial(t *testing.T, a *harness.Agent, d *harness.Docker, 
 	app := j.appProc(t, first.AllocID)
 	smp.WaitSeen(t, 30*time.Second, app.PID)
 
-	at := harness.MonoNow()
-	if err := cut.Partition(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if cut.Partitioned() {
-			if err := cut.Heal(); err != nil {
-				t.Error(err)
-			}
-		}
-	}()
+	at := chaosCut(t, cut)
 	// The gate fences by TTL - margin after its last renew and fails; its
 	// client kills the app then (kill_timeout 3s, SIGTERM ignored). Not
 	// fatal: if the app outlives the lock, the overlap is what the matrix

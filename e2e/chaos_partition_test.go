@@ -83,17 +83,7 @@ func chaosPartitionTrial(t *testing.T, a *harness.Agent, stopAfter time.Duration
 
 	markers := []string{d.marker(), l.marker()}
 	gone := chaosWatchAllocsGone(t, markers, df.AllocID, lf.AllocID)
-	at := harness.MonoNow()
-	if err := cut.Partition(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if cut.Partitioned() {
-			if err := cut.Heal(); err != nil {
-				t.Error(err)
-			}
-		}
-	}()
+	at := chaosCut(t, cut)
 	known, fenced := chaosWaitSelfFence(t, at, df, lf)
 
 	// The server expires each lock (up to 2×TTL after the last renew) and
@@ -277,4 +267,22 @@ func chaosWatchAllocsGone(t *testing.T, markers []string, allocIDs ...string) fu
 			return 0
 		}
 	}
+}
+
+// chaosCut cuts the client off and returns when (CLOCK_MONOTONIC ns). The
+// trial heals it by itself; if it ends first, its clean-up heals it.
+func chaosCut(t *testing.T, cut *harness.Member) int64 {
+	t.Helper()
+	at := harness.MonoNow()
+	if err := cut.Partition(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cut.Partitioned() {
+			if err := cut.Heal(); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	return at
 }

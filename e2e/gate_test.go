@@ -145,47 +145,54 @@ func (j *gateJob) run(t *testing.T, a *harness.Agent) {
 	// The app is the testworkload; as real images often are, its PID 1
 	// ignores SIGTERM under docker, so every stop there takes the whole
 	// kill_timeout and ends in SIGKILL.
-	args := []string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:$${NOMAD_PORT_http}"}
 	vars := ""
 	switch j.kind {
 	case "docker":
-		args = append(args, "-ignore-term")
 		vars = fmt.Sprintf("image = %q\ncommand = %q\nvolumes = [\"%s:/records\"]\n",
 			j.image, harness.ImageWorkloadPath, filepath.Dir(j.record))
 	case "exec":
 		vars = fmt.Sprintf("command = %q\n", "/opt/worker/"+filepath.Base(harness.BuildTestWorkload(t)))
 	}
-	vars += "args = " + harness.HCLList(append(args, j.extraArgs...)...) + "\n"
+	vars += "args = " + harness.HCLList(j.appArgs("$${NOMAD_PORT_http}")...) + "\n"
 	a.RunJobHCLVars(t, string(src), vars)
+}
+
+// appArgs are the gated testworkload's arguments: its record, marker and
+// HTTP port (portRef, as the jobspec or a variables file must spell it),
+// then extraArgs. Under docker its PID 1 ignores SIGTERM, as real images
+// often do, so every stop takes the whole kill_timeout and ends in SIGKILL.
+func (j *gateJob) appArgs(portRef string) []string {
+	args := []string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:" + portRef}
+	if j.kind == "docker" {
+		args = append(args, "-ignore-term")
+	}
+	return append(args, j.extraArgs...)
 }
 
 func (j *gateJob) hcl(t *testing.T) string {
 	command := harness.BuildTestWorkload(t)
-	volumes, mounts := "", ""
-	args := harness.HCLList(append([]string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}"}, j.extraArgs...)...)
 	count := j.count
 	if count == 0 {
 		count = 2
 	}
+	groupExtra := ""
 	if j.update != "" {
-		volumes += "\n    update {\n" + j.update + "\n    }"
+		groupExtra = "\n    update {\n" + j.update + "\n    }"
 	}
 	gateCommand := ""
 	if j.gateMarker != "" {
 		gateCommand = fmt.Sprintf("\n        command = %q\n        args    = %s", command, harness.HCLList("-marker", j.gateMarker))
 	}
+	args := harness.HCLList(j.appArgs("${NOMAD_PORT_http}")...)
 	config := fmt.Sprintf("command = %q\n        args    = %s", command, args)
 	if j.kind == "docker" {
-		// As real images often are: PID 1 ignores SIGTERM, so every stop
-		// takes the whole kill_timeout and ends in SIGKILL.
-		args = harness.HCLList(append([]string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}", "-ignore-term"}, j.extraArgs...)...)
 		config = fmt.Sprintf("image        = %q\n        network_mode = \"host\"\n        command      = %q\n        args         = %s\n        volumes      = [\"%s:/records\"]",
 			j.image, harness.ImageWorkloadPath, args, filepath.Dir(j.record))
 	}
 	return fmt.Sprintf(`
 job %[1]q {
-  group %[14]q {
-    count = %[16]d
+  group %[12]q {
+    count = %[14]d
     network {
       port "http" {}
     }
@@ -207,36 +214,36 @@ job %[1]q {
         env = true
       }
       config {
-        gate = true%[17]s
+        gate = true%[15]s
         lock {
           ttl   = %[4]q
           delay = %[5]q
-        }%[18]s
+        }%[16]s
       }
       resources {
         cpu    = 20
         memory = 32
       }%[6]s
     }
-    task %[15]q {
-      driver = %[7]q%[8]s
+    task %[13]q {
+      driver = %[7]q
       config {
-        %[9]s
+        %[8]s
       }
-      kill_timeout = %[11]q%[10]s
+      kill_timeout = %[9]q
       restart {
         attempts = 10
         interval = "10m"
         delay    = "1s"
         mode     = "delay"
       }
-%[12]s      resources {
+%[10]s      resources {
         cpu    = 50
         memory = 64
-      }%[13]s
+      }%[11]s
     }
   }
-}`, j.id, volumes, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, mounts, config, "", j.appKill, j.serviceHCL(), j.appExtra, j.group, j.app, count, gateCommand, j.gateConfig)
+}`, j.id, groupExtra, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, config, j.appKill, j.serviceHCL(), j.appExtra, j.group, j.app, count, gateCommand, j.gateConfig)
 }
 
 // start waits for a start of the gated app in an allocation other than
@@ -507,7 +514,7 @@ func testGateUpdateAtOnce(t *testing.T, a *harness.Agent, records string, d *har
 	hcl := strings.Replace(strings.Replace(string(src), `job "web" {`, `job "web-update" {`, 1), `name     = "web"`, `name     = "web-update"`, 1)
 	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsMainWorkload})
 	register := func() {
-		args := append([]string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:$${NOMAD_PORT_http}", "-ignore-term"}, j.extraArgs...)
+		args := j.appArgs("$${NOMAD_PORT_http}")
 		a.RunJobHCLVars(t, hcl, fmt.Sprintf("image = %q\ncommand = %q\nvolumes = [\"%s:/records\"]\nargs = %s\n",
 			j.image, harness.ImageWorkloadPath, filepath.Dir(j.record), harness.HCLList(args...)))
 	}
