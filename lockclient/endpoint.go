@@ -27,6 +27,11 @@ type Endpoint struct {
 	// for a root caller in a task it does not trust, where the task user
 	// could put a socket of its own in place of api.sock and play Nomad.
 	RootPeer bool
+	// Peer, if set (with RootPeer), must accept the socket server's PID
+	// before any request is sent: the plugin sends the operator's release
+	// token only to the Nomad agent itself, never to whatever a task user
+	// put in place of its api.sock.
+	Peer func(pid int32) error
 }
 
 // String describes the endpoint without the token.
@@ -140,7 +145,7 @@ var ErrNotRootPeer = errors.New("the Task API socket is not served by root, so i
 
 // rootPeerClient is an HTTP client for the socket at path that refuses any
 // connection whose server does not run as root.
-func rootPeerClient(path string) *http.Client {
+func rootPeerClient(path string, peer func(pid int32) error) *http.Client {
 	dialer := &net.Dialer{Timeout: 10 * time.Second}
 	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -148,7 +153,7 @@ func rootPeerClient(path string) *http.Client {
 			if err != nil {
 				return nil, err
 			}
-			if err := checkRootPeer(conn); err != nil {
+			if err := checkRootPeer(conn, peer); err != nil {
 				conn.Close()
 				return nil, fmt.Errorf("%s: %w", path, err)
 			}
@@ -159,7 +164,7 @@ func rootPeerClient(path string) *http.Client {
 	}}
 }
 
-func checkRootPeer(conn net.Conn) error {
+func checkRootPeer(conn net.Conn, peer func(pid int32) error) error {
 	uc, ok := conn.(*net.UnixConn)
 	if !ok {
 		return errors.New("not a unix socket")
@@ -180,6 +185,9 @@ func checkRootPeer(conn net.Conn) error {
 	}
 	if cred.Uid != 0 {
 		return fmt.Errorf("%w (peer uid %d, pid %d)", ErrNotRootPeer, cred.Uid, cred.Pid)
+	}
+	if peer != nil {
+		return peer(cred.Pid)
 	}
 	return nil
 }

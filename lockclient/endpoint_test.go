@@ -41,10 +41,30 @@ func TestRootPeerClientRefusesOtherServers(t *testing.T) {
 	}
 	defer ln.Close()
 	go func() { _ = http.Serve(ln, okHandler) }()
-	if resp, err := rootPeerClient(rootSock).Get("http://127.0.0.1/"); err != nil {
+	if resp, err := rootPeerClient(rootSock, nil).Get("http://127.0.0.1/"); err != nil {
 		t.Fatalf("a socket served by root: %v", err)
 	} else {
 		resp.Body.Close()
+	}
+
+	// With a peer check (the operator's token goes to the agent alone): the
+	// check sees the server's PID, and its refusal stops the request.
+	var seen int32
+	onlySelf := func(pid int32) error {
+		seen = pid
+		if pid != int32(os.Getpid()) {
+			return errors.New("not us")
+		}
+		return nil
+	}
+	if resp, err := rootPeerClient(rootSock, onlySelf).Get("http://127.0.0.1/"); err != nil || seen != int32(os.Getpid()) {
+		t.Fatalf("a root socket the peer check accepts: err %v, peer pid %d, want %d", err, seen, os.Getpid())
+	} else {
+		resp.Body.Close()
+	}
+	errOther := errors.New("not the agent")
+	if _, err := rootPeerClient(rootSock, func(int32) error { return errOther }).Get("http://127.0.0.1/"); !errors.Is(err, errOther) {
+		t.Fatalf("a root socket the peer check refuses: err = %v, want the check's error", err)
 	}
 
 	// Served by nobody: refused before anything is sent.
@@ -83,7 +103,7 @@ func TestRootPeerClientRefusesOtherServers(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the fake server did not start")
 	}
-	_, err = rootPeerClient(fake).Get("http://127.0.0.1/")
+	_, err = rootPeerClient(fake, nil).Get("http://127.0.0.1/")
 	if !errors.Is(err, ErrNotRootPeer) {
 		t.Fatalf("a socket served by nobody: err = %v, want ErrNotRootPeer", err)
 	}

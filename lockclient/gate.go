@@ -46,7 +46,7 @@ func (l *Locker) Allocation(ctx context.Context, id, namespace string, index uin
 			// purged job), so the token no longer authenticates.
 			return nil, 0, fmt.Errorf("read allocation %s: %w", id, ErrAllocGone)
 		}
-		if strings.Contains(responseBody(err), "error authenticating request") {
+		if identityRejected(err) {
 			// The Task API's answer when the identity does not
 			// authenticate: its allocation is gone (a purged job), or the
 			// servers could not be asked.

@@ -264,6 +264,7 @@ func (ls *Lease) stopRenewing() {
 // answer that the lock is not (or no longer) held under id wraps ErrLost.
 func (l *Locker) ReleaseID(ctx context.Context, id string) error {
 	bo := l.newBackoff()
+	var rejectedSince time.Time
 	for {
 		rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 		v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: id}}
@@ -276,6 +277,15 @@ func (l *Locker) ReleaseID(ctx context.Context, id string) error {
 			return fmt.Errorf("release %s: %w: Nomad answered %d, the lock was no longer ours", l.cfg.Path, ErrLost, code)
 		case permanent(err):
 			return l.classify("release", err)
+		case identityRejected(err):
+			// The servers are asked again for a while (they may have been
+			// busy); an allocation that is gone stays gone, and the caller
+			// may have another way to release (the plugin's token).
+			if rejectedSince.IsZero() {
+				rejectedSince = l.clock.Now()
+			} else if l.clock.Now().Sub(rejectedSince) >= identityRejectedFor {
+				return l.classify("release", err)
+			}
 		}
 		d := bo.NextBackOff()
 		l.log.Warn("release failed, retrying", "error", l.classify("release", err), "backoff", d)
@@ -284,6 +294,10 @@ func (l *Locker) ReleaseID(ctx context.Context, id string) error {
 		}
 	}
 }
+
+// identityRejectedFor is how long ReleaseID retries answers that the
+// identity does not authenticate before it reports ErrIdentityRejected.
+const identityRejectedFor = 2 * time.Second
 
 // notHeld recognises Nomad's answer for a variable whose lock is gone. Release
 // reports it as a 500, renew as a 409.

@@ -204,6 +204,7 @@ func TestRelease(t *testing.T) {
 		{"transient errors retried", false, []error{httpError{500, "no leader"}, errors.New("connection reset"), nil}, 0, nil, "", 3},
 		{"409: it was no longer ours", false, []error{httpError{409, "conflict"}}, 0, ErrLost, "no longer ours", 1},
 		{"500 saying the lock is gone", false, []error{httpError{500, "variable doesn't hold a lock"}}, 0, ErrLost, "no longer ours", 1},
+		{"an identity refused once, then accepted (busy servers)", false, []error{httpError{500, "Server error authenticating request"}, nil}, 0, nil, "", 2},
 		{"403 is not retried", false, []error{httpError{403, "Permission denied"}}, 0, nil, "403", 1},
 		{"gives up when ctx ends", false, []error{httpError{500, "no leader"}}, 50 * time.Millisecond, nil, "expires on its own", 1},
 	}
@@ -254,6 +255,40 @@ func TestRelease(t *testing.T) {
 			r.clock.advanceTo(t, t0.Add(time.Minute))
 			r.api.quiet(t) // neither renews nor further releases
 		})
+	}
+}
+
+// A purged allocation's identity never authenticates again: Release asks
+// for a while (the servers may only have been busy), then says why, so the
+// driver's plugin can release with the operator's token instead of the
+// next holder waiting for the server's expiry.
+func TestReleaseIdentityRejected(t *testing.T) {
+	r := newRig(t, Timing{})
+	ls := r.acquire(t)
+	at := r.clock.Now()
+	done := make(chan error, 1)
+	go func() { done <- ls.Release(context.Background()) }()
+	requests := 0
+	for {
+		c := r.api.next(t, "release")
+		requests++
+		c.answer(reply{err: httpError{500, "Server error authenticating request"}})
+		select {
+		case err := <-done:
+			took := r.clock.Now().Sub(at)
+			if !errors.Is(err, ErrIdentityRejected) || !strings.Contains(err.Error(), "authenticating") {
+				t.Fatalf("Release = %v, want ErrIdentityRejected with Nomad's answer", err)
+			}
+			if requests < 2 || took < identityRejectedFor || took > identityRejectedFor+5*time.Second {
+				t.Fatalf("gave up after %d requests and %s; want a few, for %s", requests, took, identityRejectedFor)
+			}
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+		if requests > 50 {
+			t.Fatal("Release retries a rejected identity forever")
+		}
+		r.clock.advanceTo(t, r.clock.waitRetry(t, c))
 	}
 }
 

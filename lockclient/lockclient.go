@@ -135,7 +135,7 @@ func New(cfg Config) (*Locker, error) {
 	ac.Address = cfg.Endpoint.Address
 	ac.SecretID = cfg.Endpoint.Token
 	if cfg.Endpoint.RootPeer {
-		ac.HttpClient = rootPeerClient(strings.TrimPrefix(cfg.Endpoint.Address, "unix://"))
+		ac.HttpClient = rootPeerClient(strings.TrimPrefix(cfg.Endpoint.Address, "unix://"), cfg.Endpoint.Peer)
 	}
 	if cfg.Namespace != "" {
 		ac.Namespace = cfg.Namespace
