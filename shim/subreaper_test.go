@@ -2,6 +2,7 @@ package shim
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -69,13 +70,20 @@ func TestSubreaperTreeKeepsDaemons(t *testing.T) {
 
 func TestReleaseFailedMessageNamesTheCause(t *testing.T) {
 	cfg := lockclient.Config{Timing: lockclient.Timing{TTL: 10 * time.Second, LockDelay: time.Second}}
-	purged := releaseFailedMessage(errors.New("Unexpected response code: 500 (Server error authenticating request)"), cfg)
+	rejected := fmt.Errorf("release p: %w (Unexpected response code: 500 (Server error authenticating request))", lockclient.ErrIdentityRejected)
+	purged := releaseFailedMessage(rejected, cfg, false)
 	for _, want := range []string{"Lock not released", "21s", "stop -purge", "stop the job first"} {
 		if !strings.Contains(purged, want) {
-			t.Errorf("%q lacks %q", purged, want)
+			t.Errorf("lock: %q lacks %q", purged, want)
 		}
 	}
-	if other := releaseFailedMessage(errors.New("connection refused"), cfg); strings.Contains(other, "purge") {
+	driver := releaseFailedMessage(rejected, cfg, true)
+	for _, want := range []string{"Lock not released by the task", "stop -purge", "release_token_file", "21s"} {
+		if !strings.Contains(driver, want) {
+			t.Errorf("driver: %q lacks %q", driver, want)
+		}
+	}
+	if other := releaseFailedMessage(errors.New("connection refused"), cfg, true); strings.Contains(other, "purge") {
 		t.Errorf("a transport error blamed on a purge: %q", other)
 	}
 }

@@ -110,11 +110,16 @@ type Supervisor struct {
 	// workload starts: the driver records the lease for a crash release.
 	OnAcquire func(*lockclient.Lease)
 	// OnReleaseTried, if set, runs once the supervisor has tried to release
-	// the lock it held, whatever the server answered (released, already
-	// gone, or unreachable until the budget ran out): nobody needs to try
-	// again on its behalf. The driver then drops the lease record, so the
-	// plugin's crash release is left for supervisors that died holding.
-	OnReleaseTried func()
+	// the lock it held, with the release's error: nil when released or
+	// already gone. The driver then drops the lease record, so the plugin's
+	// crash release is left for supervisors that died holding, unless err
+	// wraps lockclient.ErrIdentityRejected: the workload is proven dead but
+	// the task's identity no longer authenticates (a purged job), and the
+	// plugin may release with the operator's token (release_token_file).
+	OnReleaseTried func(err error)
+	// PluginReleases says that a plugin stands behind the supervisor and
+	// releases with its own token what the task's identity no longer can.
+	PluginReleases bool
 	// OnLBPosted runs before the ADD is sent, OnLBRemoved after our REMOVE
 	// succeeded: the driver records the registration for a crash REMOVE.
 	OnLBPosted  func(*LoadBalancer, *lbhook.Hook, lbhook.UpstreamInfo)
@@ -757,32 +762,42 @@ func (s *Supervisor) release(lease *lockclient.Lease) {
 	timeout := s.Locker.Config().RequestTimeout + time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	err := lease.Release(ctx)
 	if s.OnReleaseTried != nil {
-		defer s.OnReleaseTried()
-	}
-	if err := lease.Release(ctx); err != nil {
+		tried := err
 		if errors.Is(err, lockclient.ErrLost) {
-			s.Logger.Info("nothing to release: the lock was already gone", "reason", err)
-		} else {
-			s.Logger.Warn("release failed; the lock expires on its own", "error", err)
-			s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config())})
+			tried = nil
 		}
-		return
+		defer s.OnReleaseTried(tried)
 	}
-	s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: "Released lock"})
+	switch {
+	case err == nil:
+		s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: "Released lock"})
+	case errors.Is(err, lockclient.ErrLost):
+		s.Logger.Info("nothing to release: the lock was already gone", "reason", err)
+	default:
+		s.Logger.Warn("release failed; the lock expires on its own", "error", err)
+		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config(), s.PluginReleases)})
+	}
 }
 
 // releaseFailedMessage says that the lock was not released, when it will be
-// free, and, when the token no longer authenticates, the likely cause.
-func releaseFailedMessage(err error, cfg lockclient.Config) string {
-	msg := fmt.Sprintf("Lock not released (%v); it expires on the server within 2×TTL + delay (%s)",
-		err, 2*cfg.Timing.TTL+cfg.Timing.LockDelay)
+// free, and, when the token no longer authenticates, the likely cause and
+// who may still release it.
+func releaseFailedMessage(err error, cfg lockclient.Config, pluginReleases bool) string {
+	expiry := 2*cfg.Timing.TTL + cfg.Timing.LockDelay
 	var pe *lockclient.PermissionError
-	if errors.As(err, &pe) || strings.Contains(err.Error(), "authenticating") {
-		msg += ". The task's workload identity no longer authenticates: `nomad job stop -purge` removes the allocation, " +
-			"and its identity with it, before the task can release; stop the job first and purge it once its tasks are dead"
+	switch {
+	case errors.Is(err, lockclient.ErrIdentityRejected) && pluginReleases:
+		return fmt.Sprintf("Lock not released by the task (%v): its workload identity no longer authenticates "+
+			"(`nomad job stop -purge` removes the allocation, and its identity with it). The plugin releases it with "+
+			"its release_token_file if it is set; otherwise the lock expires on the server within 2×TTL + delay (%s)", err, expiry)
+	case errors.Is(err, lockclient.ErrIdentityRejected) || errors.As(err, &pe):
+		return fmt.Sprintf("Lock not released (%v); it expires on the server within 2×TTL + delay (%s). "+
+			"The task's workload identity no longer authenticates: `nomad job stop -purge` removes the allocation, "+
+			"and its identity with it, before the task can release; stop the job first and purge it once its tasks are dead", err, expiry)
 	}
-	return msg
+	return fmt.Sprintf("Lock not released (%v); it expires on the server within 2×TTL + delay (%s)", err, expiry)
 }
 
 func exitCode(ps *os.ProcessState) int {
