@@ -39,6 +39,10 @@ type PluginConfig struct {
 	// DeniedEnvvars are glob patterns (as raw_exec's) of environment
 	// variables removed from every task's workload.
 	DeniedEnvvars []string `codec:"denied_envvars"`
+	// ReleaseTokenFile holds an ACL token the plugin releases with when a
+	// task's own workload identity no longer authenticates (a purged job),
+	// once it has proven the task dead (see releasetoken.go).
+	ReleaseTokenFile string `codec:"release_token_file"`
 }
 
 // Plugin config defaults.
@@ -60,7 +64,8 @@ var pluginConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewLiteral(`"`+DefaultUser+`"`)),
 	"allow_root": hclspec.NewDefault(hclspec.NewAttr("allow_root", "bool", false),
 		hclspec.NewLiteral("false")),
-	"denied_envvars": hclspec.NewAttr("denied_envvars", "list(string)", false),
+	"denied_envvars":     hclspec.NewAttr("denied_envvars", "list(string)", false),
+	"release_token_file": hclspec.NewAttr("release_token_file", "string", false),
 })
 
 // defaults parses the plugin-level lock defaults.

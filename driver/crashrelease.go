@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
@@ -55,7 +56,10 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 	log := h.logger.With("lock", held.Path, "fence", held.Fence)
 	ann := map[string]string{"lock_state": string(shim.StateReleased), "fence": strconv.FormatUint(held.Fence, 10)}
 	whose := "crashed supervisor"
-	if !crashed {
+	switch {
+	case held.IdentityRejected:
+		whose = "supervisor, whose task's identity no longer authenticates"
+	case !crashed:
 		whose = "supervisor, which could not prove its workload dead"
 	}
 
@@ -78,30 +82,54 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay", whose, err), ann)
 		return
 	}
+	via, err := d.releaseHeld(h, held, log)
+	switch {
+	case err == nil:
+		log.Info("released the lock on behalf of the supervisor", "via", via)
+		d.emitEvent(h.cfg, fmt.Sprintf("Released lock on behalf of %s (fence %d)%s", whose, held.Fence, via), ann)
+	case errors.Is(err, lockclient.ErrLost):
+		log.Info("the supervisor's lock was already gone", "reason", err)
+	default:
+		log.Error("could not release the supervisor's lock; it expires on the server", "error", err)
+		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay (%s)",
+			whose, err, 2*held.TTL+held.LockDelay), ann)
+		return
+	}
+	_ = h.dir.Remove(leaseFile)
+}
+
+// releaseHeld releases the lock in held, whose task is proven dead, with
+// the task's own identity; when that no longer authenticates (a purged
+// job), with the operator's release_token_file. via says which was used.
+func (d *Driver) releaseHeld(h *taskHandle, held heldLease, log hclog.Logger) (via string, err error) {
+	if !held.IdentityRejected {
+		err = d.releaseWith(h.taskEndpoint(), held, log)
+		if !errors.Is(err, lockclient.ErrIdentityRejected) {
+			return "", err
+		}
+	}
+	ep, oerr := d.operatorEndpoint(h)
+	if oerr != nil {
+		return "", fmt.Errorf("the task's workload identity no longer authenticates (`nomad job stop -purge` removes it with the allocation), and %w", oerr)
+	}
+	return ", with the plugin's release_token_file: the task's identity no longer authenticates", d.releaseWith(ep, held, log)
+}
+
+// releaseWith releases held's lock through ep.
+func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, log hclog.Logger) error {
 	locker, err := lockclient.New(lockclient.Config{
-		Endpoint:  h.taskEndpoint(),
+		Endpoint:  ep,
 		Namespace: held.Namespace,
 		Path:      held.Path,
 		Timing:    lockclient.Timing{TTL: held.TTL, LockDelay: held.LockDelay},
 		Logger:    log,
 	})
-	if err == nil {
-		ctx, cancel := context.WithTimeout(d.ctx, crashReleaseTimeout)
-		err = locker.ReleaseID(ctx, held.LockID)
-		cancel()
+	if err != nil {
+		return err
 	}
-	switch {
-	case err == nil:
-		log.Info("released the lock on behalf of the crashed supervisor")
-		d.emitEvent(h.cfg, fmt.Sprintf("Released lock on behalf of %s (fence %d)", whose, held.Fence), ann)
-	case errors.Is(err, lockclient.ErrLost):
-		log.Info("crashed supervisor's lock was already gone", "reason", err)
-	default:
-		log.Error("could not release the crashed supervisor's lock; it expires on the server", "error", err)
-		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay", whose, err), ann)
-		return
-	}
-	_ = h.dir.Remove(leaseFile)
+	ctx, cancel := context.WithTimeout(d.ctx, crashReleaseTimeout)
+	defer cancel()
+	return locker.ReleaseID(ctx, held.LockID)
 }
 
 // taskEndpoint is the task's own Task API socket and token: the workload

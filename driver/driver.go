@@ -71,6 +71,9 @@ type Driver struct {
 	config     PluginConfig
 	ttl, delay time.Duration
 	users      userPolicy
+	// agent is the Nomad agent's program, the only server the operator's
+	// release token is sent to.
+	agent exeID
 	// stateRoot is state_dir, held open: every task's state dir is below it.
 	stateRoot *securefs.Dir
 
@@ -125,6 +128,11 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	if err != nil {
 		return err
 	}
+	if pc.ReleaseTokenFile != "" {
+		if _, err := readReleaseToken(pc.ReleaseTokenFile); err != nil {
+			return err
+		}
+	}
 	root, err := securefs.OpenPrivate(cmp.Or(pc.StateDir, DefaultStateDir), true)
 	if err != nil {
 		return fmt.Errorf("plugin config state_dir: %w", err)
@@ -135,6 +143,7 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 		d.stateRoot.Close()
 	}
 	d.config, d.ttl, d.delay, d.users, d.stateRoot = pc, ttl, delay, users, root
+	d.agent = agentExe()
 	return nil
 }
 

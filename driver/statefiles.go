@@ -176,6 +176,10 @@ type heldLease struct {
 	Fence     uint64
 	TTL       time.Duration
 	LockDelay time.Duration
+	// IdentityRejected: the supervisor proved its workload dead and tried
+	// to release, but the task's identity no longer authenticates (a
+	// purged job): the plugin releases with its release_token_file.
+	IdentityRejected bool `json:",omitempty"`
 }
 
 // lbRegistration is what the plugin needs to take a crashed supervisor's

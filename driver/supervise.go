@@ -120,7 +120,21 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 		// After a loss the supervisor tries to release by itself (the lock
 		// may still be ours on the server); once it has, a second try by
 		// the plugin would only delay the task's exit by its budget.
-		OnReleaseTried: func() { _ = dir.Remove(leaseFile) },
+		//
+		// Unless the task's identity no longer authenticates (a purged job):
+		// the workload is proven dead, and the record tells the plugin to
+		// release with the operator's token (see releaseAfterCrash).
+		OnReleaseTried: func(err error) {
+			var held heldLease
+			if errors.Is(err, lockclient.ErrIdentityRejected) && readJSON(dir, leaseFile, &held) == nil {
+				held.IdentityRejected = true
+				if werr := writeJSON(dir, leaseFile, held); werr == nil {
+					return
+				}
+			}
+			_ = dir.Remove(leaseFile)
+		},
+		PluginReleases: true,
 		OnAcquire: func(l *lockclient.Lease) {
 			held := heldLease{LockID: l.LockID(), Path: cfg.Path, Namespace: cfg.Namespace, Fence: l.Fence,
 				TTL: cfg.TTL, LockDelay: cfg.LockDelay}

@@ -775,20 +775,7 @@ func TestLockACL(t *testing.T) {
 	ok := newScenario(t, "acl-ok")
 	denied := newScenario(t, "acl-denied")
 
-	// The example policy, with its path templated for our job.
-	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-lock.policy.hcl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/lock"`, strconv.Quote(ok.path))
-	if policy == string(example) {
-		t.Fatalf("the example policy no longer has path \"nomad/jobs/web/lock\":\n%s", example)
-	}
-	policyFile := filepath.Join(t.TempDir(), "singleton-lock.policy.hcl")
-	if err := os.WriteFile(policyFile, []byte(policy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", ok.job, "singleton-lock-"+ok.job, policyFile)
+	applyLockPolicy(t, a, ok.job, ok.path)
 
 	gOK := ok.lockGroup(t, 1, nil, nil)
 	gOK.failFast = true

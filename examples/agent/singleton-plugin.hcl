@@ -21,6 +21,10 @@ plugin "nomad-driver-singleton" {
     allow_root   = false
     # Further host IDs a task user must not map to.
     # denied_host_uids = "1-999"
+    # Under ACLs: a token the plugin releases with when `nomad job stop
+    # -purge` has taken the task's own identity (root-owned, 0600; see
+    # examples/acl/singleton-release.policy.hcl).
+    # release_token_file = "/etc/nomad.d/singleton-release.token"
   }
 }
 
