@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
@@ -64,7 +65,8 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 	}
 
 	var spec supervisorSpec
-	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.Gate != nil {
+	err := readJSON(h.dir, specFile, &spec)
+	if err != nil || (spec.Gate != nil && !held.IdentityRejected) {
 		// A gate's lock covers its gated tasks, which run in other task
 		// cgroups, under other drivers: the plugin cannot prove them
 		// dead. The gate now fails and Nomad kills them; the server's
@@ -82,7 +84,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay", whose, err), ann)
 		return
 	}
-	via, err := d.releaseHeld(h, held, log)
+	via, err := d.releaseHeld(h, held, spec.Gate, log)
 	switch {
 	case err == nil:
 		log.Info("released the lock on behalf of the supervisor", "via", via)
@@ -101,9 +103,15 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 // releaseHeld releases the lock in held, whose task is proven dead, with
 // the task's own identity; when that no longer authenticates (a purged
 // job), with the operator's release_token_file. via says which was used.
-func (d *Driver) releaseHeld(h *taskHandle, held heldLease, log hclog.Logger) (via string, err error) {
+//
+// A gate's lock covers its gated tasks too: the plugin releases it only
+// once Nomad, asked with the operator's token, says that the allocation is
+// stopped or gone (its client kills the gated tasks before it stops the
+// gate), and marks the release clean first so that the next gate need not
+// wait (see shim.gateAwaitPrevious).
+func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, log hclog.Logger) (via string, err error) {
 	if !held.IdentityRejected {
-		err = d.releaseWith(h.taskEndpoint(), held, log)
+		err = d.releaseWith(h.taskEndpoint(), held, gate, log)
 		if !errors.Is(err, lockclient.ErrIdentityRejected) {
 			return "", err
 		}
@@ -112,11 +120,12 @@ func (d *Driver) releaseHeld(h *taskHandle, held heldLease, log hclog.Logger) (v
 	if oerr != nil {
 		return "", fmt.Errorf("the task's workload identity no longer authenticates (`nomad job stop -purge` removes it with the allocation), and %w", oerr)
 	}
-	return ", with the plugin's release_token_file: the task's identity no longer authenticates", d.releaseWith(ep, held, log)
+	return ", with the plugin's release_token_file: the task's identity no longer authenticates", d.releaseWith(ep, held, gate, log)
 }
 
-// releaseWith releases held's lock through ep.
-func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, log hclog.Logger) error {
+// releaseWith releases held's lock through ep; a gate's only once its
+// allocation is stopped or gone, and marked clean.
+func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, gate *gateSpec, log hclog.Logger) error {
 	locker, err := lockclient.New(lockclient.Config{
 		Endpoint:  ep,
 		Namespace: held.Namespace,
@@ -129,7 +138,33 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, log hclog.L
 	}
 	ctx, cancel := context.WithTimeout(d.ctx, crashReleaseTimeout)
 	defer cancel()
+	if gate != nil {
+		if err := gateAllocStopped(ctx, locker, gate); err != nil {
+			return err
+		}
+		if err := locker.MarkReleasedCleanID(ctx, held.LockID); err != nil {
+			log.Warn("cannot mark the gate's release clean; the next gate waits for Nomad's report", "error", err)
+		}
+	}
 	return locker.ReleaseID(ctx, held.LockID)
+}
+
+// gateAllocStopped returns nil once Nomad says the gate's allocation is
+// stopped or gone: its client then kills the gated tasks before the gate.
+func gateAllocStopped(ctx context.Context, locker *lockclient.Locker, gate *gateSpec) error {
+	alloc, _, err := locker.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
+	switch {
+	case errors.Is(err, lockclient.ErrAllocHidden):
+		return fmt.Errorf("cannot confirm that the gate's allocation is stopped, so its gated tasks may run: "+
+			"the release token needs read-job (examples/acl/singleton-release.policy.hcl): %w", err)
+	case errors.Is(err, lockclient.ErrAllocGone):
+		return nil
+	case err != nil:
+		return fmt.Errorf("cannot confirm that the gate's allocation is stopped, so its gated tasks may run: %w", err)
+	case alloc.DesiredStatus == api.AllocDesiredStatusStop || alloc.DesiredStatus == api.AllocDesiredStatusEvict:
+		return nil
+	}
+	return fmt.Errorf("the gate's allocation is not being stopped (desired status %q), so its gated tasks may run", alloc.DesiredStatus)
 }
 
 // taskEndpoint is the task's own Task API socket and token: the workload

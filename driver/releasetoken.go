@@ -96,7 +96,7 @@ func agentExe() exeID {
 // errNoReleaseToken says what to configure so that the plugin can release
 // for a task whose identity no longer authenticates.
 var errNoReleaseToken = errors.New("the plugin config sets no release_token_file: set it to a root-owned 0600 file " +
-	"holding an ACL token with `write` on the lock's variable path (examples/acl/singleton-release.policy.hcl) " +
+	"holding an ACL token with `write` and `read` on the lock's variable path (examples/acl/singleton-release.policy.hcl) " +
 	"so that the plugin can release for purged jobs, or stop jobs before you purge them")
 
 // operatorEndpoint is the task's api.sock with the operator's token, for a

@@ -246,6 +246,28 @@ job %[1]q {
 }`, j.id, groupExtra, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, config, j.appKill, j.serviceHCL(), j.appExtra, j.group, j.app, count, gateCommand, j.gateConfig)
 }
 
+// applyGatePolicy applies examples/acl/singleton-gate.policy.hcl to j's gate
+// task, for j's lock path, without read-job unless readJob.
+func applyGatePolicy(t *testing.T, a *harness.Agent, j *gateJob, readJob bool) {
+	t.Helper()
+	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-gate.policy.hcl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/web/gate/lock"`, fmt.Sprintf("%q", j.lockPath()))
+	if policy == string(example) {
+		t.Fatalf("the example policy no longer names nomad/jobs/web/web/gate/lock:\n%s", example)
+	}
+	if !readJob {
+		policy = strings.Replace(policy, `capabilities = ["read-job"]`, "", 1)
+	}
+	f := filepath.Join(t.TempDir(), "policy.hcl")
+	if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", j.id, "-group", j.group, "-task", "gate", "singleton-gate-"+j.id, f)
+}
+
 // start waits for a start of the gated app in an allocation other than
 // not, after the moment after (CLOCK_MONOTONIC ns).
 func (j *gateJob) start(t *testing.T, not string, after int64, timeout time.Duration) harness.Record {
@@ -646,24 +668,7 @@ func TestGateACL(t *testing.T) {
 	opts.ACLs = true
 	a := harness.StartAgent(t, opts)
 
-	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-gate.policy.hcl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	apply := func(j *gateJob, readJob bool) {
-		policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/web/gate/lock"`, fmt.Sprintf("%q", j.lockPath()))
-		if policy == string(example) {
-			t.Fatalf("the example policy no longer names nomad/jobs/web/web/gate/lock:\n%s", example)
-		}
-		if !readJob {
-			policy = strings.Replace(policy, `capabilities = ["read-job"]`, "", 1)
-		}
-		f := filepath.Join(t.TempDir(), "policy.hcl")
-		if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", j.id, "-group", j.group, "-task", "gate", "singleton-gate-"+j.id, f)
-	}
+	apply := func(j *gateJob, readJob bool) { applyGatePolicy(t, a, j, readJob) }
 	ok := newGateJob(t, "raw_exec", records)
 	ok.id, ok.svc = "gate-acl", "gate-acl-app"
 	ok.record, ok.taskRecord = filepath.Join(records, ok.id+".jsonl"), filepath.Join(records, ok.id+".jsonl")

@@ -38,12 +38,16 @@ func (l *Locker) Allocation(ctx context.Context, id, namespace string, index uin
 		case http.StatusNotFound:
 			return nil, 0, fmt.Errorf("read allocation %s: %w", id, ErrAllocGone)
 		}
-		if body := responseBody(err); strings.Contains(body, "Unknown allocation") || strings.Contains(body, "allocation does not exist") {
-			// "Unknown allocation": Nomad's answer both for an allocation
-			// that is gone and for one the token may not read (no
-			// read-job); the caller knows which it can be. "allocation
-			// does not exist": the identity's own allocation is gone (a
-			// purged job), so the token no longer authenticates.
+		if body := responseBody(err); strings.Contains(body, "Unknown allocation") {
+			// Nomad's answer for an allocation that exists but that the
+			// token may not read (no read-job); one that is gone gets a
+			// 404. A gate reads its own allocation, and knows which it
+			// can be.
+			return nil, 0, fmt.Errorf("read allocation %s: %w (%w)", id, ErrAllocGone, ErrAllocHidden)
+		}
+		if body := responseBody(err); strings.Contains(body, "allocation does not exist") {
+			// The identity's own allocation is gone (a purged job), so
+			// the token no longer authenticates.
 			return nil, 0, fmt.Errorf("read allocation %s: %w", id, ErrAllocGone)
 		}
 		if identityRejected(err) {
@@ -65,6 +69,12 @@ func (l *Locker) Allocation(ctx context.Context, id, namespace string, index uin
 // purged job, garbage collection), or the token may not read it (Nomad
 // answers "Unknown allocation" without read-job).
 var ErrAllocGone = fmt.Errorf("allocation not found")
+
+// ErrAllocHidden means that Nomad answered "Unknown allocation": the
+// allocation exists but the token may not read it (no read-job in its
+// namespace). Such errors wrap ErrAllocGone too, for callers whose token
+// can read its own allocation unless that is gone.
+var ErrAllocHidden = fmt.Errorf("the token may not read the allocation (read-job)")
 
 // ErrIdentityRejected means the Task API could not authenticate the
 // workload identity: its allocation is gone from the servers (a purged job),
@@ -144,7 +154,13 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 // first, and nothing renews between this write and the release.
 func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
 	ls.stopRenewing()
-	l := ls.locker
+	return ls.locker.MarkReleasedCleanID(ctx, ls.id)
+}
+
+// MarkReleasedCleanID is MarkReleasedClean for the lock held under lock ID
+// id by a holder that no longer renews it: the driver's plugin uses it for a
+// gate whose identity no longer authenticates (see Lease.MarkReleasedClean).
+func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string) error {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
 	defer cancel()
 	cur, _, err := l.vars.Peek(l.cfg.Path, (&api.QueryOptions{Namespace: l.cfg.Namespace}).WithContext(rctx))
@@ -158,7 +174,7 @@ func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
 		}
 	}
 	items[itemClean] = "true"
-	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items, Lock: &api.VariableLock{ID: ls.id}}
+	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items, Lock: &api.VariableLock{ID: id}}
 	if _, _, err := l.vars.Update(v, l.writeOptions(rctx)); err != nil {
 		return l.classify("mark released", err)
 	}

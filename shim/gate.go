@@ -288,6 +288,16 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease) bool {
 		switch {
 		case errors.Is(err, lockclient.ErrAllocGone):
 			return true
+		case errors.Is(err, lockclient.ErrIdentityRejected) && s.PluginReleases && s.OnReleaseTried != nil:
+			// A purged job's identity no longer authenticates: the
+			// plugin asks Nomad with the operator's token whether the
+			// allocation is stopped or gone before it releases.
+			s.Logger.Warn("gate: the allocation's identity no longer authenticates; leaving the release to the plugin", "error", err)
+			s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: "Gate's workload identity no longer authenticates " +
+				"(`nomad job stop -purge` removes it with the allocation): the plugin releases the lock with its release_token_file " +
+				"once Nomad confirms the allocation stopped; without one the lock expires on the server within 2×TTL + delay (" + expiry.String() + ")"})
+			s.OnReleaseTried(err)
+			return false
 		case err != nil:
 			why = fmt.Sprintf("cannot read whether the allocation is being stopped (%v)", err)
 		case alloc.DesiredStatus == api.AllocDesiredStatusStop || alloc.DesiredStatus == api.AllocDesiredStatusEvict:

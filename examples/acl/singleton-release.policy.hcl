@@ -5,9 +5,14 @@
 # holder would wait for the server's expiry (2×TTL + delay).
 #
 # The plugin uses this token only after it has proven every process of the
-# task dead, and only to release a lock its own supervisor holds: a release
-# takes the lock ID, which only the holder knows. Grant write alone: Nomad
-# 1.11 shows a variable's lock ID to a token with read and write on it.
+# task dead, and only to release a lock its own supervisor holds, with the
+# lock ID its supervisor recorded. It needs write to release; read, because
+# for a gate it first marks the release clean in the variable's Items and
+# keeps the other Items (the holder and its upstream); and read-job, to ask
+# whether a gate's allocation is stopped. Nomad 1.11 shows a variable's lock
+# ID to a token with read and write on it, so this token can release any
+# lock below the path: keep it where only root reads it, as the plugin
+# requires (a root-owned 0600 file).
 #
 # Narrow the path to where your jobs' locks live. The driver's default lock
 # path is nomad/jobs/<job>/<group>/<task>/lock; the glob below covers it for
@@ -20,9 +25,13 @@
 # then, in the plugin's config: release_token_file = "/etc/nomad.d/singleton-release.token"
 #
 namespace "*" {
+  # A gate's lock covers its gated tasks: the plugin releases it only once
+  # Nomad says the allocation is stopped or gone, which takes read-job.
+  capabilities = ["read-job"]
+
   variables {
     path "nomad/jobs/*/lock" {
-      capabilities = ["write"]
+      capabilities = ["write", "read"]
     }
   }
 }
