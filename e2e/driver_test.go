@@ -9,7 +9,7 @@ package e2e
 //
 // Measured numbers are logged as `MEASURE name=value` lines:
 //
-//	go test ./e2e/ -run 'TestDriver' -count=1 -v | grep MEASURE
+//	go -C e2e test . -run 'TestDriver' -count=1 -v | grep MEASURE
 
 import (
 	"fmt"

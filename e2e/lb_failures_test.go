@@ -5,7 +5,7 @@ package e2e
 // reference LB API that is down, answers FAILED, or is slow. Each scenario
 // asserts the task events a user sees in `nomad alloc status`.
 //
-//	go test ./e2e/ -run 'TestLBFailures' -count=1 -v | grep MEASURE
+//	go -C e2e test . -run 'TestLBFailures' -count=1 -v | grep MEASURE
 
 import (
 	"fmt"

@@ -10,7 +10,7 @@ package e2e
 //
 // Measured numbers are logged as `MEASURE name=value` lines:
 //
-//	go test ./e2e/ -run 'TestLB' -count=1 -v | grep MEASURE
+//	go -C e2e test . -run 'TestLB' -count=1 -v | grep MEASURE
 
 import (
 	"encoding/json"

@@ -11,8 +11,8 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 )
 
-// TestBench is `make bench`. It skips unless BENCH=1: `go test ./...`
-// compiles it but leaves the benchmark to make.
+// TestBench is `make bench`. It skips unless BENCH=1: `go test ./...` in
+// e2e/ compiles it but leaves the benchmark to make.
 func TestBench(t *testing.T) {
 	if os.Getenv(EnvEnable) != "1" {
 		t.Skipf("the benchmark runs with `make bench` (or %s=1)", EnvEnable)

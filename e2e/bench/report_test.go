@@ -13,7 +13,7 @@ import (
 )
 
 // Unit tests of the report, statistics, configuration and pictures. They
-// need no agent and run with `go test ./...`.
+// need no agent and run with `go test ./...` in e2e/.
 
 func TestSummarize(t *testing.T) {
 	s := Summarize([]float64{3, 1, math.NaN(), 2, 10})

@@ -59,4 +59,11 @@
 //
 // The package is Linux-only: it reads /proc and cgroupfs and uses
 // Pdeathsig, SIGSTOP and mount(2).
+//
+// e2e/ is a Go module of its own (e2e/go.mod), which takes the product
+// module from the directory above (a replace directive), so `go test ./...`
+// at the repository root neither builds nor runs it. Run the tests with
+// `make e2e`, or from e2e/ (`go -C e2e test -run TestLockDev .` from the
+// root). The product's internal/ packages stay importable: the e2e module's
+// path lies below the directory that holds internal/.
 package harness

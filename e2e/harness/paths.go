@@ -16,8 +16,8 @@ import (
 	"time"
 )
 
-// ModulePath is the Go module path of this repository; RepoRoot looks for a
-// go.mod that declares it.
+// ModulePath is the Go module path of the product (the repository root's
+// go.mod, not e2e/go.mod); RepoRoot looks for a go.mod that declares it.
 const ModulePath = "github.com/nomad-driver-singleton/nomad-driver-singleton"
 
 // Environment variables that override where the harness finds things.
@@ -170,8 +170,9 @@ func buildTestWorkload(root string) (string, error) {
 	tmp := fmt.Sprintf("%s.%d.tmp", final, os.Getpid())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", tmp, "./e2e/testworkload")
-	cmd.Dir = root
+	// e2e is a module of its own (e2e/go.mod), so the build runs there.
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", tmp, "./testworkload")
+	cmd.Dir = filepath.Join(root, "e2e")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		_ = os.Remove(tmp)
