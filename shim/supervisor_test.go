@@ -218,13 +218,15 @@ func TestRunStartsWorkloadOnlyOnceAcquired(t *testing.T) {
 			r := newRunRig(t, sleeper, time.Second)
 			r.srv.TakeOver(lockDelay)
 			r.run()
-			r.event("waiting on the other holder", func(ev Event) bool {
-				return ev.State == StateWaiting && ev.Holder.AllocID == locktest.OtherAlloc &&
+			// Until the lock is freed: a report that it is held elsewhere,
+			// and no workload.
+			first := r.event("waiting on the other holder (or holding)", func(ev Event) bool {
+				return ev.State.Holds() || ev.State == StateWaiting && ev.Holder.AllocID == locktest.OtherAlloc &&
 					strings.Contains(ev.Message, "held by alloc 0th3r000 on "+locktest.OtherNode)
 			})
-			if out := r.out.String(); out != "" || r.srv.Calls(locktest.OpRefused) == 0 {
-				t.Fatalf("while the lock is held elsewhere: workload output %q, %d refused acquires",
-					out, r.srv.Calls(locktest.OpRefused))
+			if out := r.out.String(); first.State.Holds() || out != "" || r.srv.Calls(locktest.OpRefused) == 0 {
+				t.Fatalf("while the lock is held elsewhere: %s event, workload output %q, %d refused acquires",
+					first.State, out, r.srv.Calls(locktest.OpRefused))
 			}
 			freed := time.Now()
 			tc.free(r.srv)
