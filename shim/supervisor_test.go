@@ -364,9 +364,12 @@ func TestRunReleaseFailure(t *testing.T) {
 			if !waitDead(pid, 0) {
 				t.Errorf("workload %d alive after Run returned", pid)
 			}
-			ev := r.event("release failure", func(ev Event) bool {
+			ev, ok := r.find(func(ev Event) bool {
 				return ev.State == StateStopping && strings.Contains(ev.Message, "not released")
 			})
+			if !ok {
+				t.Fatalf("the failed release was not reported; events:\n%s", r.eventLog())
+			}
 			if !strings.Contains(ev.Message, "expires on the server") {
 				t.Errorf("the release failure does not say the lock expires by itself: %q", ev.Message)
 			}
