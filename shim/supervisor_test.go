@@ -206,8 +206,8 @@ func TestRunStartsWorkloadOnlyOnceAcquired(t *testing.T) {
 	const lockDelay = 300 * time.Millisecond
 	tests := []struct {
 		name string
-		free func(*locktest.Server) // frees the lock; returns when it may be taken
-		// earliest is how long after free the lock may be granted.
+		free func(*locktest.Server) // ends the other holder's lock
+		// earliest is how long after free the lock may be ours.
 		earliest time.Duration
 	}{
 		{"released by its holder", (*locktest.Server).Free, 0},
