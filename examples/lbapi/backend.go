@@ -54,14 +54,13 @@ type Backend interface {
 	Serving(ctx context.Context, serviceID string) ([]Target, error)
 }
 
-// Backend defaults.
 const (
 	// DefaultReconcileInterval is how often the backend's state is compared
 	// with what the API wants, and repaired.
 	DefaultReconcileInterval = time.Second
-	// DefaultBackendTimeout bounds one APPLY, REVERT, reconcile or /state
-	// read against the backend.
-	DefaultBackendTimeout = 10 * time.Second
+	// backendTimeout bounds one APPLY, REVERT, reconcile or /state read
+	// against the backend.
+	backendTimeout = 10 * time.Second
 )
 
 // change is what one APPLY did to a service's targets, to undo it.
@@ -74,7 +73,6 @@ type agent struct {
 	b        Backend
 	log      hclog.Logger
 	groups   map[string]bool
-	timeout  time.Duration
 	interval time.Duration
 
 	mu      sync.Mutex
@@ -88,9 +86,9 @@ type agent struct {
 	lastErr map[string]string   // serviceID → last reconcile error logged
 }
 
-func newAgent(b Backend, groups []string, interval, timeout time.Duration, log hclog.Logger) *agent {
+func newAgent(b Backend, groups []string, interval time.Duration, log hclog.Logger) *agent {
 	ag := &agent{
-		b: b, log: log, groups: map[string]bool{}, timeout: timeout, interval: interval,
+		b: b, log: log, groups: map[string]bool{}, interval: interval,
 		wake: make(chan struct{}, 1), stopped: make(chan struct{}), view: map[string][]Target{}, applied: map[string]change{}, lastErr: map[string]string{},
 	}
 	for _, g := range groups {
@@ -143,7 +141,7 @@ func (ag *agent) run(stop <-chan struct{}) {
 	}
 	for {
 		if job := ag.next(); job != nil {
-			jctx, jcancel := context.WithTimeout(ctx, ag.timeout)
+			jctx, jcancel := context.WithTimeout(ctx, backendTimeout)
 			job(jctx)
 			jcancel()
 			continue
@@ -153,7 +151,7 @@ func (ag *agent) run(stop <-chan struct{}) {
 			return
 		case <-ag.wake:
 		case <-tick:
-			jctx, jcancel := context.WithTimeout(ctx, ag.timeout)
+			jctx, jcancel := context.WithTimeout(ctx, backendTimeout)
 			ag.reconcileAll(jctx)
 			jcancel()
 		}
@@ -283,32 +281,16 @@ func (ag *agent) reconcileAll(ctx context.Context) {
 }
 
 // nextTargets is what a service serves once request r is applied to cur,
-// with the commit's rules (store.updateService): replace all, or remove then
-// add, matching by (upstream, group); DELETE removes the service.
+// with the commit's rules (store.updateService): remove then add, matching
+// by (upstream, group).
 func nextTargets(cur []Target, r request) []Target {
-	var out []Target
-	switch r.action() {
-	case actionDelete:
-		return nil
-	case actionUpdate, actionRevert:
-	default: // RELOAD, GET_RENDERED_CONFIG, PURGE_CACHE change no upstream
-		return slices.Clone(cur)
+	out := slices.Clone(cur)
+	for _, u := range r.Remove {
+		out = slices.DeleteFunc(out, func(t Target) bool { return t == targetOf(u) })
 	}
-	if len(r.Replace) > 0 {
-		for _, u := range r.Replace {
-			if t := targetOf(u); !slices.Contains(out, t) {
-				out = append(out, t)
-			}
-		}
-	} else {
-		out = slices.Clone(cur)
-		for _, u := range r.Remove {
-			out = slices.DeleteFunc(out, func(t Target) bool { return t == targetOf(u) })
-		}
-		for _, u := range r.Add {
-			t := targetOf(u)
-			out = append(slices.DeleteFunc(out, func(x Target) bool { return x == t }), t)
-		}
+	for _, u := range r.Add {
+		t := targetOf(u)
+		out = append(slices.DeleteFunc(out, func(x Target) bool { return x == t }), t)
 	}
 	sortTargets(out)
 	return out

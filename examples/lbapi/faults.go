@@ -6,15 +6,15 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 )
 
-// Faults describes the faults injected into HTTP answers. The zero value
-// injects nothing. Each request draws its fault from a generator seeded by
-// Options.Seed, so a given arrival order always sees the same faults.
+// Faults describes the faults injected into HTTP answers: what the client's
+// reading of outcomes (docs/lb-contract.md#client-reading-of-outcomes) must
+// survive. The zero value injects nothing. Each request draws its fault
+// from a generator with a fixed seed, so a given arrival order always sees
+// the same faults.
 type Faults struct {
 	// Latency delays every matching request before anything else.
 	Latency time.Duration
@@ -32,8 +32,6 @@ type Faults struct {
 	// took effect (the answer is lost, the state change is not), instead of
 	// before it reaches the API.
 	AfterHandle bool
-	// Methods limits the faults to these HTTP methods (empty: all).
-	Methods []string
 }
 
 // validate checks rates, latency and status.
@@ -90,8 +88,8 @@ type injector struct {
 	rng *rand.Rand
 }
 
-func newInjector(cfg Faults, seed uint64) *injector {
-	return &injector{cfg: cfg, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+func newInjector(seed uint64) *injector {
+	return &injector{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
 func (in *injector) set(cfg Faults) {
@@ -100,23 +98,12 @@ func (in *injector) set(cfg Faults) {
 	in.cfg = cfg
 }
 
-func (in *injector) get() Faults {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	c := in.cfg
-	c.Methods = slices.Clone(c.Methods)
-	return c
-}
-
 // decide draws the fault of one request: drop, then error, then garbage,
 // each from its own rate.
-func (in *injector) decide(method string) fault {
+func (in *injector) decide() fault {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	c := in.cfg
-	if len(c.Methods) > 0 && !slices.ContainsFunc(c.Methods, func(m string) bool { return strings.EqualFold(m, method) }) {
-		return fault{}
-	}
 	f := fault{latency: c.Latency, after: c.AfterHandle, status: c.ErrorStatus}
 	if f.status == 0 {
 		f.status = http.StatusServiceUnavailable
@@ -140,7 +127,7 @@ func (in *injector) roll(rate float64) bool {
 
 // serveWithFaults runs next under the fault drawn for r.
 func (s *Server) serveWithFaults(w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
-	f := s.faults.decide(r.Method)
+	f := s.faults.decide()
 	if f.latency > 0 {
 		t := time.NewTimer(f.latency)
 		select {

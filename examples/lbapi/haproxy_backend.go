@@ -28,16 +28,11 @@ type HAProxyOptions struct {
 	// uses haproxy.Name(serviceId). The backend must exist in HAProxy's
 	// configuration with its server slots (see haproxy.Config).
 	Backends map[string]string
-	// Timeout bounds each Runtime API command (default haproxy.DefaultTimeout).
-	Timeout time.Duration
 	// DrainTimeout is how long a change waits for the streams of the
 	// servers it took out of rotation to end, so that a REMOVE succeeds
 	// once the requests in flight got their answers (default
 	// DefaultDrainTimeout). Streams still running then are left to finish.
 	DrainTimeout time.Duration
-	// Resolver resolves upstreams given by host name (default
-	// net.DefaultResolver): HAProxy servers take addresses only.
-	Resolver *net.Resolver
 }
 
 // HAProxyBackend is a Backend that drives a running HAProxy through its
@@ -78,15 +73,12 @@ func NewHAProxyBackend(opts HAProxyOptions) (*HAProxyBackend, error) {
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = DefaultDrainTimeout
 	}
-	if opts.Resolver == nil {
-		opts.Resolver = net.DefaultResolver
-	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return &HAProxyBackend{
 		opts:   opts,
-		client: &haproxy.Client{Socket: opts.Socket, Timeout: opts.Timeout},
+		client: &haproxy.Client{Socket: opts.Socket},
 		known:  map[string]map[string]slot{},
 	}, nil
 }
@@ -333,7 +325,7 @@ func sortedTargets(m map[Target]string) []Target {
 	return ts
 }
 
-// resolve turns host:port into ip:port.
+// resolve turns host:port into ip:port: HAProxy servers take addresses only.
 func (h *HAProxyBackend) resolve(ctx context.Context, upstream string) (string, error) {
 	host, port, err := net.SplitHostPort(upstream)
 	if err != nil {
@@ -342,7 +334,7 @@ func (h *HAProxyBackend) resolve(ctx context.Context, upstream string) (string, 
 	if ip := net.ParseIP(host); ip != nil {
 		return net.JoinHostPort(ip.String(), port), nil
 	}
-	ips, err := h.opts.Resolver.LookupIP(ctx, "ip", host)
+	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
 	if err != nil {
 		return "", err
 	}

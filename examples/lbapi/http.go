@@ -32,16 +32,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.serveWithFaults(w, r, s.route)
 }
 
-// route dispatches under the base path:
+// route dispatches under the base path the endpoints of
+// docs/lb-contract.md#endpoints (Baragon's queue listing and history are
+// not served):
 //
-//	GET    /request                      queue listing       (@NoAuth)
-//	POST   /request                      enqueue             (auth)
-//	GET    /request/{id}                 response or 404     (@NoAuth)
-//	DELETE /request/{id}                 cancel              (auth)
-//	GET    /request/history/{serviceId}  responses           (@NoAuth)
-//	GET    /state/{serviceId}            service state / 404 (@NoAuth)
+//	POST   /request            enqueue             (auth)
+//	GET    /request/{id}       response or 404     (@NoAuth)
+//	DELETE /request/{id}       cancel              (auth)
+//	GET    /state/{serviceId}  service state / 404 (@NoAuth)
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
-	rest, ok := strings.CutPrefix(r.URL.Path, s.opts.BasePath+"/")
+	rest, ok := strings.CutPrefix(r.URL.Path, BasePath+"/")
 	if !ok {
 		writeJSON(w, http.StatusNotFound, dropwizardError{http.StatusNotFound, "HTTP 404 Not Found"})
 		return
@@ -49,17 +49,12 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	seg := strings.Split(strings.TrimSuffix(rest, "/"), "/")
 	switch {
 	case len(seg) == 1 && seg[0] == "request":
-		s.methods(w, r, map[string]http.HandlerFunc{http.MethodGet: s.handleQueue, http.MethodPost: s.handleEnqueue})
+		s.methods(w, r, map[string]http.HandlerFunc{http.MethodPost: s.handleEnqueue})
 	case len(seg) == 2 && seg[0] == "request" && seg[1] != "":
 		id := seg[1]
 		s.methods(w, r, map[string]http.HandlerFunc{
 			http.MethodGet:    func(w http.ResponseWriter, r *http.Request) { s.handleGet(w, id) },
 			http.MethodDelete: func(w http.ResponseWriter, r *http.Request) { s.handleCancel(w, r, id) },
-		})
-	case len(seg) == 3 && seg[0] == "request" && seg[1] == "history" && seg[2] != "":
-		svc := seg[2]
-		s.methods(w, r, map[string]http.HandlerFunc{
-			http.MethodGet: func(w http.ResponseWriter, r *http.Request) { s.handleHistory(w, svc) },
 		})
 	case len(seg) == 2 && seg[0] == "state" && seg[1] != "":
 		svc := seg[1]
@@ -145,20 +140,6 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, id string)
 	writeJSON(w, http.StatusOK, resp)
 }
 
-func (s *Server) handleQueue(w http.ResponseWriter, _ *http.Request) {
-	s.mu.Lock()
-	q := s.st.queueList()
-	s.mu.Unlock()
-	writeJSON(w, http.StatusOK, q)
-}
-
-func (s *Server) handleHistory(w http.ResponseWriter, serviceID string) {
-	s.mu.Lock()
-	list := s.st.responsesFor(serviceID)
-	s.mu.Unlock()
-	writeJSON(w, http.StatusOK, list)
-}
-
 // handleServiceState is GET /state/{serviceId}: 200, or 404 with an empty
 // body. For a service of a Backend's groups, the upstreams are those the
 // backend actually serves, read (and, where they differ from the API's
@@ -173,7 +154,7 @@ func (s *Server) handleServiceState(w http.ResponseWriter, r *http.Request, serv
 		return
 	}
 	if backend {
-		ctx, cancel := context.WithTimeout(r.Context(), s.opts.BackendTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), backendTimeout)
 		defer cancel()
 		serving, err := s.agent.observe(ctx, serviceID)
 		if err != nil {

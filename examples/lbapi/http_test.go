@@ -79,8 +79,8 @@ func TestAuthOnlyOnPostAndDelete(t *testing.T) {
 		status      int
 	}{
 		{http.MethodGet, e.uri + "/r1", 200},
-		{http.MethodGet, e.uri, 200},
-		{http.MethodGet, e.uri + "/history/web", 200},
+		{http.MethodGet, e.uri, 405},
+		{http.MethodGet, e.uri + "/history/web", 404},
 		{http.MethodGet, stateURI + "/web", 200},
 		{http.MethodDelete, e.uri + "/r1", 403},
 		{http.MethodDelete, e.uri + "/r1?authkey=wrong", 403},
@@ -114,22 +114,5 @@ func TestUnknownIsEmpty404(t *testing.T) {
 		if got.status != 404 || got.body != "" {
 			t.Errorf("%s: %d %q, want 404 and an empty body", name, got.status, got.body)
 		}
-	}
-}
-
-func TestQueueAndHistoryListing(t *testing.T) {
-	e := newEnv(t, Options{})
-	e.resp(e.post(reqSpec{id: "a1", svc: "a", add: []string{"10.0.0.1:80"}}.json()))
-	e.resp(e.post(reqSpec{id: "b1", svc: "b", add: []string{"10.0.0.2:80"}}.json()))
-	if got := e.do(http.MethodGet, e.uri, "", ""); got.body != `[{"serviceId":"a","requestId":"a1","index":0},{"serviceId":"b","requestId":"b1","index":1}]` {
-		t.Errorf("queue = %s", got.body)
-	}
-	e.steps(3)
-	if got := e.do(http.MethodGet, e.uri, "", ""); got.body != `[]` {
-		t.Errorf("queue after the run = %s", got.body)
-	}
-	got := e.do(http.MethodGet, e.uri+"/history/a", "", "")
-	if !strings.Contains(got.body, `"loadBalancerRequestId":"a1","loadBalancerState":"SUCCESS"`) || strings.Contains(got.body, "b1") {
-		t.Errorf("history of a = %s", got.body)
 	}
 }

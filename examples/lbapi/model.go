@@ -2,7 +2,6 @@ package lbapi
 
 import (
 	"bytes"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,19 +16,14 @@ import (
 // defaultGroup is UpstreamInfo.DEFAULT_GROUP.
 const defaultGroup = "default"
 
-// Request actions (docs/lb-contract.md#baragonrequest).
-const (
-	actionUpdate            = "UPDATE"
-	actionDelete            = "DELETE"
-	actionReload            = "RELOAD"
-	actionRevert            = "REVERT"
-	actionGetRenderedConfig = "GET_RENDERED_CONFIG"
-	actionPurgeCache        = "PURGE_CACHE"
-)
+// actionUpdate is the one request action this server carries out (the
+// default when absent); the others are refused (request.unsupported).
+const actionUpdate = "UPDATE"
 
+// validActions are Baragon's request actions (docs/lb-contract.md#baragonrequest):
+// any other value is JSON that does not map onto a request.
 var validActions = map[string]bool{
-	actionUpdate: true, actionDelete: true, actionReload: true,
-	actionRevert: true, actionGetRenderedConfig: true, actionPurgeCache: true,
+	actionUpdate: true, "DELETE": true, "RELOAD": true, "REVERT": true, "GET_RENDERED_CONFIG": true, "PURGE_CACHE": true,
 }
 
 // Bean-validation patterns of Baragon's models. Java's \s is
@@ -54,38 +48,23 @@ type upstream struct {
 	RackID           string
 	Group            string // "default" when absent
 	ResolvedUpstream string
-	// OriginalPath is accepted on input and part of equality, never written.
-	OriginalPath *string
 }
 
-// upstreamIn is the object form of an UpstreamInfo on input.
+// upstreamIn is an UpstreamInfo on input. Only the object form is accepted:
+// Baragon's bare-string forms are not implemented.
 type upstreamIn struct {
 	Upstream         *string `json:"upstream"`
 	RequestID        *string `json:"requestId"`
 	RackID           *string `json:"rackId"`
-	OriginalPath     *string `json:"originalPath"`
 	Group            *string `json:"group"`
 	ResolvedUpstream *string `json:"resolvedUpstream"`
 }
 
-// UnmarshalJSON accepts the object form and the bare string forms of
-// UpstreamInfo.fromString. A null element is refused (Baragon fails on it).
+// UnmarshalJSON reads the object form. A null element is refused (Baragon
+// fails on it).
 func (u *upstream) UnmarshalJSON(data []byte) error {
-	data = bytes.TrimSpace(data)
-	switch {
-	case bytes.Equal(data, []byte("null")):
+	if bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
 		return errors.New("null upstream")
-	case len(data) > 0 && data[0] == '"':
-		var s string
-		if err := json.Unmarshal(data, &s); err != nil {
-			return err
-		}
-		parsed, err := upstreamFromString(s)
-		if err != nil {
-			return err
-		}
-		*u = parsed
-		return nil
 	}
 	var in upstreamIn
 	if err := json.Unmarshal(data, &in); err != nil {
@@ -97,45 +76,11 @@ func (u *upstream) UnmarshalJSON(data []byte) error {
 		RackID:           deref(in.RackID),
 		Group:            orString(in.Group, defaultGroup),
 		ResolvedUpstream: deref(in.ResolvedUpstream),
-		OriginalPath:     in.OriginalPath,
 	}
 	return nil
 }
 
-// upstreamFromString is UpstreamInfo.fromString: "a.b:80" is a raw upstream;
-// otherwise "base64url(upstream)|requestId|rackId|group|resolved".
-func upstreamFromString(s string) (upstream, error) {
-	orig := s
-	parts := strings.Split(s, "|")
-	if len(parts) == 1 && strings.Contains(parts[0], ".") {
-		return upstream{Upstream: s, Group: defaultGroup, OriginalPath: &orig}, nil
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[0], "="))
-	if err != nil {
-		return upstream{}, fmt.Errorf("upstream %q: %w", s, err)
-	}
-	part := func(n int) string {
-		if len(parts) > n {
-			return parts[n]
-		}
-		return ""
-	}
-	u := upstream{
-		Upstream:         strings.ToValidUTF8(string(raw), "\uFFFD"),
-		RequestID:        part(1),
-		RackID:           part(2),
-		Group:            part(3),
-		ResolvedUpstream: part(4),
-		OriginalPath:     &orig,
-	}
-	if u.Group == "" {
-		u.Group = defaultGroup
-	}
-	return u, nil
-}
-
-// MarshalJSON writes the upstream as Baragon does: absent optionals as null,
-// originalPath never.
+// MarshalJSON writes the upstream as Baragon does: absent optionals as null.
 func (u upstream) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
 		Upstream         string  `json:"upstream"`
@@ -233,7 +178,9 @@ func (s service) allPaths() []string {
 }
 
 // request is Baragon's BaragonRequest after deserialization (defaults
-// applied, upstream request ids filled in).
+// applied, upstream request ids filled in). Replace, ReplaceServiceID and an
+// action other than UPDATE are kept only to be echoed and refused
+// (unsupported).
 type request struct {
 	ID                   string
 	Service              *service
@@ -293,12 +240,21 @@ func (r request) MarshalJSON() ([]byte, error) {
 	})
 }
 
-// action returns the action, UPDATE when absent.
-func (r request) action() string {
-	if r.Action == nil {
-		return actionUpdate
+// unsupported names what the request asks for that this server does not
+// implement ("" if nothing): an action other than UPDATE, replaceUpstreams
+// or replaceServiceId. Such a request is refused before queueing, as
+// Baragon refuses a REVERT (docs/lb-contract.md#idempotent-post).
+func (r request) unsupported() string {
+	const suffix = " is not implemented by this reference LB API (examples/lbapi): it carries out UPDATE requests that add and remove upstreams"
+	switch {
+	case r.Action != nil && *r.Action != actionUpdate:
+		return "action " + *r.Action + suffix
+	case len(r.Replace) > 0:
+		return "replaceUpstreams" + suffix
+	case r.ReplaceServiceID != nil:
+		return "replaceServiceId" + suffix
 	}
-	return *r.Action
+	return ""
 }
 
 // equal is BaragonRequest.equals.

@@ -1,14 +1,12 @@
 package lbapi
 
 import (
-	"bufio"
 	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -18,38 +16,41 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-// Defaults of Options.
+// Defaults and fixed settings.
 const (
-	// DefaultBasePath is Baragon's applicationContextPath in its docker config.
-	DefaultBasePath = "/baragon/v2"
+	// BasePath is Baragon's applicationContextPath in its docker config:
+	// the request collection is {base URL}/baragon/v2/request.
+	BasePath = "/baragon/v2"
 	// DefaultWorkerInterval is small so that tests run fast; Baragon's
 	// worker runs every second (BaragonWorkerConfiguration.intervalMs).
 	DefaultWorkerInterval = 50 * time.Millisecond
-	// DefaultMaxRequestsPerPoll is BaragonWorkerConfiguration.maxRequestsPerPoll.
-	DefaultMaxRequestsPerPoll = 10
-	// DefaultMaxBatchSize is BaragonWorkerConfiguration.maxBatchSize.
-	DefaultMaxBatchSize = 50
-	// DefaultHistoryPerService is HistoryConfiguration.maxRequestsPerService.
-	DefaultHistoryPerService = 1000
 	// DefaultGroup is the group configured when Options.Groups is empty.
 	DefaultGroup = "default"
+
+	// maxRequestsPerPoll is BaragonWorkerConfiguration.maxRequestsPerPoll.
+	maxRequestsPerPoll = 10
+	// maxBatchSize is BaragonWorkerConfiguration.maxBatchSize.
+	maxBatchSize = 50
+	// historyPerService bounds the finished responses kept per service
+	// (HistoryConfiguration.maxRequestsPerService), the oldest going first,
+	// so that a long demo or bench run does not grow without bound.
+	historyPerService = 1000
+	// faultSeed seeds the fault generator: a given arrival order always
+	// sees the same faults.
+	faultSeed = 1
 )
 
-// Group is a load balancer group and its simulated agents.
+// Group is a load balancer group, simulated by one agent unless a Backend
+// serves it.
 type Group struct {
 	// Name is the group name (loadBalancerGroups entry).
 	Name string
-	// Agents is the number of simulated agents; values below 1 mean 1.
-	// Server.SetAgents(name, 0) simulates a group with no agent.
-	Agents int
 	// Domains are the domains the group serves.
 	Domains []string
 }
 
 // Options configure a Server. Zero values take the defaults.
 type Options struct {
-	// BasePath is the application context path (default /baragon/v2).
-	BasePath string
 	// Groups are the existing load balancer groups (default: "default").
 	Groups []Group
 	// AuthKeys are the accepted auth keys; none disables auth, like
@@ -59,17 +60,6 @@ type Options struct {
 	WorkerInterval time.Duration
 	// ManualWorker starts no background worker: only Step advances requests.
 	ManualWorker bool
-	// MaxRequestsPerPoll bounds the requests one worker run handles (default 10).
-	MaxRequestsPerPoll int
-	// MaxBatchSize bounds the agent requests one worker run sends (default 50).
-	MaxBatchSize int
-	// HistoryPerService bounds the finished responses kept per service
-	// (default 1000); the oldest go first.
-	HistoryPerService int
-	// Faults are the faults injected from the start (see SetFaults).
-	Faults Faults
-	// Seed seeds the fault generator.
-	Seed uint64
 	// Logger receives the server's logs (default: none).
 	Logger hclog.Logger
 	// Clock stamps the moments a request is enqueued and reaches a final
@@ -92,33 +82,14 @@ type Options struct {
 	// state and repaired, e.g. after a restart lost its servers (default
 	// DefaultReconcileInterval; negative: only when GET /state reads it).
 	ReconcileInterval time.Duration
-	// BackendTimeout bounds each change, reconcile or read of Backend
-	// (default DefaultBackendTimeout).
-	BackendTimeout time.Duration
 }
 
 func (o Options) withDefaults() Options {
-	if o.BasePath == "" {
-		o.BasePath = DefaultBasePath
-	}
-	o.BasePath = "/" + strings.Trim(o.BasePath, "/")
-	if o.BasePath == "/" {
-		o.BasePath = ""
-	}
 	if len(o.Groups) == 0 {
 		o.Groups = []Group{{Name: DefaultGroup}}
 	}
 	if o.WorkerInterval == 0 {
 		o.WorkerInterval = DefaultWorkerInterval
-	}
-	if o.MaxRequestsPerPoll == 0 {
-		o.MaxRequestsPerPoll = DefaultMaxRequestsPerPoll
-	}
-	if o.MaxBatchSize == 0 {
-		o.MaxBatchSize = DefaultMaxBatchSize
-	}
-	if o.HistoryPerService == 0 {
-		o.HistoryPerService = DefaultHistoryPerService
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
@@ -134,17 +105,11 @@ func (o Options) withDefaults() Options {
 	if o.ReconcileInterval == 0 {
 		o.ReconcileInterval = DefaultReconcileInterval
 	}
-	if o.BackendTimeout <= 0 {
-		o.BackendTimeout = DefaultBackendTimeout
-	}
 	return o
 }
 
 func (o Options) validate() error {
 	var errs []error
-	if strings.ContainsAny(o.BasePath, "?#") {
-		errs = append(errs, fmt.Errorf("base path %q must be a plain path", o.BasePath))
-	}
 	seen := map[string]bool{}
 	for i, g := range o.Groups {
 		switch {
@@ -160,14 +125,6 @@ func (o Options) validate() error {
 			errs = append(errs, fmt.Errorf("auth keys[%d] is empty", i))
 		}
 	}
-	for name, v := range map[string]int{
-		"max requests per poll": o.MaxRequestsPerPoll, "max batch size": o.MaxBatchSize,
-		"history per service": o.HistoryPerService,
-	} {
-		if v < 0 {
-			errs = append(errs, fmt.Errorf("%s must not be negative (got %d)", name, v))
-		}
-	}
 	if o.WorkerInterval < 0 {
 		errs = append(errs, fmt.Errorf("worker interval must not be negative (got %s)", o.WorkerInterval))
 	}
@@ -179,7 +136,6 @@ func (o Options) validate() error {
 	if o.Backend == nil && len(o.BackendGroups) > 0 {
 		errs = append(errs, errors.New("backend groups are set but there is no backend"))
 	}
-	errs = append(errs, o.Faults.validate())
 	return errors.Join(errs...)
 }
 
@@ -220,18 +176,18 @@ func NewServer(opts Options) (*Server, error) {
 	s := &Server{
 		opts:   opts,
 		log:    opts.Logger.Named("lbapi"),
-		faults: newInjector(opts.Faults, opts.Seed),
-		st:     newStore(opts.HistoryPerService, opts.Clock),
+		faults: newInjector(faultSeed),
+		st:     newStore(opts.Clock),
 		stop:   make(chan struct{}),
 	}
 	for _, k := range opts.AuthKeys {
 		s.authKeys = append(s.authKeys, []byte(k))
 	}
 	for _, g := range opts.Groups {
-		s.st.groups[g.Name] = &groupState{agents: max(g.Agents, 1), domains: slices.Clone(g.Domains)}
+		s.st.groups[g.Name] = &groupState{agents: 1, domains: slices.Clone(g.Domains)}
 	}
 	if opts.Backend != nil {
-		s.agent = newAgent(opts.Backend, opts.BackendGroups, opts.ReconcileInterval, opts.BackendTimeout, s.log.Named("backend"))
+		s.agent = newAgent(opts.Backend, opts.BackendGroups, opts.ReconcileInterval, s.log.Named("backend"))
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -271,13 +227,10 @@ func (s *Server) Pause() { s.paused.Store(true) }
 // Resume undoes Pause.
 func (s *Server) Resume() { s.paused.Store(false) }
 
-// BasePath returns the application context path, e.g. "/baragon/v2".
-func (s *Server) BasePath() string { return s.opts.BasePath }
-
 // RequestURL returns the request collection URL under baseURL (scheme and
 // host, e.g. an httptest.Server's URL): what a client's uri should be.
 func (s *Server) RequestURL(baseURL string) string {
-	return strings.TrimRight(baseURL, "/") + s.opts.BasePath + "/request"
+	return strings.TrimRight(baseURL, "/") + BasePath + "/request"
 }
 
 // Start listens on addr (":0" picks a free port) and serves in the
@@ -371,20 +324,6 @@ func (s *Server) SetFaults(f Faults) error {
 	return nil
 }
 
-// Faults returns the injected faults.
-func (s *Server) Faults() Faults { return s.faults.get() }
-
-// SetGroup adds or replaces a load balancer group.
-func (s *Server) SetGroup(g Group) error {
-	if g.Name == "" {
-		return errors.New("lbapi: group name is empty")
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.st.groups[g.Name] = &groupState{agents: max(g.Agents, 1), domains: slices.Clone(g.Domains)}
-	return nil
-}
-
 // SetAgents sets the number of agents of a group; 0 makes every request
 // for it end FAILED "not enough agents".
 func (s *Server) SetAgents(group string, n int) error {
@@ -447,27 +386,4 @@ func (s *Server) authorized(r *http.Request) bool {
 		}
 	}
 	return ok
-}
-
-// ReadAuthKeysFile reads auth keys, one per line; blank lines and lines
-// starting with # are skipped.
-func ReadAuthKeysFile(path string) ([]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("auth keys file: %w", err)
-	}
-	defer f.Close()
-	var keys []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		keys = append(keys, line)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("auth keys file %s: %w", path, err)
-	}
-	return keys, nil
 }

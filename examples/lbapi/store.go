@@ -59,12 +59,11 @@ type store struct {
 	services     map[string]*storedService
 	basePaths    map[string]map[string]string // group → path → serviceId
 	groups       map[string]*groupState
-	maxHistory   int
 	// clock stamps enqueue and finish times (Options.Clock).
 	clock func() int64
 }
 
-func newStore(maxHistory int, clock func() int64) *store {
+func newStore(clock func() int64) *store {
 	return &store{
 		clock:        clock,
 		active:       map[string]*activeRequest{},
@@ -73,7 +72,6 @@ func newStore(maxHistory int, clock func() int64) *store {
 		services:     map[string]*storedService{},
 		basePaths:    map[string]map[string]string{},
 		groups:       map[string]*groupState{},
-		maxHistory:   maxHistory,
 	}
 }
 
@@ -154,14 +152,8 @@ func (st *store) enqueue(r request) response {
 			return failureResponse(r.ID, "If noDuplicateUpstreams is specified, you cannot have duplicate upstreams. Found these duplicate upstreams: "+javaStrings(dups))
 		}
 	}
-	if r.NoReload && r.Action != nil && *r.Action == actionReload {
-		return failureResponse(r.ID, "You can not specify 'noReload' on a request with action 'RELOAD'")
-	}
-	if len(r.Replace) > 0 && (len(r.Add) > 0 || len(r.Remove) > 0) {
-		return failureResponse(r.ID, "If overrideUpstreams is specified, addUpstreams and removeUpstreams mustbe empty")
-	}
-	if r.Action != nil && *r.Action == actionRevert {
-		return failureResponse(r.ID, "The REVERT action may only be used internally by Baragon, you may specify UPDATE, DELETE, RELOAD, or leave the action blank(UPDATE)")
+	if msg := r.unsupported(); msg != "" {
+		return failureResponse(r.ID, msg)
 	}
 	q := queuedRequestID{ServiceID: svcID, RequestID: r.ID, Index: st.nextIndex}
 	st.nextIndex++
@@ -206,27 +198,6 @@ func (st *store) cancel(id string) response {
 	return doesNotExistResponse(id)
 }
 
-// queueList is GET /request: the queued request ids in order.
-func (st *store) queueList() []queuedRequestID {
-	return append([]queuedRequestID{}, st.queue...)
-}
-
-// responsesFor is GET /request/history/{serviceId}: active requests of the
-// service, then its history, newest first.
-func (st *store) responsesFor(serviceID string) []response {
-	out := []response{}
-	for _, q := range st.queue {
-		if a := st.active[q.RequestID]; a != nil && q.ServiceID == serviceID {
-			out = append(out, a.response())
-		}
-	}
-	h := st.history[serviceID]
-	for i := len(h) - 1; i >= 0; i-- {
-		out = append(out, h[i].resp)
-	}
-	return out
-}
-
 // serviceState is GET /state/{serviceId}.
 func (st *store) serviceState(id string) (serviceState, bool) {
 	s, ok := st.services[id]
@@ -251,7 +222,7 @@ func (st *store) saveHistory(a *activeRequest) {
 	resp := a.response()
 	h := slices.DeleteFunc(st.history[svcID], func(e historyEntry) bool { return e.id == a.req.ID })
 	h = append(h, historyEntry{id: a.req.ID, resp: resp, index: a.queued.Index, enqueued: a.enqueued, finished: st.clock()})
-	for len(h) > st.maxHistory {
+	for len(h) > historyPerService {
 		if st.historyIndex[h[0].id] == svcID {
 			delete(st.historyIndex, h[0].id)
 		}
@@ -270,16 +241,6 @@ func (st *store) serviceUnchanged(r request) bool {
 	return ok && cur.svc.equal(*r.Service)
 }
 
-// originalService is RequestManager.getOriginalService.
-func (st *store) originalService(r request) *storedService {
-	if r.ReplaceServiceID != nil {
-		if s, ok := st.services[*r.ReplaceServiceID]; ok {
-			return s
-		}
-	}
-	return st.services[r.Service.ServiceID]
-}
-
 // basePathConflicts is RequestManager.getBasePathConflicts (groups have no
 // default domain here): group → the other service owning one of our paths.
 func (st *store) basePathConflicts(r request) map[string]string {
@@ -287,13 +248,9 @@ func (st *store) basePathConflicts(r request) map[string]string {
 	for _, g := range r.Service.LoadBalancerGroups {
 		for _, p := range r.Service.allPaths() {
 			owner, ok := st.basePaths[g][p]
-			if !ok || owner == r.Service.ServiceID {
-				continue
+			if ok && owner != r.Service.ServiceID {
+				conflicts[g] = owner
 			}
-			if r.ReplaceServiceID != nil && *r.ReplaceServiceID == owner {
-				continue
-			}
-			conflicts[g] = owner
 		}
 	}
 	return conflicts
@@ -366,56 +323,38 @@ func (st *store) lockBasePaths(r request) {
 	}
 }
 
-// revertBasePath is RequestManager.revertBasePath. Baragon clears the
-// request's paths unconditionally when the service was never committed; we
-// clear only paths the service itself owns, so that cancelling a request
-// that never got past PENDING cannot free another service's path.
+// revertBasePath is RequestManager.revertBasePath without replaceServiceId.
+// Baragon clears the request's paths unconditionally when the service was
+// never committed; we clear only paths the service itself owns, so that
+// cancelling a request that never got past PENDING cannot free another
+// service's path.
 func (st *store) revertBasePath(r request) {
-	orig := st.originalService(r)
-	if orig == nil {
-		for _, g := range r.Service.LoadBalancerGroups {
-			for _, p := range r.Service.allPaths() {
-				st.clearBasePathIfOwner(g, p, r.Service.ServiceID)
-			}
-		}
+	if _, committed := st.services[r.Service.ServiceID]; committed {
 		return
 	}
-	if r.ReplaceServiceID != nil && orig.svc.ServiceID == *r.ReplaceServiceID {
-		for _, g := range r.Service.LoadBalancerGroups {
-			for _, p := range r.Service.allPaths() {
-				st.setBasePath(g, p, orig.svc.ServiceID)
-			}
+	for _, g := range r.Service.LoadBalancerGroups {
+		for _, p := range r.Service.allPaths() {
+			st.clearBasePathIfOwner(g, p, r.Service.ServiceID)
 		}
 	}
 }
 
-// commit is RequestManager.commitRequest (docs/lb-contract.md#commit).
+// commit is RequestManager.commitRequest for an UPDATE
+// (docs/lb-contract.md#commit).
 func (st *store) commit(r request) {
-	orig := st.originalService(r)
-	var origCopy *service
-	if orig != nil {
-		c := orig.svc
-		origCopy = &c
+	var orig *service
+	if s, ok := st.services[r.Service.ServiceID]; ok {
+		c := s.svc
+		orig = &c
 	}
-	switch r.action() {
-	case actionUpdate, actionRevert:
-		st.updateService(r)
-		st.clearChangedBasePaths(r, origCopy)
-		st.clearBasePathsFromUnusedLbs(r, origCopy)
-		if origCopy != nil && origCopy.ServiceID != r.Service.ServiceID {
-			delete(st.services, origCopy.ServiceID)
-		}
-		st.clearBasePathsWithNoUpstreams(r)
-	case actionDelete:
-		st.clearChangedBasePaths(r, origCopy)
-		st.clearBasePathsFromUnusedLbs(r, origCopy)
-		st.deleteRemovedServices(r)
-		st.clearBasePathsWithNoUpstreams(r)
-	}
+	st.updateService(r)
+	st.clearChangedBasePaths(r, orig)
+	st.clearBasePathsFromUnusedLbs(r, orig)
+	st.clearBasePathsWithNoUpstreams(r)
 }
 
 // updateService is BaragonStateDatastore.updateService: store the service
-// (unless unchanged), then replace all upstreams, or remove then add. A
+// (unless unchanged), then remove and add upstreams. A
 // removed upstream matches by (upstream, group), and a missing one is not an
 // error; an added upstream replaces any with the same (upstream, group).
 func (st *store) updateService(r request) {
@@ -428,29 +367,14 @@ func (st *store) updateService(r request) {
 	case !st.serviceUnchanged(r):
 		cur.svc = *r.Service
 	}
-	if len(r.Replace) > 0 {
-		cur.upstreams = nil
-		for _, u := range r.Replace {
-			if !slices.ContainsFunc(cur.upstreams, func(x upstream) bool { return x.equalPath(u) }) {
-				cur.upstreams = append(cur.upstreams, u)
-			}
-		}
-	} else {
-		for _, rm := range r.Remove {
-			cur.upstreams = slices.DeleteFunc(cur.upstreams, rm.sameTarget)
-		}
-		for _, add := range r.Add {
-			cur.upstreams = slices.DeleteFunc(cur.upstreams, add.sameTarget)
-			cur.upstreams = append(cur.upstreams, add)
-		}
+	for _, rm := range r.Remove {
+		cur.upstreams = slices.DeleteFunc(cur.upstreams, rm.sameTarget)
+	}
+	for _, add := range r.Add {
+		cur.upstreams = slices.DeleteFunc(cur.upstreams, add.sameTarget)
+		cur.upstreams = append(cur.upstreams, add)
 	}
 	sortUpstreams(cur.upstreams)
-}
-
-// equalPath reports whether two upstreams would be the same ZooKeeper node.
-func (u upstream) equalPath(o upstream) bool {
-	return u.Upstream == o.Upstream && u.RequestID == o.RequestID && u.RackID == o.RackID &&
-		u.Group == o.Group && u.ResolvedUpstream == o.ResolvedUpstream
 }
 
 func sortUpstreams(ups []upstream) {
@@ -499,7 +423,7 @@ func (st *store) clearBasePathsFromUnusedLbs(r request, orig *service) {
 }
 
 // clearBasePathsWithNoUpstreams frees the service's paths once it has no
-// upstream left (or no longer exists).
+// upstream left.
 func (st *store) clearBasePathsWithNoUpstreams(r request) {
 	if s, ok := st.services[r.Service.ServiceID]; ok && len(s.upstreams) > 0 {
 		return
@@ -508,14 +432,6 @@ func (st *store) clearBasePathsWithNoUpstreams(r request) {
 		for _, p := range r.Service.allPaths() {
 			st.clearBasePathIfOwner(g, p, r.Service.ServiceID)
 		}
-	}
-}
-
-// deleteRemovedServices removes the service (and the replaced one).
-func (st *store) deleteRemovedServices(r request) {
-	delete(st.services, r.Service.ServiceID)
-	if r.ReplaceServiceID != nil {
-		delete(st.services, *r.ReplaceServiceID)
 	}
 }
 

@@ -39,7 +39,7 @@ func (s *Server) tick() {
 	s.applyResults(s.handleQueued(inFlight))
 
 	added := len(inFlight)
-	for added < s.opts.MaxRequestsPerPoll && len(rest) > 0 {
+	for added < maxRequestsPerPoll && len(rest) > 0 {
 		nonServiceChanges, serviceChanges := s.collect(added, rest)
 
 		var batch []*activeRequest
@@ -88,17 +88,17 @@ func hasInProgressAttempt(a *activeRequest) bool {
 
 // collect is BaragonRequestWorker.collectRequests: requests that leave their
 // service unchanged are gathered freely; the first one that changes a
-// service (or is not an UPDATE) is a batch boundary for that service.
+// service is a batch boundary for that service.
 func (s *Server) collect(added int, queued []*activeRequest) (nonServiceChanges, serviceChanges []*activeRequest) {
 	boundary := map[string]bool{}
 	for _, a := range queued {
-		if added >= s.opts.MaxRequestsPerPoll {
+		if added >= maxRequestsPerPoll {
 			return
 		}
 		if boundary[a.queued.ServiceID] {
 			continue
 		}
-		if s.isBatchBoundary(a.req) {
+		if !s.st.serviceUnchanged(a.req) {
 			serviceChanges = append(serviceChanges, a)
 			boundary[a.queued.ServiceID] = true
 		} else {
@@ -107,11 +107,6 @@ func (s *Server) collect(added int, queued []*activeRequest) (nonServiceChanges,
 		added++
 	}
 	return
-}
-
-// isBatchBoundary: the request changes its service or is not an UPDATE.
-func (s *Server) isBatchBoundary(r request) bool {
-	return !s.st.serviceUnchanged(r) || r.action() != actionUpdate
 }
 
 // setNoValidateIfRemovesOnly is the worker's adjustment of a request that
@@ -157,7 +152,7 @@ func markInProgress(m map[string]bool, list []*activeRequest) {
 }
 
 // handleQueued is handleQueuedRequests: states that need agents are sent in
-// one batch (up to MaxBatchSize), the others go through handleState.
+// one batch (up to maxBatchSize), the others go through handleState.
 func (s *Server) handleQueued(list []*activeRequest) []transition {
 	var out []transition
 	sent := 0
@@ -166,7 +161,7 @@ func (s *Server) handleQueued(list []*activeRequest) []transition {
 			out = append(out, transition{a, s.handleState(a)})
 			continue
 		}
-		if sent < s.opts.MaxBatchSize {
+		if sent < maxBatchSize {
 			out = append(out, transition{a, s.sendAgentRequests(a)})
 			sent++
 		}
@@ -208,8 +203,7 @@ func (s *Server) handleState(a *activeRequest) internalState {
 // (docs/lb-contract.md#validation-while-pending).
 func (s *Server) handlePending(a *activeRequest) internalState {
 	st, r := s.st, a.req
-	isDelete := r.action() == actionDelete
-	if conflicts := st.basePathConflicts(r); len(conflicts) > 0 && !isDelete {
+	if conflicts := st.basePathConflicts(r); len(conflicts) > 0 {
 		a.setMessage("%s", basePathConflictMessage(conflicts))
 		return stateInvalidNoop
 	}
@@ -229,9 +223,7 @@ func (s *Server) handlePending(a *activeRequest) internalState {
 			return stateInvalidNoop
 		}
 	}
-	if !isDelete {
-		st.lockBasePaths(r)
-	}
+	st.lockBasePaths(r)
 	return stateSendApplyRequests
 }
 
@@ -244,7 +236,7 @@ func (s *Server) handleCheckApply(a *activeRequest) internalState {
 		return stateFailedSendRevertRequests
 	case agentsSuccess:
 		a.setMessage("%s request succeeded! Added upstreams: %s, Removed upstreams: %s",
-			a.req.action(), javaList(a.req.Add), javaList(a.req.Remove))
+			actionUpdate, javaList(a.req.Add), javaList(a.req.Remove))
 		s.st.commit(a.req)
 		return stateCompleted
 	}

@@ -1,13 +1,12 @@
 // Command lbapi runs the reference LB API server (package lbapi): a stand-in
-// for Baragon that keeps its request contract.
+// for Baragon that keeps its request contract, for the demo and for trying
+// a load_balancer block without Baragon.
 //
-//	lbapi -listen 127.0.0.1:8080 -groups default,prod-lb=2 -authkeys-file keys.txt
+//	lbapi -listen 127.0.0.1:8080 -groups default,prod-lb -authkeys-file keys.txt
 //
 // The request collection is then http://127.0.0.1:8080/baragon/v2/request.
-// Auth keys come from -authkeys-file (one per line) and from the
-// LBAPI_AUTHKEYS environment variable (comma-separated), never from argv; with
-// no key, auth is off. Fault flags inject latency, 5xx answers, dropped
-// connections and garbage bodies, reproducibly from -seed.
+// Auth keys come from -authkeys-file (one per line; blank lines and # lines
+// are skipped), never from argv; with no file, auth is off.
 //
 // With -haproxy-socket, a running HAProxy is the load balancer of the groups
 // in -haproxy-groups (default: all): each request's upstream changes re-point
@@ -29,7 +28,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -39,11 +37,8 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/examples/lbapi"
 )
 
-// authKeysEnv holds extra auth keys, comma-separated.
-const authKeysEnv = "LBAPI_AUTHKEYS"
-
 func main() {
-	os.Exit(run(os.Args[1:], os.Getenv, os.Stderr, waitForSignal))
+	os.Exit(run(os.Args[1:], os.Stderr, waitForSignal))
 }
 
 func waitForSignal() {
@@ -53,8 +48,8 @@ func waitForSignal() {
 }
 
 // run parses args, serves until wait returns, and returns the exit code.
-func run(args []string, getenv func(string) string, stderr io.Writer, wait func()) int {
-	cfg, err := parseFlags(args, getenv, stderr)
+func run(args []string, stderr io.Writer, wait func()) int {
+	cfg, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -62,7 +57,7 @@ func run(args []string, getenv func(string) string, stderr io.Writer, wait func(
 		fmt.Fprintf(stderr, "lbapi: %v\n", err)
 		return 64
 	}
-	cfg.opts.Logger = hclog.New(&hclog.LoggerOptions{Name: "lbapi", Output: stderr, Level: hclog.LevelFromString(cfg.logLevel)})
+	cfg.opts.Logger = hclog.New(&hclog.LoggerOptions{Name: "lbapi", Output: stderr, Level: hclog.Info})
 	srv, err := lbapi.NewServer(cfg.opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "lbapi: %v\n", err)
@@ -96,67 +91,54 @@ func run(args []string, getenv func(string) string, stderr io.Writer, wait func(
 
 // config is what the flags produce.
 type config struct {
-	listen   string
-	logLevel string
-	opts     lbapi.Options
+	listen string
+	opts   lbapi.Options
 }
 
-func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var (
-		cfg          config
-		groups       string
-		keysFile     string
-		faultMethods string
-		seed         uint64
-		ha           lbapi.HAProxyOptions
-		haBackends   string
-		haGroups     string
+		cfg        config
+		groups     string
+		keysFile   string
+		ha         lbapi.HAProxyOptions
+		haBackends string
+		haGroups   string
 	)
 	fs := flag.NewFlagSet("lbapi", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:8080", "address to listen on")
-	fs.StringVar(&cfg.opts.BasePath, "base-path", lbapi.DefaultBasePath, "application context path")
-	fs.StringVar(&groups, "groups", lbapi.DefaultGroup, "existing load balancer groups, comma-separated: name or name=agents")
-	fs.StringVar(&keysFile, "authkeys-file", "", "file of auth keys, one per line (also $"+authKeysEnv+", comma-separated); none disables auth")
+	fs.StringVar(&groups, "groups", lbapi.DefaultGroup, "existing load balancer groups, comma-separated")
+	fs.StringVar(&keysFile, "authkeys-file", "", "file of auth keys, one per line; none disables auth")
 	fs.DurationVar(&cfg.opts.WorkerInterval, "worker-interval", time.Second, "worker period (Baragon: 1s)")
-	fs.IntVar(&cfg.opts.MaxRequestsPerPoll, "max-requests-per-poll", lbapi.DefaultMaxRequestsPerPoll, "requests handled per worker run")
-	fs.IntVar(&cfg.opts.MaxBatchSize, "max-batch-size", lbapi.DefaultMaxBatchSize, "agent requests sent per worker run")
-	fs.IntVar(&cfg.opts.HistoryPerService, "history-per-service", lbapi.DefaultHistoryPerService, "finished responses kept per service")
-	fs.DurationVar(&cfg.opts.Faults.Latency, "latency", 0, "fault: delay added to every request")
-	fs.Float64Var(&cfg.opts.Faults.ErrorRate, "error-rate", 0, "fault: fraction of requests answered -error-status")
-	fs.IntVar(&cfg.opts.Faults.ErrorStatus, "error-status", 503, "fault: status of injected errors")
-	fs.Float64Var(&cfg.opts.Faults.DropRate, "drop-rate", 0, "fault: fraction of connections closed without an answer")
-	fs.Float64Var(&cfg.opts.Faults.GarbageRate, "garbage-rate", 0, "fault: fraction of requests answered 200 with a garbage body")
-	fs.BoolVar(&cfg.opts.Faults.AfterHandle, "fault-after-handle", false, "fault: apply errors, drops and garbage after the request took effect")
-	fs.StringVar(&faultMethods, "fault-methods", "", "fault: only these HTTP methods, comma-separated (default all)")
-	fs.Uint64Var(&seed, "seed", 1, "seed of the fault generator")
-	fs.StringVar(&cfg.logLevel, "log-level", "info", "trace, debug, info, warn or error")
 	fs.StringVar(&ha.Socket, "haproxy-socket", "", "HAProxy admin socket (stats socket … level admin): drive that HAProxy")
 	fs.StringVar(&haBackends, "haproxy-backends", "", "serviceId=backend pairs, comma-separated (default backend: the serviceId, sanitised)")
 	fs.StringVar(&haGroups, "haproxy-groups", "", "groups HAProxy serves, comma-separated (default all)")
 	fs.DurationVar(&cfg.opts.ReconcileInterval, "reconcile-interval", lbapi.DefaultReconcileInterval, "how often HAProxy is checked and repaired (negative: only on GET /state)")
-	fs.DurationVar(&ha.DrainTimeout, "haproxy-drain-timeout", lbapi.DefaultDrainTimeout, "how long a change waits for the requests of a server it took out of rotation")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
 	if fs.NArg() > 0 {
-		return config{}, fmt.Errorf("unexpected arguments %q (auth keys go in -authkeys-file or $%s)", fs.Args(), authKeysEnv)
+		return config{}, fmt.Errorf("unexpected arguments %q (auth keys go in -authkeys-file)", fs.Args())
 	}
-	cfg.opts.Seed = seed
-	var err error
-	if cfg.opts.Groups, err = parseGroups(groups); err != nil {
-		return config{}, err
+	for _, g := range splitList(groups) {
+		cfg.opts.Groups = append(cfg.opts.Groups, lbapi.Group{Name: g})
 	}
-	if cfg.opts.AuthKeys, err = authKeys(keysFile, getenv); err != nil {
-		return config{}, err
+	if len(cfg.opts.Groups) == 0 {
+		return config{}, errors.New("-groups: at least one group is needed")
 	}
-	cfg.opts.Faults.Methods = splitList(faultMethods)
+	if keysFile != "" {
+		var err error
+		if cfg.opts.AuthKeys, err = readAuthKeys(keysFile); err != nil {
+			return config{}, err
+		}
+	}
 	if ha.Socket == "" {
 		if haBackends != "" || haGroups != "" {
 			return config{}, errors.New("-haproxy-backends and -haproxy-groups need -haproxy-socket")
 		}
 		return cfg, nil
 	}
+	var err error
 	if ha.Backends, err = parsePairs(haBackends); err != nil {
 		return config{}, fmt.Errorf("-haproxy-backends: %w", err)
 	}
@@ -182,35 +164,18 @@ func parsePairs(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// parseGroups reads "a,b=3": groups a (1 agent) and b (3 agents).
-func parseGroups(s string) ([]lbapi.Group, error) {
-	var out []lbapi.Group
-	for _, item := range splitList(s) {
-		name, count, hasCount := strings.Cut(item, "=")
-		g := lbapi.Group{Name: name, Agents: 1}
-		if hasCount {
-			n, err := strconv.Atoi(count)
-			if err != nil || n < 1 {
-				return nil, fmt.Errorf("-groups: %q: agents must be a positive number", item)
-			}
-			g.Agents = n
-		}
-		out = append(out, g)
+// readAuthKeys reads auth keys, one per line; blank lines and lines
+// starting with # are skipped.
+func readAuthKeys(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-authkeys-file: %w", err)
 	}
-	if len(out) == 0 {
-		return nil, errors.New("-groups: at least one group is needed")
-	}
-	return out, nil
-}
-
-func authKeys(file string, getenv func(string) string) ([]string, error) {
-	keys := splitList(getenv(authKeysEnv))
-	if file != "" {
-		fromFile, err := lbapi.ReadAuthKeysFile(file)
-		if err != nil {
-			return nil, err
+	var keys []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			keys = append(keys, line)
 		}
-		keys = append(keys, fromFile...)
 	}
 	return keys, nil
 }

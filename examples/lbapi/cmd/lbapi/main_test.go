@@ -23,36 +23,27 @@ import (
 
 func TestParseFlags(t *testing.T) {
 	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("filekey\n"), 0o600); err != nil {
+	if err := os.WriteFile(keys, []byte("# comment\nk1\n\n  k2  \n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{authKeysEnv: "envkey1, envkey2"}
 	var stderr bytes.Buffer
-	cfg, err := parseFlags([]string{
-		"-listen", ":0", "-groups", "default,prod=3", "-authkeys-file", keys, "-worker-interval", "20ms",
-		"-error-rate", "0.5", "-drop-rate", "0.1", "-garbage-rate", "0.2", "-latency", "5ms",
-		"-fault-after-handle", "-fault-methods", "POST,GET", "-seed", "42",
-	}, func(k string) string { return env[k] }, &stderr)
+	cfg, err := parseFlags([]string{"-listen", ":0", "-groups", "default, prod", "-authkeys-file", keys, "-worker-interval", "20ms"}, &stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []lbapi.Group{{Name: "default", Agents: 1}, {Name: "prod", Agents: 3}}
-	if !slices.EqualFunc(cfg.opts.Groups, want, func(a, b lbapi.Group) bool { return a.Name == b.Name && a.Agents == b.Agents }) {
+	if len(cfg.opts.Groups) != 2 || cfg.opts.Groups[0].Name != "default" || cfg.opts.Groups[1].Name != "prod" {
 		t.Errorf("groups = %+v", cfg.opts.Groups)
 	}
-	if !slices.Equal(cfg.opts.AuthKeys, []string{"envkey1", "envkey2", "filekey"}) {
+	if !slices.Equal(cfg.opts.AuthKeys, []string{"k1", "k2"}) {
 		t.Errorf("keys = %v", cfg.opts.AuthKeys)
 	}
-	f := cfg.opts.Faults
-	if f.ErrorRate != 0.5 || f.DropRate != 0.1 || f.GarbageRate != 0.2 || f.Latency != 5*time.Millisecond ||
-		!f.AfterHandle || !slices.Equal(f.Methods, []string{"POST", "GET"}) || cfg.opts.Seed != 42 || cfg.opts.WorkerInterval != 20*time.Millisecond {
-		t.Errorf("faults = %+v seed %d", f, cfg.opts.Seed)
+	if cfg.listen != ":0" || cfg.opts.WorkerInterval != 20*time.Millisecond {
+		t.Errorf("listen %q, worker interval %s", cfg.listen, cfg.opts.WorkerInterval)
 	}
 }
 
 func TestParseFlagsErrors(t *testing.T) {
 	for _, args := range [][]string{
-		{"-groups", "a=0"},
 		{"-groups", ","},
 		{"-authkeys-file", "/does/not/exist"},
 		{"sekret"},
@@ -61,7 +52,7 @@ func TestParseFlagsErrors(t *testing.T) {
 		{"-haproxy-socket", "/x.sock", "-haproxy-backends", "web"},
 		{"-haproxy-socket", "/x.sock", "-haproxy-backends", "web=bad name"},
 	} {
-		if _, err := parseFlags(args, func(string) string { return "" }, &bytes.Buffer{}); err == nil {
+		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%q accepted", args)
 		}
 	}
@@ -69,11 +60,11 @@ func TestParseFlagsErrors(t *testing.T) {
 
 func TestRunServesUntilWaitReturns(t *testing.T) {
 	var stderr bytes.Buffer
-	code := run([]string{"-listen", "127.0.0.1:0", "-log-level", "error"}, func(string) string { return "" }, &stderr, func() {})
+	code := run([]string{"-listen", "127.0.0.1:0"}, &stderr, func() {})
 	if code != 0 || !strings.Contains(stderr.String(), "/baragon/v2/request") {
 		t.Errorf("exit %d, stderr %s", code, stderr.String())
 	}
-	if code := run([]string{"-error-rate", "3"}, func(string) string { return "" }, &stderr, func() {}); code != 64 {
+	if code := run([]string{"-worker-interval", "-1s"}, &stderr, func() {}); code != 64 {
 		t.Errorf("bad options: exit %d, want 64", code)
 	}
 }
@@ -82,7 +73,7 @@ func TestParseFlagsHAProxy(t *testing.T) {
 	cfg, err := parseFlags([]string{
 		"-groups", "web-lb,other", "-haproxy-socket", "/run/lbapi/admin.sock", "-haproxy-backends", "web=be_web,api=be_api",
 		"-haproxy-groups", "web-lb", "-reconcile-interval", "250ms",
-	}, func(string) string { return "" }, &bytes.Buffer{})
+	}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +87,7 @@ func TestParseFlagsHAProxy(t *testing.T) {
 	if !slices.Equal(cfg.opts.BackendGroups, []string{"web-lb"}) || cfg.opts.ReconcileInterval != 250*time.Millisecond {
 		t.Errorf("groups %q, reconcile %s", cfg.opts.BackendGroups, cfg.opts.ReconcileInterval)
 	}
-	if cfg, err := parseFlags(nil, func(string) string { return "" }, &bytes.Buffer{}); err != nil || cfg.opts.Backend != nil {
+	if cfg, err := parseFlags(nil, &bytes.Buffer{}); err != nil || cfg.opts.Backend != nil {
 		t.Errorf("without -haproxy-socket: backend %v, err %v; want the in-memory agents", cfg.opts.Backend, err)
 	}
 }
@@ -119,7 +110,7 @@ func TestRunDrivesHAProxy(t *testing.T) {
 	var stderr proctest.SyncBuffer
 	go func() {
 		exited <- run([]string{"-listen", addr, "-worker-interval", "10ms", "-haproxy-socket", h.Config.Socket},
-			func(string) string { return "" }, &stderr, func() { <-release })
+			&stderr, func() { <-release })
 	}()
 	defer func() {
 		close(release)

@@ -1,0 +1,358 @@
+// Package locktest is an in-memory Nomad Variables lock API, for tests of
+// code that holds a lease (the supervisor's) without a Nomad agent. A
+// Server answers acquire, renew, release, update and blocking reads of one
+// variable as Nomad does, and puts under the test's control what a holder
+// must survive: renews or releases refused, the lock taken by another
+// holder, the server's expiry and its lock delay. Server.Locker builds a
+// real *lockclient.Locker over it, so the lease's own renew, watch and
+// fence logic runs unchanged.
+//
+// The lock never expires by itself: Expire is the server's expiry, at the
+// moment the test chooses. Every Server serves one variable, whatever path
+// it is asked for.
+package locktest
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/internal/testkey"
+)
+
+// Timing is a lockclient.Timing for tests: the shortest TTL Nomad accepts,
+// with renews every 50ms and requests, backoffs and blocking reads of
+// 100ms or less, so that a lease reacts to the Server within a fraction of
+// a second.
+func Timing() lockclient.Timing {
+	return lockclient.Timing{
+		TTL:            lockclient.MinTTL,
+		LockDelay:      100 * time.Millisecond,
+		RenewInterval:  50 * time.Millisecond,
+		RequestTimeout: 100 * time.Millisecond,
+		BlockingWait:   100 * time.Millisecond,
+		MaxBackoff:     20 * time.Millisecond,
+	}
+}
+
+// Operations counted by Server.Calls.
+const (
+	OpRead    = "read"    // a read of the variable, blocking or not
+	OpAcquire = "acquire" // an acquire, granted or refused
+	OpRefused = "refused" // an acquire refused: held, or within the lock delay
+	OpRenew   = "renew"
+	OpRelease = "release"
+	OpUpdate  = "update"
+)
+
+// Server is an in-memory lock API for one variable. It is safe for
+// concurrent use.
+type Server struct {
+	mu         sync.Mutex
+	index      uint64            // the last write's Raft index
+	exists     bool              // the variable has been written
+	items      map[string]string // the variable's items
+	lock       *api.VariableLock // nil while unlocked
+	lastGrant  uint64            // ModifyIndex of the last acquire through the API
+	grantedAt  time.Time         // when it was granted
+	delayUntil time.Time         // acquires are refused until then (lock delay)
+	changed    chan struct{}     // closed at every write: wakes blocking reads
+	lockIDs    int
+	renewErr   error
+	releaseErr error
+	onRelease  func()
+	calls      map[string]int
+}
+
+// New returns a Server whose variable does not exist yet.
+func New() *Server {
+	return &Server{index: 10, changed: make(chan struct{}), calls: map[string]int{}}
+}
+
+// Locker builds a Locker over s with cfg (see lockclient.NewWithLockAPI);
+// an invalid cfg fails the test.
+func (s *Server) Locker(t testing.TB, cfg lockclient.Config) *lockclient.Locker {
+	t.Helper()
+	l, err := lockclient.NewWithLockAPI(testkey.Get(), cfg, s)
+	if err != nil {
+		t.Fatalf("locktest: %v", err)
+	}
+	return l
+}
+
+// Error is an answer with an HTTP status, as Nomad's API client returns
+// one (api.UnexpectedResponseError): what FailRenew and FailRelease take.
+func Error(code int, body string) error { return statusError{code, body} }
+
+type statusError struct {
+	code int
+	body string
+}
+
+func (e statusError) Error() string {
+	return "Unexpected response code: " + strconv.Itoa(e.code) + " (" + e.body + ")"
+}
+func (e statusError) HasStatusCode() bool { return true }
+func (e statusError) StatusCode() int     { return e.code }
+func (e statusError) Body() string        { return e.body }
+
+// errNotHolder is Nomad's answer to a renew or release with a lock ID that
+// does not hold the lock.
+var errNotHolder = Error(409, "variable doesn't hold a lock with this ID")
+
+// TakeOver gives the lock to another holder at once, whoever held it: as if
+// the server had expired our lock and a standby had taken it. The new
+// holder, allocation OtherAlloc on node OtherNode, asks for lockDelay (see
+// Expire). A lease on the lock learns at its next renew, or sooner from its
+// watch.
+func (s *Server) TakeOver(lockDelay time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lock = &api.VariableLock{ID: s.newLockID(), TTL: lockclient.MinTTL.String(), LockDelay: lockDelay.String()}
+	// The holder's items in lockclient's on-Nomad format (holder.go).
+	s.items = map[string]string{"holder_alloc_id": OtherAlloc, "holder_node": OtherNode}
+	s.write()
+}
+
+// The holder TakeOver installs.
+const (
+	OtherAlloc = "0th3r000-alloc"
+	OtherNode  = "locktest-node"
+)
+
+// Free releases the lock, whoever holds it, as its holder would: no lock
+// delay follows.
+func (s *Server) Free() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lock = nil
+	s.write()
+}
+
+// Expire is the server expiring the lock: it is free, but refused to every
+// acquire for the lock delay its holder asked for.
+func (s *Server) Expire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lock != nil {
+		delay, _ := time.ParseDuration(s.lock.LockDelay)
+		s.delayUntil = time.Now().Add(delay)
+	}
+	s.lock = nil
+	s.write()
+}
+
+// FailRenew makes every renew answer err until FailRenew(nil).
+func (s *Server) FailRenew(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.renewErr = err
+}
+
+// FailRelease makes every release answer err until FailRelease(nil).
+func (s *Server) FailRelease(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.releaseErr = err
+}
+
+// OnRelease runs f at every release request, before it is answered: at
+// the moment a holder gives the lock up.
+func (s *Server) OnRelease(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onRelease = f
+}
+
+// Calls is how many requests of op (OpRead, OpAcquire, …) were made.
+func (s *Server) Calls(op string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[op]
+}
+
+// Held reports whether anyone holds the lock.
+func (s *Server) Held() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lock != nil
+}
+
+// LastGrant is the ModifyIndex, and so the fence, of the last acquire
+// granted through the API, and when it was granted (0 if none).
+func (s *Server) LastGrant() (fence uint64, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastGrant, s.grantedAt
+}
+
+func (s *Server) newLockID() string {
+	s.lockIDs++
+	return "locktest-lock-" + strconv.Itoa(s.lockIDs)
+}
+
+// write records a change of the variable: a new index, and blocking reads
+// woken. Called with mu held.
+func (s *Server) write() {
+	s.index++
+	s.exists = true
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// variable is the variable as Nomad returns it. Called with mu held.
+func (s *Server) variable(path string) *api.Variable {
+	if !s.exists {
+		return nil
+	}
+	v := &api.Variable{Path: path, ModifyIndex: s.index, Items: maps.Clone(s.items)}
+	if s.lock != nil {
+		l := *s.lock
+		v.Lock = &l
+	}
+	return v
+}
+
+// holds reports whether id holds the lock. Called with mu held.
+func (s *Server) holds(v *api.Variable) bool {
+	return s.lock != nil && v.Lock != nil && v.Lock.ID == s.lock.ID
+}
+
+// Peek reads the variable (nil if it does not exist). With a WaitIndex it
+// is a blocking query: it answers once the index passes it, or after
+// WaitTime.
+func (s *Server) Peek(path string, q *api.QueryOptions) (*api.Variable, *api.QueryMeta, error) {
+	ctx := q.Context()
+	if q.WaitIndex > 0 {
+		if err := s.waitPast(ctx, q.WaitIndex, q.WaitTime); err != nil {
+			return nil, nil, err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpRead]++
+	return s.variable(path), &api.QueryMeta{LastIndex: s.index}, nil
+}
+
+// waitPast waits until the index passes index, wait passes or ctx ends.
+func (s *Server) waitPast(ctx context.Context, index uint64, wait time.Duration) error {
+	if wait <= 0 {
+		wait = 5 * time.Minute // Nomad's default
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		past, changed := s.index > index, s.changed
+		s.mu.Unlock()
+		if past {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// AcquireLock grants the lock unless someone holds it or the lock delay
+// runs (409).
+func (s *Server) AcquireLock(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpAcquire]++
+	if err := w.Context().Err(); err != nil {
+		return nil, nil, err
+	}
+	if s.lock != nil || time.Now().Before(s.delayUntil) {
+		s.calls[OpRefused]++
+		return nil, nil, Error(409, "variable is already locked")
+	}
+	if v.Lock == nil {
+		return nil, nil, Error(400, "lock-acquire without a lock")
+	}
+	s.lock = &api.VariableLock{ID: s.newLockID(), TTL: v.Lock.TTL, LockDelay: v.Lock.LockDelay}
+	s.items = maps.Clone(v.Items)
+	s.write()
+	s.lastGrant, s.grantedAt = s.index, time.Now()
+	return s.variable(v.Path), nil, nil
+}
+
+// RenewLock answers FailRenew's error if set, else 409 unless v's lock ID
+// holds the lock.
+func (s *Server) RenewLock(v *api.Variable, w *api.WriteOptions) (*api.VariableMetadata, *api.WriteMeta, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpRenew]++
+	switch {
+	case w.Context().Err() != nil:
+		return nil, nil, w.Context().Err()
+	case s.renewErr != nil:
+		return nil, nil, s.renewErr
+	case !s.holds(v):
+		return nil, nil, errNotHolder
+	}
+	return &api.VariableMetadata{Path: v.Path, ModifyIndex: s.index}, nil, nil
+}
+
+// ReleaseLock runs the OnRelease hook, then answers FailRelease's error if
+// set, else frees the lock if v's lock ID holds it (409 if not).
+func (s *Server) ReleaseLock(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
+	s.mu.Lock()
+	hook := s.onRelease
+	s.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpRelease]++
+	switch {
+	case w.Context().Err() != nil:
+		return nil, nil, w.Context().Err()
+	case s.releaseErr != nil:
+		return nil, nil, s.releaseErr
+	case !s.holds(v):
+		return nil, nil, errNotHolder
+	}
+	s.lock = nil
+	s.write()
+	return s.variable(v.Path), nil, nil
+}
+
+// Update writes the variable's items; a locked variable only with its lock
+// ID (409 otherwise).
+func (s *Server) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpUpdate]++
+	if err := w.Context().Err(); err != nil {
+		return nil, nil, err
+	}
+	if s.lock != nil && !s.holds(v) {
+		return nil, nil, errNotHolder
+	}
+	s.items = maps.Clone(v.Items)
+	s.write()
+	return s.variable(v.Path), nil, nil
+}
+
+// String describes the lock for test failures.
+func (s *Server) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lock == nil {
+		return fmt.Sprintf("unlocked at index %d", s.index)
+	}
+	return fmt.Sprintf("locked by %s at index %d", s.lock.ID, s.index)
+}

@@ -1,0 +1,382 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/locktest"
+)
+
+// Tests of Supervisor.Run with a real workload under a real lease, whose
+// lock API is in memory (locktest) so that the server's answers are the
+// test's to choose. They check what a user would notice: when the workload
+// starts, how it is stopped, the exit code, and that the lock is never
+// given up while the workload lives.
+
+// ceiling bounds every wait: nothing comes near it when the code is right.
+const ceiling = 5 * time.Second
+
+// Workloads. Each reports its start with the fence it was given.
+const (
+	sleeper = `echo "started fence=$NOMAD_LOCK_FENCE"; exec sleep 30`
+	// deaf ignores SIGTERM (an ignored signal stays ignored across exec).
+	deaf = `trap '' TERM; echo "started fence=$NOMAD_LOCK_FENCE"; exec sleep 30`
+	// leaver exits 3 on SIGUSR1.
+	leaver = `trap 'echo "got USR1"; exit 3' USR1; echo "started fence=$NOMAD_LOCK_FENCE"; while :; do sleep 0.02; done`
+)
+
+// runRig is a Supervisor running script over a locktest.Server.
+type runRig struct {
+	t    *testing.T
+	srv  *locktest.Server
+	sup  *Supervisor
+	out  *proctest.SyncBuffer
+	stop chan StopRequest
+	code chan int
+
+	mu       sync.Mutex
+	events   []Event
+	releases []bool // at each release request: was the workload alive?
+}
+
+func newRunRig(t *testing.T, script string, killTimeout time.Duration) *runRig {
+	t.Helper()
+	r := &runRig{t: t, srv: locktest.New(), out: &proctest.SyncBuffer{}, stop: make(chan StopRequest, 1), code: make(chan int, 1)}
+	cfg := lockclient.Config{Path: "locks/web", Timing: locktest.Timing(), Holder: lockclient.Holder{AllocID: "alloc-self"}}
+	r.sup = &Supervisor{
+		Config: Config{Path: cfg.Path, Command: []string{"/bin/sh", "-c", script},
+			KillSignal: syscall.SIGTERM, KillTimeout: killTimeout},
+		Locker:  r.srv.Locker(t, cfg),
+		Observe: r.observe,
+		Stdout:  r.out,
+		Stderr:  r.out,
+		Env:     []string{"PATH=/usr/bin:/bin"},
+		Stop:    r.stop,
+	}
+	r.srv.OnRelease(func() {
+		alive := r.workloadAlive()
+		r.mu.Lock()
+		r.releases = append(r.releases, alive)
+		r.mu.Unlock()
+	})
+	return r
+}
+
+func (r *runRig) observe(ev Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, ev)
+}
+
+// run starts Run; at cleanup a Run still going is stopped with SIGKILL.
+func (r *runRig) run() {
+	go func() { r.code <- r.sup.Run(context.Background(), make(chan os.Signal)) }()
+	r.t.Cleanup(func() {
+		select {
+		case code := <-r.code:
+			r.code <- code
+		default:
+			r.stop <- StopRequest{Signal: syscall.SIGKILL}
+			select {
+			case <-r.code:
+			case <-time.After(2 * ceiling):
+				r.t.Errorf("Run did not end after a SIGKILL stop request")
+			}
+		}
+	})
+}
+
+// exit waits for Run's exit code.
+func (r *runRig) exit() int {
+	r.t.Helper()
+	select {
+	case code := <-r.code:
+		r.code <- code
+		return code
+	case <-time.After(ceiling):
+		r.t.Fatalf("Run still going after %s; events:\n%s", ceiling, r.eventLog())
+		return 0
+	}
+}
+
+// event waits for an event ok accepts.
+func (r *runRig) event(what string, ok func(Event) bool) Event {
+	r.t.Helper()
+	deadline := time.Now().Add(ceiling)
+	for {
+		if ev, found := r.find(ok); found {
+			return ev
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("no %s event within %s; events:\n%sworkload output: %q", what, ceiling, r.eventLog(), r.out.String())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (r *runRig) find(ok func(Event) bool) (Event, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range r.events {
+		if ok(ev) {
+			return ev, true
+		}
+	}
+	return Event{}, false
+}
+
+func (r *runRig) eventLog() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for _, ev := range r.events {
+		fmt.Fprintf(&b, "  %s %s %q\n", ev.Time.Format("15:04:05.000"), ev.State, ev.Message)
+	}
+	return b.String()
+}
+
+func inState(s State) func(Event) bool { return func(ev Event) bool { return ev.State == s } }
+
+// holding waits for the workload to run under the lease and returns its
+// PID; it checks that the workload got the fence the server granted.
+func (r *runRig) holding() int {
+	r.t.Helper()
+	ev := r.event("holding", inState(StateHolding))
+	fence, _ := r.srv.LastGrant()
+	if ev.Fence != fence || fence == 0 {
+		r.t.Fatalf("holding fence %d, the server granted %d", ev.Fence, fence)
+	}
+	want := "started fence=" + strconv.FormatUint(fence, 10)
+	r.waitOutput(want)
+	return ev.WorkloadPID
+}
+
+func (r *runRig) waitOutput(want string) {
+	r.t.Helper()
+	deadline := time.Now().Add(ceiling)
+	for !strings.Contains(r.out.String(), want) {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("workload output %q lacks %q", r.out.String(), want)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// workloadAlive reports whether the workload's process is alive (not
+// gone, not a zombie).
+func (r *runRig) workloadAlive() bool {
+	ev, ok := r.find(inState(StateHolding))
+	if !ok {
+		return false
+	}
+	st, err := procfs.Read(ev.WorkloadPID)
+	return err == nil && !st.Gone()
+}
+
+// checkReleasesAfterDeath fails if a release request came while the
+// workload was alive; want says how many there must be at least.
+func (r *runRig) checkReleasesAfterDeath(want int) {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.releases) < want {
+		r.t.Errorf("%d release requests, want at least %d", len(r.releases), want)
+	}
+	for i, alive := range r.releases {
+		if alive {
+			r.t.Errorf("release request %d came while the workload was alive", i+1)
+		}
+	}
+}
+
+// The workload starts only once the lock is ours: not while another holder
+// has it, nor during the lock delay after that holder's lock expired; and
+// it runs with the fence the server granted.
+func TestRunStartsWorkloadOnlyOnceAcquired(t *testing.T) {
+	const lockDelay = 300 * time.Millisecond
+	tests := []struct {
+		name string
+		free func(*locktest.Server) // ends the other holder's lock
+		// earliest is how long after free the lock may be ours.
+		earliest time.Duration
+	}{
+		{"released by its holder", (*locktest.Server).Free, 0},
+		{"expired, after the lock delay", (*locktest.Server).Expire, lockDelay},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRunRig(t, sleeper, time.Second)
+			r.srv.TakeOver(lockDelay)
+			r.run()
+			// Until the lock is freed: a report that it is held elsewhere,
+			// and no workload.
+			first := r.event("waiting on the other holder (or holding)", func(ev Event) bool {
+				return ev.State.Holds() || ev.State == StateWaiting && ev.Holder.AllocID == locktest.OtherAlloc &&
+					strings.Contains(ev.Message, "held by alloc 0th3r000 on "+locktest.OtherNode)
+			})
+			if out := r.out.String(); first.State.Holds() || out != "" || r.srv.Calls(locktest.OpRefused) == 0 {
+				t.Fatalf("while the lock is held elsewhere: %s event, workload output %q, %d refused acquires",
+					first.State, out, r.srv.Calls(locktest.OpRefused))
+			}
+			freed := time.Now()
+			tc.free(r.srv)
+			r.holding()
+			if _, at := r.srv.LastGrant(); at.Sub(freed) < tc.earliest {
+				t.Errorf("lock granted %s after it was freed, within the lock delay %s", at.Sub(freed), tc.earliest)
+			}
+			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
+			if code := r.exit(); code != 128+int(syscall.SIGTERM) {
+				t.Errorf("exit %d after a stop, want %d", code, 128+int(syscall.SIGTERM))
+			}
+		})
+	}
+}
+
+// A lost lease stops the workload (with the kill signal, then SIGKILL after
+// kill_timeout if it stays), Run exits ExitLost, and the lock is given up
+// only once the workload is dead: a holder whose renews are refused while
+// the server still records it keeps the lock from everyone else until then.
+func TestRunLeaseLost(t *testing.T) {
+	tests := []struct {
+		name   string
+		script string
+		lose   func(*locktest.Server)
+		// otherHolds: the lock ends with another holder, not free.
+		otherHolds bool
+		// killed: the workload stays until SIGKILL, after kill_timeout.
+		killed bool
+	}{
+		{"taken by another holder", sleeper, func(s *locktest.Server) { s.TakeOver(time.Second) }, true, false},
+		{"renew refused", sleeper, func(s *locktest.Server) { s.FailRenew(locktest.Error(409, "lock ID mismatch")) }, false, false},
+		{"renew refused, kill signal ignored", deaf, func(s *locktest.Server) { s.FailRenew(locktest.Error(409, "lock ID mismatch")) }, false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			const killTimeout = 200 * time.Millisecond
+			r := newRunRig(t, tc.script, killTimeout)
+			r.run()
+			pid := r.holding()
+			tc.lose(r.srv)
+			lost := r.event("lost", inState(StateLost))
+			if !strings.HasPrefix(lost.Message, "Lock lost: ") {
+				t.Errorf("lost event %q", lost.Message)
+			}
+			if code := r.exit(); code != ExitLost {
+				t.Errorf("exit %d, want ExitLost (%d)", code, ExitLost)
+			}
+			if took := time.Since(lost.Time); tc.killed && took < killTimeout {
+				t.Errorf("Run ended %s after the loss: the workload was killed before kill_timeout %s", took, killTimeout)
+			}
+			if !waitDead(pid, 0) {
+				t.Errorf("workload %d alive after Run returned", pid)
+			}
+			if _, ok := r.find(func(ev Event) bool {
+				return ev.State == StateStopping && ev.Message == "Stopping workload with SIGTERM"
+			}); !ok {
+				t.Errorf("the workload was not sent its kill signal; events:\n%s", r.eventLog())
+			}
+			r.checkReleasesAfterDeath(1)
+			if held := r.srv.Held(); held != tc.otherHolds {
+				t.Errorf("lock held at the end: %v, want %v (%s)", held, tc.otherHolds, r.srv)
+			}
+		})
+	}
+}
+
+// A stop request sends the workload its kill_signal, then SIGKILL once
+// kill_timeout has passed, and the lock is released once it is dead; Run
+// exits with the workload's status.
+func TestRunStopRequest(t *testing.T) {
+	tests := []struct {
+		name   string
+		script string
+		stop   StopRequest
+		code   int
+		output string // the workload printed it on the kill signal
+		killed bool   // it had to be SIGKILLed after stop.Timeout
+	}{
+		{"workload exits on its kill signal", leaver, StopRequest{Signal: syscall.SIGUSR1, Timeout: ceiling}, 3, "got USR1", false},
+		{"workload ignores it until SIGKILL", deaf, StopRequest{Signal: syscall.SIGTERM, Timeout: 300 * time.Millisecond}, 128 + int(syscall.SIGKILL), "", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRunRig(t, tc.script, time.Second)
+			r.run()
+			pid := r.holding()
+			sent := time.Now()
+			r.stop <- tc.stop
+			code := r.exit()
+			took := time.Since(sent)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			if tc.output != "" {
+				r.waitOutput(tc.output)
+			}
+			if tc.killed && took < tc.stop.Timeout {
+				t.Errorf("killed %s after the stop request, before kill_timeout %s", took, tc.stop.Timeout)
+			}
+			if !tc.killed && took >= tc.stop.Timeout {
+				t.Errorf("stopped after %s: it waited out kill_timeout", took)
+			}
+			if !waitDead(pid, 0) {
+				t.Errorf("workload %d alive after Run returned", pid)
+			}
+			r.event("released", inState(StateReleased))
+			r.checkReleasesAfterDeath(1)
+			if r.srv.Held() {
+				t.Errorf("lock still held after Run: %s", r.srv)
+			}
+		})
+	}
+}
+
+// A release the server refuses or cannot answer is reported in an event,
+// and Run still ends in bounded time: the lock is left to expire.
+func TestRunReleaseFailure(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+	}{
+		{"release answered 5xx", locktest.Error(500, "rpc error: no leader")},
+		{"release refused", locktest.Error(403, "Permission denied")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRunRig(t, sleeper, time.Second)
+			r.srv.FailRelease(tc.err)
+			r.run()
+			pid := r.holding()
+			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
+			if code := r.exit(); code != 128+int(syscall.SIGTERM) {
+				t.Errorf("exit %d, want %d", code, 128+int(syscall.SIGTERM))
+			}
+			if !waitDead(pid, 0) {
+				t.Errorf("workload %d alive after Run returned", pid)
+			}
+			ev, ok := r.find(func(ev Event) bool {
+				return ev.State == StateStopping && strings.Contains(ev.Message, "not released")
+			})
+			if !ok {
+				t.Fatalf("the failed release was not reported; events:\n%s", r.eventLog())
+			}
+			if !strings.Contains(ev.Message, "expires on the server") {
+				t.Errorf("the release failure does not say the lock expires by itself: %q", ev.Message)
+			}
+			if _, ok := r.find(inState(StateReleased)); ok {
+				t.Errorf("a released event after a failed release; events:\n%s", r.eventLog())
+			}
+			r.checkReleasesAfterDeath(1)
+		})
+	}
+}
