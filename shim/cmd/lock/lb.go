@@ -1,4 +1,4 @@
-package shim
+package main
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
 const lbUsage = `Usage:
@@ -47,7 +48,7 @@ type lbCmd struct {
 	args            []string // what follows the flags: the lock path
 	wait            time.Duration
 	namespace, addr string
-	lb              *LoadBalancer
+	lb              *shim.LoadBalancer
 	client          *lbhook.Client
 	log             hclog.Logger
 	stdout, stderr  io.Writer
@@ -68,13 +69,13 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 	verb := c.verb
 	if len(c.args) != 1 {
 		fmt.Fprintf(stderr, "lock lb %s: give the lock path, e.g. lock lb %s -config lb.hcl nomad/jobs/web/lock\n", verb, verb)
-		return ExitConfig
+		return shim.ExitConfig
 	}
 	allocID := os.Getenv("NOMAD_ALLOC_ID")
 	allocDir := os.Getenv("NOMAD_ALLOC_DIR")
 	if allocID == "" || allocDir == "" {
 		fmt.Fprintf(stderr, "lock lb %s: NOMAD_ALLOC_ID and NOMAD_ALLOC_DIR are unset: run it as a task of the allocation that holds the lock\n", verb)
-		return ExitConfig
+		return shim.ExitConfig
 	}
 	statePath := filepath.Join(allocDir, lbStateFile)
 	if verb == "remove" {
@@ -89,7 +90,7 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 func parseLBArgs(args []string, stdout, stderr io.Writer) (c *lbCmd, code int, ok bool) {
 	if len(args) == 0 || (args[0] != "add" && args[0] != "remove" && args[0] != "state") {
 		fmt.Fprint(stderr, lbUsage)
-		return nil, ExitConfig, false
+		return nil, shim.ExitConfig, false
 	}
 	c = &lbCmd{verb: args[0], stdout: stdout, stderr: stderr}
 	verb := c.verb
@@ -97,8 +98,8 @@ func parseLBArgs(args []string, stdout, stderr io.Writer) (c *lbCmd, code int, o
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, lbUsage) }
 	var (
-		spec       LBSpec
-		health     HealthSpec
+		spec       shim.LBSpec
+		health     shim.HealthSpec
 		configFile string
 		verbose    bool
 	)
@@ -112,26 +113,27 @@ func parseLBArgs(args []string, stdout, stderr io.Writer) (c *lbCmd, code int, o
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, 0, false
 		}
-		return nil, ExitConfig, false
+		return nil, shim.ExitConfig, false
 	}
 	c.args = fs.Args()
 	c.log = newLogger(stderr, verbose).Named("lb")
 	if configFile != "" {
-		cfg := DefaultConfig()
-		if err := loadFile(&cfg, configFile); err != nil {
+		cfg := shim.DefaultConfig()
+		file, err := loadFile(&cfg, configFile)
+		if err != nil {
 			fmt.Fprintf(stderr, "lock lb: %v\n", err)
-			return nil, ExitConfig, false
+			return nil, shim.ExitConfig, false
 		}
-		spec, health = mergeLB(cfg.fileLB, spec), mergeHealth(cfg.fileHealth, health)
+		spec, health = mergeLB(file.lb, spec), mergeHealth(file.health, health)
 	}
 	var err error
 	if c.lb, err = buildLBForCommand(spec, health, verb); err != nil {
 		fmt.Fprintf(stderr, "lock lb %s: %v\n", verb, err)
-		return nil, ExitConfig, false
+		return nil, shim.ExitConfig, false
 	}
 	if c.client, err = lbhook.NewClient(c.lb.Config, lbhook.ClientOptions{Logger: c.log}); err != nil {
 		fmt.Fprintf(stderr, "lock lb %s: %v\n", verb, err)
-		return nil, ExitConfig, false
+		return nil, shim.ExitConfig, false
 	}
 	return c, 0, true
 }
@@ -141,7 +143,7 @@ func (c *lbCmd) state(ctx context.Context) int {
 	st, err := c.client.ServiceState(ctx)
 	if err != nil && !errors.Is(err, lbhook.ErrNotFound) {
 		fmt.Fprintf(c.stderr, "lock lb state: %v\n", err)
-		return ExitInfra
+		return shim.ExitInfra
 	}
 	enc := json.NewEncoder(c.stdout)
 	enc.SetIndent("", "  ")
@@ -160,7 +162,7 @@ func (c *lbCmd) remove(ctx context.Context, allocID, statePath string) int {
 	hook, err := c.client.ForAlloc(allocID, st.Fence)
 	if err != nil {
 		fmt.Fprintf(c.stderr, "lock lb remove: %v\n", err)
-		return ExitConfig
+		return shim.ExitConfig
 	}
 	if _, err := hook.Remove(ctx, c.client.Self(st.Upstream)); err != nil {
 		fmt.Fprintf(c.stderr, "lock lb remove: %s\n", lbhook.Diagnose(err, c.client.Config()))
@@ -183,11 +185,11 @@ func (c *lbCmd) add(ctx context.Context, allocID, statePath string) int {
 	hook, err := c.client.ForAlloc(allocID, held.Fence)
 	if err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
-		return ExitConfig
+		return shim.ExitConfig
 	}
 	if err := writeLBState(statePath, lbCmdState{Fence: held.Fence, Upstream: self.Upstream}); err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: record the registration for lock lb remove: %v\n", err)
-		return ExitInfra
+		return shim.ExitInfra
 	}
 	c.checkHolderRecord(held.Holder.Upstream, self.Upstream)
 	var previous []lbhook.UpstreamInfo
@@ -207,16 +209,16 @@ func (c *lbCmd) add(ctx context.Context, allocID, statePath string) int {
 // check (if any) passes, and returns the lock's status. ok is false, with
 // the exit code, when it does not.
 func (c *lbCmd) waitHeld(ctx context.Context, allocID string) (held lockclient.Status, code int, ok bool) {
-	cfg := DefaultConfig()
+	cfg := shim.DefaultConfig()
 	cfg.Path, cfg.Namespace, cfg.Address = c.args[0], c.namespace, c.addr
-	if err := cfg.validateLock(); err != nil {
+	if err := cfg.ValidateLock(); err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
-		return held, ExitConfig, false
+		return held, shim.ExitConfig, false
 	}
-	locker, err := NewLocker(cfg, c.log, lockclient.Holder{})
+	locker, err := shim.NewLocker(cfg, c.log, lockclient.Holder{})
 	if err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
-		return held, ExitConfig, false
+		return held, shim.ExitConfig, false
 	}
 	wctx := ctx
 	if c.wait > 0 {
@@ -229,14 +231,14 @@ func (c *lbCmd) waitHeld(ctx context.Context, allocID string) (held lockclient.S
 	if err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
 		if wctx.Err() != nil {
-			return held, ExitWaitTimeout, false
+			return held, shim.ExitWaitTimeout, false
 		}
-		return held, ExitInfra, false
+		return held, shim.ExitInfra, false
 	}
 	if c.lb.Health != nil {
-		if err := waitHealthy(wctx, c.lb.Health); err != nil {
+		if err := c.lb.Health.Wait(wctx); err != nil {
 			fmt.Fprintf(c.stderr, "lock lb add: health check: %v\n", err)
-			return held, ExitWaitTimeout, false
+			return held, shim.ExitWaitTimeout, false
 		}
 	}
 	return held, 0, true
@@ -264,16 +266,16 @@ func (c *lbCmd) checkHolderRecord(recorded, upstream string) {
 
 // buildLBForCommand builds the LB block for a subcommand: "state" needs no
 // port, the others need the port label resolved from the task environment.
-func buildLBForCommand(spec LBSpec, health HealthSpec, verb string) (*LoadBalancer, error) {
+func buildLBForCommand(spec shim.LBSpec, health shim.HealthSpec, verb string) (*shim.LoadBalancer, error) {
 	if verb == "state" {
 		cfg := lbhook.Config{URI: spec.URI, ServiceID: spec.ServiceID, BasePath: "-", Groups: []string{"-"}, PortLabel: "-",
 			AuthKeyFile: spec.AuthKeyFile, CAFile: spec.CAFile}
 		if err := cfg.Validate(); err != nil {
 			return nil, err
 		}
-		return &LoadBalancer{Config: cfg}, nil
+		return &shim.LoadBalancer{Config: cfg}, nil
 	}
-	lb, err := BuildLoadBalancer(spec, health, os.Getenv, "")
+	lb, err := shim.BuildLoadBalancer(spec, health, os.Getenv, "")
 	if err == nil && lb == nil {
 		err = errors.New("no load balancer configured: give -config with a load_balancer block, or -lb-uri and friends")
 	}
@@ -283,9 +285,9 @@ func buildLBForCommand(spec LBSpec, health HealthSpec, verb string) (*LoadBalanc
 func lbErrorCode(err error) int {
 	var oe *lbhook.OutcomeError
 	if errors.As(err, &oe) {
-		return ExitLBFailed
+		return shim.ExitLBFailed
 	}
-	return ExitInfra
+	return shim.ExitInfra
 }
 
 func readLBState(path string, st *lbCmdState) error {
