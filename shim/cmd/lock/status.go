@@ -34,8 +34,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	cfg := shim.DefaultConfig()
 	cfg.Path, cfg.Namespace, cfg.Address = fs.Arg(0), *namespace, *address
-	cfg.Command = []string{"status"}
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.ValidateLock(); err != nil {
 		fmt.Fprintf(stderr, "lock status: %v\n", err)
 		return shim.ExitConfig
 	}
