@@ -5,7 +5,7 @@
 //
 // It reads no command line and no file: each front end (the lock CLI in
 // shim/cmd/lock, the driver's task config) builds a Config from the settings
-// declared here (LBSpec, HealthSpec), and Config.Validate
+// declared here (LockSettings, LBSpec, HealthSpec), and Config.Validate
 // judges it before anything starts.
 package shim
 

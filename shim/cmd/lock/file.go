@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/gohcl"
@@ -14,31 +14,22 @@ import (
 )
 
 // fileConfig is the -config HCL file. Its shape matches the driver's task
-// config: command and args at the top, lock settings in a lock block.
+// config: command and args at the top, lock settings in a lock block. The
+// lock settings (shim.LockSettings: InFileLock in the lock block, InFileTop
+// at the top) are left in the remain bodies, for decodeSettings.
 type fileConfig struct {
-	Command     string           `hcl:"command,optional"`
-	Args        []string         `hcl:"args,optional"`
-	Shell       *bool            `hcl:"shell,optional"`
-	KillSignal  string           `hcl:"kill_signal,optional"`
-	KillTimeout string           `hcl:"kill_timeout,optional"`
-	Verbose     *bool            `hcl:"verbose,optional"`
-	Lock        *fileLock        `hcl:"lock,block"`
-	LB          *shim.LBSpec     `hcl:"load_balancer,block"`
-	Health      *shim.HealthSpec `hcl:"health_check,block"`
+	Command  string           `hcl:"command,optional"`
+	Args     []string         `hcl:"args,optional"`
+	Shell    *bool            `hcl:"shell,optional"`
+	Verbose  *bool            `hcl:"verbose,optional"`
+	Lock     *fileLock        `hcl:"lock,block"`
+	LB       *shim.LBSpec     `hcl:"load_balancer,block"`
+	Health   *shim.HealthSpec `hcl:"health_check,block"`
+	Settings hcl.Body         `hcl:",remain"`
 }
 
 type fileLock struct {
-	Path        string `hcl:"path,optional"`
-	Namespace   string `hcl:"namespace,optional"`
-	TTL         string `hcl:"ttl,optional"`
-	Delay       string `hcl:"delay,optional"`
-	Renew       string `hcl:"renew,optional"`
-	Wait        string `hcl:"wait,optional"`
-	Backoff     string `hcl:"backoff,optional"`
-	MaxRetry    *int   `hcl:"max_retry,optional"`
-	EarlyReturn *bool  `hcl:"early_return,optional"`
-	// UpstreamPort is Config.UpstreamPort.
-	UpstreamPort string `hcl:"upstream_port,optional"`
+	Settings hcl.Body `hcl:",remain"`
 }
 
 // fileBlocks are the -config file's load_balancer and health_check blocks,
@@ -66,15 +57,20 @@ func applyHCL(c *shim.Config, src []byte, filename string) (fileBlocks, error) {
 		return blocks, fmt.Errorf("parse %s: %s", filename, diagText(diags))
 	}
 	var fc fileConfig
-	if diags := gohcl.DecodeBody(file.Body, nil, &fc); diags.HasErrors() {
+	diags = gohcl.DecodeBody(file.Body, nil, &fc)
+	top, topDiags := decodeSettings(fc.Settings, shim.InFileTop)
+	diags = append(diags, topDiags...)
+	var lock shim.LockValues
+	if fc.Lock != nil {
+		var lockDiags hcl.Diagnostics
+		lock, lockDiags = decodeSettings(fc.Lock.Settings, shim.InFileLock)
+		diags = append(diags, lockDiags...)
+	}
+	if diags.HasErrors() {
 		return blocks, fmt.Errorf("decode %s: %s", filename, diagText(diags))
 	}
+
 	var errs []error
-	dur := func(field, s string, dst *time.Duration) {
-		if err := shim.ParseDuration(filename+": "+field, s, "10s", dst); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	if fc.Command != "" {
 		c.Command = append([]string{fc.Command}, fc.Args...)
 	} else if len(fc.Args) > 0 {
@@ -86,43 +82,61 @@ func applyHCL(c *shim.Config, src []byte, filename string) (fileBlocks, error) {
 	if fc.Verbose != nil {
 		c.Verbose = *fc.Verbose
 	}
-	if fc.KillSignal != "" {
-		sig, err := shim.ParseSignal(fc.KillSignal)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: kill_signal: %w", filename, err))
-		}
-		c.KillSignal, c.KillSignalSet = sig, true
-	}
-	dur("kill_timeout", fc.KillTimeout, &c.KillTimeout)
+	errs = append(errs,
+		shim.LockSettings.In(shim.InFileTop).Apply(c, top, func(s shim.LockSetting) string { return filename + ": " + s.Name }),
+		shim.LockSettings.In(shim.InFileLock).Apply(c, lock, func(s shim.LockSetting) string { return filename + ": lock." + s.Name }))
 	if fc.LB != nil {
 		blocks.lb = *fc.LB
 	}
 	if fc.Health != nil {
 		blocks.health = *fc.Health
 	}
-	if l := fc.Lock; l != nil {
-		if l.Path != "" {
-			c.Path = l.Path
+	return blocks, errors.Join(errs...)
+}
+
+// decodeSettings decodes the lock settings allowed at where from body, the
+// rest of a block that gohcl decoded: an attribute or block that is neither
+// a setting nor a field gohcl took is an error, as gohcl's own would be.
+func decodeSettings(body hcl.Body, where shim.Where) (shim.LockValues, hcl.Diagnostics) {
+	settings := shim.LockSettings.In(where)
+	schema := &hcl.BodySchema{}
+	if where == shim.InFileTop {
+		// The fields gohcl took too, so that a misspelt one gets its
+		// "Did you mean" (they are hidden in body: none is found twice).
+		schema, _ = gohcl.ImpliedBodySchema(fileConfig{})
+	}
+	for _, s := range settings {
+		schema.Attributes = append(schema.Attributes, hcl.AttributeSchema{Name: s.Name})
+	}
+	content, diags := body.Content(schema)
+	vals := shim.LockValues{}
+	for _, s := range settings {
+		attr, ok := content.Attributes[s.Name]
+		if !ok {
+			continue
 		}
-		if l.Namespace != "" {
-			c.Namespace = l.Namespace
+		var v string
+		var d hcl.Diagnostics
+		switch s.Kind() {
+		case shim.KindInt:
+			var n *int
+			if d = gohcl.DecodeExpression(attr.Expr, nil, &n); n != nil {
+				v = strconv.Itoa(*n)
+			}
+		case shim.KindBool:
+			var b *bool
+			if d = gohcl.DecodeExpression(attr.Expr, nil, &b); b != nil {
+				v = strconv.FormatBool(*b)
+			}
+		default:
+			d = gohcl.DecodeExpression(attr.Expr, nil, &v)
 		}
-		dur("lock.ttl", l.TTL, &c.TTL)
-		dur("lock.delay", l.Delay, &c.LockDelay)
-		dur("lock.renew", l.Renew, &c.Renew)
-		dur("lock.wait", l.Wait, &c.Wait)
-		dur("lock.backoff", l.Backoff, &c.Backoff)
-		if l.MaxRetry != nil {
-			c.MaxRetry = *l.MaxRetry
-		}
-		if l.UpstreamPort != "" {
-			c.UpstreamPort = l.UpstreamPort
-		}
-		if l.EarlyReturn != nil {
-			c.EarlyReturn = *l.EarlyReturn
+		diags = append(diags, d...)
+		if v != "" {
+			vals[s.Name] = v
 		}
 	}
-	return blocks, errors.Join(errs...)
+	return vals, diags
 }
 
 func diagText(diags hcl.Diagnostics) string {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
@@ -115,83 +117,92 @@ func parseRunArgs(args []string, stderr io.Writer) (shim.Config, error) {
 	return c, c.Validate()
 }
 
-// runFlags are the flags of `lock`: the lock settings are parsed into cli,
-// and laid over the -config file (apply) only where given.
+// runFlags are the flags of `lock`. The lock settings given are kept as
+// written, and laid over the -config file (apply) only where given.
 type runFlags struct {
-	fs                            *flag.FlagSet
-	configFile, killSignal, token string
-	cli                           shim.Config
-	lb                            shim.LBSpec
-	health                        shim.HealthSpec
+	fs                *flag.FlagSet
+	configFile, token string
+	lock              shim.LockValues // by setting name
+	cli               shim.Config     // -shell, -verbose, -address
+	lb                shim.LBSpec
+	health            shim.HealthSpec
 }
 
 func newRunFlags(stderr io.Writer) *runFlags {
-	rf := &runFlags{fs: flag.NewFlagSet("lock", flag.ContinueOnError)}
+	rf := &runFlags{fs: flag.NewFlagSet("lock", flag.ContinueOnError), lock: shim.LockValues{}}
 	fs, cli := rf.fs, &rf.cli
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usageText) }
 
 	lbFlags(fs, &rf.lb, &rf.health)
-	fs.DurationVar(&cli.TTL, "ttl", shim.DefaultTTL, "")
-	fs.DurationVar(&cli.LockDelay, "delay", shim.DefaultLockDelay, "")
-	fs.DurationVar(&cli.Renew, "renew", 0, "")
-	fs.DurationVar(&cli.Wait, "wait", 0, "")
-	fs.BoolVar(&cli.EarlyReturn, "early-return", false, "")
-	fs.StringVar(&cli.UpstreamPort, "upstream-port", "", "")
-	fs.IntVar(&cli.MaxRetry, "max-retry", 0, "")
-	fs.DurationVar(&cli.Backoff, "backoff", shim.DefaultMaxBackoff, "")
+	for _, s := range shim.LockSettings.In(shim.InFlags) {
+		fs.Var(&settingFlag{setting: s, vals: rf.lock}, s.Flag(), s.Usage)
+	}
 	fs.BoolVar(&cli.Shell, "shell", false, "")
 	fs.BoolVar(&cli.Verbose, "verbose", false, "")
-	fs.StringVar(&rf.killSignal, "kill-signal", "", "")
-	fs.DurationVar(&cli.KillTimeout, "kill-timeout", shim.DefaultKillTimeout, "")
 	fs.StringVar(&rf.configFile, "config", "", "")
-	fs.StringVar(&cli.Namespace, "namespace", "", "")
 	fs.StringVar(&cli.Address, "address", "", "")
 	fs.StringVar(&rf.token, "token", "", "")
 	return rf
 }
 
-// apply sets in c the lock settings given on the command line.
+// apply sets in c the settings given on the command line.
 func (rf *runFlags) apply(c *shim.Config) error {
-	cli := rf.cli
-	var flagErr error
 	rf.fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "ttl":
-			c.TTL = cli.TTL
-		case "delay":
-			c.LockDelay = cli.LockDelay
-		case "renew":
-			c.Renew = cli.Renew
-		case "wait":
-			c.Wait = cli.Wait
-		case "early-return":
-			c.EarlyReturn = cli.EarlyReturn
-		case "upstream-port":
-			c.UpstreamPort = cli.UpstreamPort
-		case "max-retry":
-			c.MaxRetry = cli.MaxRetry
-		case "backoff":
-			c.Backoff = cli.Backoff
 		case "shell":
-			c.Shell = cli.Shell
+			c.Shell = rf.cli.Shell
 		case "verbose":
-			c.Verbose = cli.Verbose
-		case "kill-timeout":
-			c.KillTimeout = cli.KillTimeout
-		case "namespace":
-			c.Namespace = cli.Namespace
+			c.Verbose = rf.cli.Verbose
 		case "address":
-			c.Address = cli.Address
-		case "kill-signal":
-			sig, err := shim.ParseSignal(rf.killSignal)
-			if err != nil {
-				flagErr = fmt.Errorf("-kill-signal: %w", err)
-			}
-			c.KillSignal, c.KillSignalSet = sig, true
+			c.Address = rf.cli.Address
 		}
 	})
-	return flagErr
+	return shim.LockSettings.In(shim.InFlags).Apply(c, rf.lock, flagLabel)
+}
+
+// flagLabel names a lock setting in errors about its flag.
+func flagLabel(s shim.LockSetting) string { return "-" + s.Flag() }
+
+// settingFlag is the flag of one lock setting: it records the value as
+// given, in vals. Durations, numbers and booleans are checked here, with
+// the flag package's own messages, so that a bad one fails as the flag.
+type settingFlag struct {
+	setting shim.LockSetting
+	vals    shim.LockValues
+}
+
+var (
+	errParse = errors.New("parse error")
+	errRange = errors.New("value out of range")
+)
+
+func (f *settingFlag) String() string   { return f.setting.Default }
+func (f *settingFlag) IsBoolFlag() bool { return f.setting.Kind() == shim.KindBool }
+
+func (f *settingFlag) Set(v string) error {
+	switch f.setting.Kind() {
+	case shim.KindDuration:
+		if _, err := time.ParseDuration(v); err != nil {
+			return errParse
+		}
+	case shim.KindInt:
+		n, err := strconv.ParseInt(v, 0, strconv.IntSize)
+		if errors.Is(err, strconv.ErrRange) {
+			return errRange
+		} else if err != nil {
+			return errParse
+		}
+		v = strconv.Itoa(int(n))
+	case shim.KindBool:
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return errParse
+		}
+		v = strconv.FormatBool(b)
+	}
+	f.vals[f.setting.Name] = v
+	return nil
 }
 
 // resolveUpstream sets c.Upstream from c.UpstreamPort and the task environment.
