@@ -66,7 +66,7 @@ var LockSettings = LockSpec{
 		Usage: "lock TTL, 10s to 24h",
 		field: func(c *Config) any { return &c.TTL }},
 	{Name: "delay", In: InDriver | InFileLock | InFlags, Default: DefaultLockDelay.String(),
-		Usage: "lock delay after an unclean loss, > 0 (nomad var lock: 15s)",
+		Usage: "lock delay after an unclean loss, > 0; nomad var lock's default is 15s",
 		field: func(c *Config) any { return &c.LockDelay }},
 	{Name: "renew", In: InDriver | InFileLock | InFlags, Default: "TTL/2",
 		Usage: "renew interval, below the TTL less the fence margin",
@@ -84,12 +84,12 @@ var LockSettings = LockSpec{
 		Usage: "try once; if the lock is held, exit 0 without running the command",
 		field: func(c *Config) any { return &c.EarlyReturn }},
 	{Name: "upstream_port", In: InFileLock | InFlags,
-		Usage: "record the host:port of this Nomad port `LABEL` as the holder's upstream in the lock, " +
+		Usage: "record the host:port of this Nomad port `label` as the holder's upstream in the lock, " +
 			`for "lock lb add" lifecycle tasks: the next holder's ADD then removes it from the LB even if this instance dies`,
 		field: func(c *Config) any { return &c.UpstreamPort }},
 	{Name: "kill_signal", In: InDriver | InFileTop | InFlags, Default: "SIGTERM",
-		Usage: "signal for the workload's process group when the lock is lost (lock: and on stop; " +
-			"when unset, a SIGTERM or SIGINT sent to lock is passed on as is)",
+		Usage: "signal for the workload's process group on loss or stop; " +
+			"unless set, a SIGTERM or SIGINT sent to lock is passed on as is",
 		field: func(c *Config) any { return &c.KillSignal }},
 	{Name: "kill_timeout", In: InDriver | InFileTop | InFlags, Default: DefaultKillTimeout.String(),
 		Usage: "grace before SIGKILL; keep it below the task's kill_timeout",

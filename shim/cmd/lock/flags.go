@@ -12,63 +12,6 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
-const usageText = `Usage:
-  lock [flags] <path> <command> [args...]   run command while holding the lock at <path>
-  lock status [-json] [-namespace NS] <path> show who holds the lock at <path>
-  lock lb add|remove|state [flags] [<path>]  LB hooks for lifecycle tasks (lock lb -h)
-  lock version
-
-Runs <command> (no shell, arguments exact) only while it holds a TTL lock on the
-Nomad Variable <path>, taken through the Task API socket. The command runs in its
-own process group and is stopped the moment the lock is lost.
-
-Flags (nomad var lock compatible):
-  -ttl DURATION        lock TTL, 10s to 24h (default 15s)
-  -delay DURATION      lock delay after an unclean loss, > 0 (default 5s; nomad var lock: 15s)
-  -shell               run the command with $SHELL -c (default false; nomad var lock: true)
-  -verbose             debug logging to stderr
-  -early-return        try once; if the lock is held, exit 0 without running the command
-  -max-retry N         give up waiting after N consecutive API errors (default 0: until -wait)
-  -backoff DURATION    cap of the jittered backoff after API errors (default 5s)
-Flags (ours):
-  -wait DURATION       give up (exit 75) if not acquired within this time (default 0: forever)
-  -renew DURATION      renew interval (default TTL/2)
-  -kill-signal SIGNAL  signal for the workload's group on loss or stop (default SIGTERM;
-                       a SIGTERM/SIGINT sent to lock is passed on as is unless this is set)
-  -kill-timeout DURATION  grace before SIGKILL (default 4s; keep it below the task's kill_timeout)
-  -config FILE         HCL file with the same settings; flags override it
-  -namespace NS        variable namespace (default: the task's)
-  -address URL         Nomad address when not running in a task (default: NOMAD_ADDR)
-  -upstream-port LABEL record this Nomad port's host:port as the holder's upstream in
-                       the lock, for "lock lb add" lifecycle tasks: the next holder's
-                       ADD then removes it from the LB even if this instance dies
-Flags (load balancer, optional; the same fields as the load_balancer and
-health_check blocks of -config):
-  -lb-uri URL          the LB API's request collection, e.g. http://lb:8080/baragon/v2/request
-  -lb-service-id ID    -lb-base-path PATH    -lb-groups G1,G2    -lb-owners O1,O2
-  -lb-port LABEL       Nomad port label whose host:port is registered
-  -lb-option K=V       service option with a string value (repeatable)
-  -lb-options-json J   service options as a JSON object: lists, numbers, maps
-  -lb-template-name T  -lb-domains D1,D2    -lb-additional-paths P1,P2
-  -lb-group G          our upstream's group (default "default")
-  -lb-rack-id R        our upstream's rackId
-  -lb-request-timeout, -lb-poll-interval, -lb-add-deadline, -lb-remove-deadline,
-  -lb-recheck-interval DURATION
-  -lb-authkey-file F   auth key file (else $SINGLETON_LB_AUTHKEY); never on the command line
-  -lb-ca-file F        CA bundle for an https LB
-  -health-type http|tcp, -health-path P, -health-port LABEL,
-  -health-interval, -health-timeout, -health-grace DURATION
-
-The token comes from NOMAD_TOKEN or $NOMAD_SECRETS_DIR/nomad_token, never from argv.
-The workload gets NOMAD_LOCK_PATH and NOMAD_LOCK_FENCE (a fencing token that grows
-with every acquisition).
-
-Exit codes: the command's own code (128+N if killed by signal N); 64 config error;
-69 Nomad unreachable or API errors; 74 the LB refused the ADD; 75 wait timeout;
-76 lock lost; 77 permission
-denied (the message prints the ACL policy to apply); 126/127 command not executable/found.
-`
-
 // errHelp means -h or -help was given; usage has been printed.
 var errHelp = flag.ErrHelp
 
@@ -132,17 +75,18 @@ func newRunFlags(stderr io.Writer) *runFlags {
 	rf := &runFlags{fs: flag.NewFlagSet("lock", flag.ContinueOnError), lock: shim.LockValues{}}
 	fs, cli := rf.fs, &rf.cli
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usageText) }
+	fs.Usage = helpFor(fs, stderr, runHelpHead, runHelpTail)
 
 	lbFlags(fs, &rf.lb, &rf.health)
 	for _, s := range shim.LockSettings.In(shim.InFlags) {
 		fs.Var(&settingFlag{setting: s, vals: rf.lock}, s.Flag(), s.Usage)
 	}
-	fs.BoolVar(&cli.Shell, "shell", false, "")
-	fs.BoolVar(&cli.Verbose, "verbose", false, "")
-	fs.StringVar(&rf.configFile, "config", "", "")
-	fs.StringVar(&cli.Address, "address", "", "")
-	fs.StringVar(&rf.token, "token", "", "")
+	fs.BoolVar(&cli.Shell, "shell", false, "run the command with $SHELL -c; nomad var lock's default is true")
+	fs.BoolVar(&cli.Verbose, "verbose", false, verboseUsage)
+	fs.StringVar(&rf.configFile, "config", "", "HCL `file` with the settings of the flags (see the README); flags override it")
+	fs.StringVar(&cli.Address, "address", "", addressUsage)
+	fs.StringVar(&rf.token, "token", "", "refused: a `token` in argv is visible to every user in /proc; "+
+		"use NOMAD_TOKEN or $NOMAD_SECRETS_DIR/nomad_token")
 	return rf
 }
 
@@ -159,6 +103,23 @@ func (rf *runFlags) apply(c *shim.Config) error {
 		}
 	})
 	return shim.LockSettings.In(shim.InFlags).Apply(c, rf.lock, flagLabel)
+}
+
+// Usages of the flags that lock's subcommands share.
+const (
+	addressUsage = "Nomad `URL` when not running in a task (default: NOMAD_ADDR)"
+	verboseUsage = "debug logging to stderr"
+)
+
+// settingUsage is the usage of the lock setting name, for a subcommand
+// that takes it too.
+func settingUsage(name string) string {
+	for _, s := range shim.LockSettings {
+		if s.Name == name {
+			return s.Usage
+		}
+	}
+	panic("no lock setting " + name)
 }
 
 // flagLabel names a lock setting in errors about its flag.
@@ -179,6 +140,21 @@ var (
 
 func (f *settingFlag) String() string   { return f.setting.Default }
 func (f *settingFlag) IsBoolFlag() bool { return f.setting.Kind() == shim.KindBool }
+
+// argName names the flag's argument in the help, by its kind.
+func (f *settingFlag) argName() string {
+	switch f.setting.Kind() {
+	case shim.KindDuration:
+		return "DURATION"
+	case shim.KindSignal:
+		return "SIGNAL"
+	case shim.KindInt:
+		return "N"
+	case shim.KindBool:
+		return ""
+	}
+	return "VALUE"
+}
 
 func (f *settingFlag) Set(v string) error {
 	switch f.setting.Kind() {

@@ -17,22 +17,6 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
-const lbUsage = `Usage:
-  lock lb add    [flags] <lock path>   wait until this allocation holds the lock, then ADD it
-  lock lb remove [flags] <lock path>   REMOVE what "lock lb add" registered in this allocation
-  lock lb state  [flags]               print the service's upstreams
-
-For Nomad lifecycle tasks next to a task that holds the lock itself (e.g. a
-docker task with lock as its entrypoint): "lock lb add" as a poststart task,
-"lock lb remove" as a poststop task. Flags: -config FILE (its load_balancer and
-health_check blocks) and the -lb-* / -health-* flags of "lock"; -wait DURATION
-bounds "add". The ADD removes the previous holder's upstream, recorded in the
-lock by the holder: give the lock holder (e.g. the entrypoint) -upstream-port
-with the same port label, so that a holder that dies without its poststop
-REMOVE is swapped out by the next one. Exit codes: 0 done, 64 config, 69 LB or Nomad unreachable, 74 the LB
-refused the request, 75 -wait passed.
-`
-
 // lbStateFile, in the shared alloc dir, carries the fence and upstream
 // from "lock lb add" to "lock lb remove" in the same allocation.
 const lbStateFile = ".singleton-lb.json"
@@ -89,37 +73,24 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 // exit code, when the command ends here (usage, -h, a config error).
 func parseLBArgs(args []string, stdout, stderr io.Writer) (c *lbCmd, code int, ok bool) {
 	if len(args) == 0 || (args[0] != "add" && args[0] != "remove" && args[0] != "state") {
-		fmt.Fprint(stderr, lbUsage)
+		newLBFlags("lock lb", &lbCmd{}, stderr).fs.Usage()
 		return nil, shim.ExitConfig, false
 	}
 	c = &lbCmd{verb: args[0], stdout: stdout, stderr: stderr}
 	verb := c.verb
-	fs := flag.NewFlagSet("lock lb "+verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, lbUsage) }
-	var (
-		spec       shim.LBSpec
-		health     shim.HealthSpec
-		configFile string
-		verbose    bool
-	)
-	lbFlags(fs, &spec, &health)
-	fs.StringVar(&configFile, "config", "", "")
-	fs.DurationVar(&c.wait, "wait", 0, "")
-	fs.StringVar(&c.namespace, "namespace", "", "")
-	fs.StringVar(&c.addr, "address", "", "")
-	fs.BoolVar(&verbose, "verbose", false, "")
-	if err := fs.Parse(args[1:]); err != nil {
+	f := newLBFlags("lock lb "+verb, c, stderr)
+	if err := f.fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, 0, false
 		}
 		return nil, shim.ExitConfig, false
 	}
-	c.args = fs.Args()
-	c.log = newLogger(stderr, verbose).Named("lb")
-	if configFile != "" {
+	c.args = f.fs.Args()
+	c.log = newLogger(stderr, f.verbose).Named("lb")
+	spec, health := f.spec, f.health
+	if f.configFile != "" {
 		cfg := shim.DefaultConfig()
-		file, err := loadFile(&cfg, configFile)
+		file, err := loadFile(&cfg, f.configFile)
 		if err != nil {
 			fmt.Fprintf(stderr, "lock lb: %v\n", err)
 			return nil, shim.ExitConfig, false
@@ -136,6 +107,31 @@ func parseLBArgs(args []string, stdout, stderr io.Writer) (c *lbCmd, code int, o
 		return nil, shim.ExitConfig, false
 	}
 	return c, 0, true
+}
+
+// lbFlagSet is the flags of `lock lb <verb>`: -wait, -namespace and -address
+// go to the command, the LB blocks and -config are laid over each other.
+type lbFlagSet struct {
+	fs         *flag.FlagSet
+	spec       shim.LBSpec
+	health     shim.HealthSpec
+	configFile string
+	verbose    bool
+}
+
+func newLBFlags(name string, c *lbCmd, stderr io.Writer) *lbFlagSet {
+	f := &lbFlagSet{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	fs := f.fs
+	fs.SetOutput(stderr)
+	fs.Usage = helpFor(fs, stderr, lbHelpHead, lbHelpTail)
+	lbFlags(fs, &f.spec, &f.health)
+	fs.StringVar(&f.configFile, "config", "", "HCL `file` whose load_balancer and health_check blocks to use; flags override them")
+	fs.DurationVar(&c.wait, "wait", 0, "add: give up (exit 75) unless this allocation holds the lock, "+
+		"and the health check passes, within this `duration`; 0 waits forever")
+	fs.StringVar(&c.namespace, "namespace", "", settingUsage("namespace"))
+	fs.StringVar(&c.addr, "address", "", addressUsage)
+	fs.BoolVar(&f.verbose, "verbose", false, verboseUsage)
+	return f
 }
 
 // state is `lock lb state`: the service's upstreams, as JSON.

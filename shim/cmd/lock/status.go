@@ -19,9 +19,10 @@ import (
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("lock status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = helpFor(fs, stderr, statusHelpHead, "")
 	asJSON := fs.Bool("json", false, "print JSON")
-	namespace := fs.String("namespace", "", "variable namespace")
-	address := fs.String("address", "", "Nomad address when not in a task")
+	namespace := fs.String("namespace", "", settingUsage("namespace"))
+	address := fs.String("address", "", addressUsage)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
