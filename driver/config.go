@@ -110,19 +110,9 @@ type TaskConfig struct {
 	DeniedEnvvars []string `codec:"denied_envvars"`
 }
 
-// LockConfig is the task's `lock {}` block.
-type LockConfig struct {
-	// Path defaults to nomad/jobs/<job>/<group>/<task>/lock.
-	Path  string `codec:"path"`
-	TTL   string `codec:"ttl"`
-	Delay string `codec:"delay"`
-	Renew string `codec:"renew"`
-	Wait  string `codec:"wait"`
-	// KillSignal and KillTimeout apply when the lock is lost. A normal stop
-	// uses the task's kill_signal and kill_timeout.
-	KillSignal  string `codec:"kill_signal"`
-	KillTimeout string `codec:"kill_timeout"`
-}
+// LockConfig is the task's `lock {}` block: the settings shim.LockSettings
+// allows InDriver, by name, as the jobspec gives them.
+type LockConfig = shim.LockValues
 
 var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"command":           hclspec.NewAttr("command", "string", false),
@@ -132,15 +122,7 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"oom_score_adj":     hclspec.NewAttr("oom_score_adj", "number", false),
 	"work_dir":          hclspec.NewAttr("work_dir", "string", false),
 	"denied_envvars":    hclspec.NewAttr("denied_envvars", "list(string)", false),
-	"lock": hclspec.NewBlock("lock", false, hclspec.NewObject(map[string]*hclspec.Spec{
-		"path":         hclspec.NewAttr("path", "string", false),
-		"ttl":          hclspec.NewAttr("ttl", "string", false),
-		"delay":        hclspec.NewAttr("delay", "string", false),
-		"renew":        hclspec.NewAttr("renew", "string", false),
-		"wait":         hclspec.NewAttr("wait", "string", false),
-		"kill_signal":  hclspec.NewAttr("kill_signal", "string", false),
-		"kill_timeout": hclspec.NewAttr("kill_timeout", "string", false),
-	})),
+	"lock":              hclspec.NewBlock("lock", false, lockBlockSpec()),
 	"load_balancer": hclspec.NewBlock("load_balancer", false, hclspec.NewObject(map[string]*hclspec.Spec{
 		"uri":        hclspec.NewAttr("uri", "string", false),
 		"service_id": hclspec.NewAttr("service_id", "string", false),
@@ -174,6 +156,23 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		"grace":    hclspec.NewAttr("grace", "string", false),
 	})),
 })
+
+// lockBlockSpec is config.lock: the settings shim.LockSettings allows
+// InDriver, each an optional attribute of its kind.
+func lockBlockSpec() *hclspec.Spec {
+	attrs := map[string]*hclspec.Spec{}
+	for _, s := range shim.LockSettings.In(shim.InDriver) {
+		typ := "string" // durations and signals too: "10s", "SIGTERM"
+		switch s.Kind() {
+		case shim.KindInt:
+			typ = "number"
+		case shim.KindBool:
+			typ = "bool"
+		}
+		attrs[s.Name] = hclspec.NewAttr(s.Name, typ, false)
+	}
+	return hclspec.NewObject(attrs)
+}
 
 // DefaultLockPath is the lock of a task when its lock block names none:
 // nomad/jobs/<job>/<group>/<task>/lock. The job is the parent job for
@@ -239,30 +238,15 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 	if tc.Gate {
 		c.Gate = &shim.Gate{AllocID: cfg.AllocID, Task: cfg.Name, Namespace: cfg.Namespace}
 	}
-	c.Path = tc.Lock.Path
+	var errs []error
+	if err := shim.LockSettings.In(shim.InDriver).Apply(&c, tc.Lock,
+		func(s shim.LockSetting) string { return "config.lock." + s.Name }); err != nil {
+		errs = append(errs, err)
+	}
 	if c.Path == "" {
 		c.Path = DefaultLockPath(cfg)
 	}
 	c.Namespace = cfg.Namespace
-
-	var errs []error
-	dur := func(field, v string, dst *time.Duration) {
-		if err := shim.ParseDuration("config.lock."+field, v, "10s", dst); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	dur("ttl", tc.Lock.TTL, &c.TTL)
-	dur("delay", tc.Lock.Delay, &c.LockDelay)
-	dur("renew", tc.Lock.Renew, &c.Renew)
-	dur("wait", tc.Lock.Wait, &c.Wait)
-	dur("kill_timeout", tc.Lock.KillTimeout, &c.KillTimeout)
-	if tc.Lock.KillSignal != "" {
-		sig, err := shim.ParseSignal(tc.Lock.KillSignal)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("config.lock.kill_signal: %w", err))
-		}
-		c.KillSignal, c.KillSignalSet = sig, true
-	}
 	lb, err := shim.BuildLoadBalancer(tc.LoadBalancer, tc.HealthCheck, func(k string) string { return cfg.Env[k] }, "config.")
 	if err != nil {
 		errs = append(errs, err)

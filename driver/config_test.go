@@ -72,16 +72,16 @@ func TestShimConfig(t *testing.T) {
 	}{
 		{name: "defaults from the plugin", tc: TaskConfig{Command: "/bin/app", Args: []string{"a b"}}},
 		{name: "explicit lock block", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{
-			Path: "nomad/jobs/web/leader", TTL: "20s", Delay: "2s", Renew: "5s", Wait: "1m", KillSignal: "SIGINT", KillTimeout: "9s"}}},
-		{name: "ttl below Nomad's minimum", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{TTL: "5s"}},
+			"path": "nomad/jobs/web/leader", "ttl": "20s", "delay": "2s", "renew": "5s", "wait": "1m", "kill_signal": "SIGINT", "kill_timeout": "9s"}}},
+		{name: "ttl below Nomad's minimum", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"ttl": "5s"}},
 			wantErr: "Nomad accepts 10s to 24h"},
-		{name: "duration without unit", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{TTL: "10"}},
+		{name: "duration without unit", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"ttl": "10"}},
 			wantErr: `config.lock.ttl = "10" is not a duration`},
-		{name: "path outside nomad/jobs", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{Path: "nomad/web"}},
+		{name: "path outside nomad/jobs", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"path": "nomad/web"}},
 			wantErr: "below nomad/jobs/"},
-		{name: "unknown kill signal", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{KillSignal: "SIGNOPE"}},
+		{name: "unknown kill signal", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"kill_signal": "SIGNOPE"}},
 			wantErr: "config.lock.kill_signal"},
-		{name: "zero delay", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{Delay: "0s"}},
+		{name: "zero delay", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"delay": "0s"}},
 			wantErr: "replaces 0 with 15s"},
 	}
 	for _, tc := range cases {
@@ -99,13 +99,13 @@ func TestShimConfig(t *testing.T) {
 			if c.Namespace != "prod" || c.Command[0] != "/bin/app" {
 				t.Fatalf("unexpected config %+v", c)
 			}
-			if tc.tc.Lock.Path == "" && c.Path != "nomad/jobs/web/g/t/lock" {
+			if tc.tc.Lock["path"] == "" && c.Path != "nomad/jobs/web/g/t/lock" {
 				t.Fatalf("default path: %q", c.Path)
 			}
-			if tc.tc.Lock.TTL == "" && (c.TTL != 15*time.Second || c.LockDelay != 5*time.Second) {
+			if tc.tc.Lock["ttl"] == "" && (c.TTL != 15*time.Second || c.LockDelay != 5*time.Second) {
 				t.Fatalf("plugin defaults not applied: ttl %s delay %s", c.TTL, c.LockDelay)
 			}
-			if tc.tc.Lock.KillSignal == "SIGINT" && (c.KillSignal != syscall.SIGINT || c.KillTimeout != 9*time.Second) {
+			if tc.tc.Lock["kill_signal"] == "SIGINT" && (c.KillSignal != syscall.SIGINT || c.KillTimeout != 9*time.Second) {
 				t.Fatalf("loss signal/timeout not applied: %v %s", c.KillSignal, c.KillTimeout)
 			}
 		})
@@ -351,5 +351,48 @@ func TestGateLoadBalancer(t *testing.T) {
 	cfg.Env = nil // no group port "http"
 	if _, err := tc.shimConfig(cfg, 10*time.Second, time.Second); err == nil || !strings.Contains(err.Error(), "config.load_balancer.port") {
 		t.Fatalf("error %v, want one naming config.load_balancer.port", err)
+	}
+}
+
+// TestLockBlockDecodes: config.lock takes exactly the settings
+// shim.LockSettings allows in the driver, decoded the way a Nomad client
+// does; settings left out stay unset, and lock-only ones are refused.
+func TestLockBlockDecodes(t *testing.T) {
+	tc := decodeJobspecConfig(t, `
+      config {
+        command = "/bin/true"
+        lock {
+          path         = "nomad/jobs/web/leader"
+          ttl          = "20s"
+          kill_signal  = "SIGINT"
+        }
+      }`)
+	want := LockConfig{"path": "nomad/jobs/web/leader", "ttl": "20s", "kill_signal": "SIGINT"}
+	for _, s := range shim.LockSettings.In(shim.InDriver) {
+		if tc.Lock[s.Name] != want[s.Name] {
+			t.Errorf("lock.%s = %q, want %q", s.Name, tc.Lock[s.Name], want[s.Name])
+		}
+	}
+	var names []string
+	for _, s := range shim.LockSettings.In(shim.InDriver) {
+		names = append(names, s.Name)
+	}
+	slices.Sort(names)
+	if want := []string{"delay", "kill_signal", "kill_timeout", "path", "renew", "ttl", "wait"}; !slices.Equal(names, want) {
+		t.Errorf("config.lock takes %v, want %v", names, want)
+	}
+
+	spec, diags := hclspecutils.Convert(taskConfigSpec)
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	src := "job \"j\" {\n  group \"g\" {\n    task \"t\" {\n      driver = \"singleton\"\n" +
+		"      config {\n        command = \"/bin/true\"\n        lock { backoff = \"1s\" }\n      }\n    }\n  }\n}\n"
+	job, err := jobspec2.ParseWithConfig(&jobspec2.ParseConfig{Path: "j.nomad.hcl", Body: []byte(src), Strict: true})
+	if err != nil {
+		t.Fatalf("jobspec: %v", err)
+	}
+	if _, diags, _ := hclutils.ParseHclInterface(job.TaskGroups[0].Tasks[0].Config, spec, nil); !diags.HasErrors() {
+		t.Error("config.lock.backoff (a flag of lock only) was accepted")
 	}
 }

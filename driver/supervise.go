@@ -78,16 +78,7 @@ func setOOMScoreAdj(v int) error {
 }
 
 func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (int, string) {
-
-	cfg := shim.DefaultConfig()
-	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
-	cfg.RootSecretsDir = spec.SecretsDir
-	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
-	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
-	if g := spec.Gate; g != nil {
-		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}
-	}
-
+	cfg := spec.shimConfig()
 	lb, err := shim.BuildLoadBalancer(spec.LB, spec.Health, os.Getenv, "config.")
 	if err != nil {
 		log.Error("invalid load balancer config", "error", err)
@@ -110,6 +101,7 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 	pub := &publisher{dir: dir, path: cfg.Path, log: log}
 	sup := &shim.Supervisor{
 		Config: cfg, Locker: locker, Logger: log, Observe: pub.observe,
+		OnAcquire: recordLease(dir, cfg, log),
 		OnLBPosted: func(lb *shim.LoadBalancer, hook *lbhook.Hook, self lbhook.UpstreamInfo) {
 			reg := lbRegistration{Config: lb.Config, AllocID: holder.AllocID, Fence: hook.Fence(), Upstream: self}
 			if err := writeJSON(dir, lbFile, reg); err != nil {
@@ -135,13 +127,7 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 			_ = dir.Remove(leaseFile)
 		},
 		PluginReleases: true,
-		OnAcquire: func(l *lockclient.Lease) {
-			held := heldLease{LockID: l.LockID(), Path: cfg.Path, Namespace: cfg.Namespace, Fence: l.Fence,
-				TTL: cfg.TTL, LockDelay: cfg.LockDelay}
-			if err := writeJSON(dir, leaseFile, held); err != nil {
-				log.Warn("record the lease for a crash release; a crash will wait for the lock to expire", "error", err)
-			}
-		},
+
 		Stdin: nil, Stdout: os.Stdout, Stderr: os.Stderr,
 		Env: workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars),
 		// The forked child drops to the task user first and only then
@@ -167,6 +153,31 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 	go routeSignals(dir, log, forward, stops)
 
 	return sup.Run(context.Background(), forward), ""
+}
+
+// shimConfig is the supervisor's config for spec, before its load balancer.
+func (spec supervisorSpec) shimConfig() shim.Config {
+	cfg := shim.DefaultConfig()
+	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
+	cfg.RootSecretsDir = spec.SecretsDir
+	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
+	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
+	if g := spec.Gate; g != nil {
+		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}
+	}
+	return cfg
+}
+
+// recordLease is the supervisor's OnAcquire: it records the lease, for the
+// plugin to release should the supervisor crash.
+func recordLease(dir *securefs.Dir, cfg shim.Config, log hclog.Logger) func(*lockclient.Lease) {
+	return func(l *lockclient.Lease) {
+		held := heldLease{LockID: l.LockID(), Path: cfg.Path, Namespace: cfg.Namespace, Fence: l.Fence,
+			TTL: cfg.TTL, LockDelay: cfg.LockDelay}
+		if err := writeJSON(dir, leaseFile, held); err != nil {
+			log.Warn("record the lease for a crash release; a crash will wait for the lock to expire", "error", err)
+		}
+	}
 }
 
 // workloadTree is the task cgroup, which holds the workload's processes and

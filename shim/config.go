@@ -2,17 +2,11 @@ package shim
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"io"
-	"os"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/hcl/v2"
-	"github.com/hashicorp/hcl/v2/gohcl"
-	"github.com/hashicorp/hcl/v2/hclparse"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
@@ -70,11 +64,6 @@ type Config struct {
 	// recorded instead.
 	UpstreamPort string
 	Upstream     string
-
-	// The -config file's load_balancer and health_check blocks, before
-	// flags are laid over them and ports resolved.
-	fileLB     LBSpec
-	fileHealth HealthSpec
 }
 
 // DefaultConfig is the configuration before flags and files apply.
@@ -119,9 +108,10 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// validateLock checks what a command that runs nothing under the lock needs
-// (`lock lb add` waits for the lock's holder): its path and lease timing.
-func (c Config) validateLock() error { return errors.Join(c.lockErrors()...) }
+// ValidateLock checks what a command that runs nothing under the lock needs
+// (`lock lb add` waits for the lock's holder, `lock status` reads it): its
+// path and lease timing.
+func (c Config) ValidateLock() error { return errors.Join(c.lockErrors()...) }
 
 // lockErrors are what is wrong with the lock path and the lease timing.
 func (c Config) lockErrors() []error {
@@ -179,265 +169,4 @@ var signalsByName = map[string]syscall.Signal{
 	"SIGURG": syscall.SIGURG, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2,
 	"SIGVTALRM": syscall.SIGVTALRM, "SIGWINCH": syscall.SIGWINCH, "SIGXCPU": syscall.SIGXCPU,
 	"SIGXFSZ": syscall.SIGXFSZ,
-}
-
-// fileConfig is the -config HCL file. Its shape matches the driver's task
-// config: command and args at the top, lock settings in a lock block.
-type fileConfig struct {
-	Command     string      `hcl:"command,optional"`
-	Args        []string    `hcl:"args,optional"`
-	Shell       *bool       `hcl:"shell,optional"`
-	KillSignal  string      `hcl:"kill_signal,optional"`
-	KillTimeout string      `hcl:"kill_timeout,optional"`
-	Verbose     *bool       `hcl:"verbose,optional"`
-	Lock        *fileLock   `hcl:"lock,block"`
-	LB          *LBSpec     `hcl:"load_balancer,block"`
-	Health      *HealthSpec `hcl:"health_check,block"`
-}
-
-type fileLock struct {
-	Path        string `hcl:"path,optional"`
-	Namespace   string `hcl:"namespace,optional"`
-	TTL         string `hcl:"ttl,optional"`
-	Delay       string `hcl:"delay,optional"`
-	Renew       string `hcl:"renew,optional"`
-	Wait        string `hcl:"wait,optional"`
-	Backoff     string `hcl:"backoff,optional"`
-	MaxRetry    *int   `hcl:"max_retry,optional"`
-	EarlyReturn *bool  `hcl:"early_return,optional"`
-	// UpstreamPort is Config.UpstreamPort.
-	UpstreamPort string `hcl:"upstream_port,optional"`
-}
-
-// loadFile applies an HCL config file on top of c.
-func loadFile(c *Config, path string) error {
-	src, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("read -config file: %w", err)
-	}
-	return applyHCL(c, src, path)
-}
-
-// applyHCL decodes src (named filename in messages) onto c. Unknown keys,
-// wrong types and bad durations are errors with file:line.
-func applyHCL(c *Config, src []byte, filename string) error {
-	file, diags := hclparse.NewParser().ParseHCL(src, filename)
-	if diags.HasErrors() {
-		return fmt.Errorf("parse %s: %s", filename, diagText(diags))
-	}
-	var fc fileConfig
-	if diags := gohcl.DecodeBody(file.Body, nil, &fc); diags.HasErrors() {
-		return fmt.Errorf("decode %s: %s", filename, diagText(diags))
-	}
-	var errs []error
-	dur := func(field, s string, dst *time.Duration) {
-		if err := ParseDuration(filename+": "+field, s, "10s", dst); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if fc.Command != "" {
-		c.Command = append([]string{fc.Command}, fc.Args...)
-	} else if len(fc.Args) > 0 {
-		errs = append(errs, fmt.Errorf("%s: args given without command", filename))
-	}
-	if fc.Shell != nil {
-		c.Shell = *fc.Shell
-	}
-	if fc.Verbose != nil {
-		c.Verbose = *fc.Verbose
-	}
-	if fc.KillSignal != "" {
-		sig, err := ParseSignal(fc.KillSignal)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: kill_signal: %w", filename, err))
-		}
-		c.KillSignal, c.KillSignalSet = sig, true
-	}
-	dur("kill_timeout", fc.KillTimeout, &c.KillTimeout)
-	if fc.LB != nil {
-		c.fileLB = *fc.LB
-	}
-	if fc.Health != nil {
-		c.fileHealth = *fc.Health
-	}
-	if l := fc.Lock; l != nil {
-		if l.Path != "" {
-			c.Path = l.Path
-		}
-		if l.Namespace != "" {
-			c.Namespace = l.Namespace
-		}
-		dur("lock.ttl", l.TTL, &c.TTL)
-		dur("lock.delay", l.Delay, &c.LockDelay)
-		dur("lock.renew", l.Renew, &c.Renew)
-		dur("lock.wait", l.Wait, &c.Wait)
-		dur("lock.backoff", l.Backoff, &c.Backoff)
-		if l.MaxRetry != nil {
-			c.MaxRetry = *l.MaxRetry
-		}
-		if l.UpstreamPort != "" {
-			c.UpstreamPort = l.UpstreamPort
-		}
-		if l.EarlyReturn != nil {
-			c.EarlyReturn = *l.EarlyReturn
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func diagText(diags hcl.Diagnostics) string {
-	var parts []string
-	for _, d := range diags {
-		msg := d.Summary
-		if d.Detail != "" {
-			msg += ": " + d.Detail
-		}
-		if d.Subject != nil {
-			msg = d.Subject.String() + ": " + msg
-		}
-		parts = append(parts, msg)
-	}
-	return strings.Join(parts, "; ")
-}
-
-// errHelp means -h or -help was given; usage has been printed.
-var errHelp = flag.ErrHelp
-
-// parseRunArgs parses `lock [flags] <path> <command> [args...]`. Flags given
-// on the command line override the -config file.
-func parseRunArgs(args []string, stderr io.Writer) (Config, error) {
-	c := DefaultConfig()
-	rf := newRunFlags(stderr)
-	if err := rf.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return c, errHelp
-		}
-		return c, fmt.Errorf("%w (see lock -h)", err)
-	}
-	if rf.token != "" {
-		return c, errors.New("-token is refused: a token in argv is visible to every user in /proc; " +
-			"use NOMAD_TOKEN or `identity { file = true }` (secrets/nomad_token)")
-	}
-
-	if rf.configFile != "" {
-		if err := loadFile(&c, rf.configFile); err != nil {
-			return c, err
-		}
-	}
-	if err := rf.apply(&c); err != nil {
-		return c, err
-	}
-
-	rest := rf.fs.Args()
-	if len(rest) > 0 {
-		c.Path = rest[0]
-		if len(rest) > 1 {
-			c.Command = rest[1:]
-		}
-	}
-	lb, err := BuildLoadBalancer(mergeLB(c.fileLB, rf.lb), mergeHealth(c.fileHealth, rf.health), os.Getenv, "")
-	if err != nil {
-		return c, err
-	}
-	c.LB = lb
-	if err := c.resolveUpstream(os.Getenv); err != nil {
-		return c, err
-	}
-	return c, c.Validate()
-}
-
-// runFlags are the flags of `lock`: the lock settings are parsed into cli,
-// and laid over the -config file (apply) only where given.
-type runFlags struct {
-	fs                            *flag.FlagSet
-	configFile, killSignal, token string
-	cli                           Config
-	lb                            LBSpec
-	health                        HealthSpec
-}
-
-func newRunFlags(stderr io.Writer) *runFlags {
-	rf := &runFlags{fs: flag.NewFlagSet("lock", flag.ContinueOnError)}
-	fs, cli := rf.fs, &rf.cli
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usageText) }
-
-	lbFlags(fs, &rf.lb, &rf.health)
-	fs.DurationVar(&cli.TTL, "ttl", DefaultTTL, "")
-	fs.DurationVar(&cli.LockDelay, "delay", DefaultLockDelay, "")
-	fs.DurationVar(&cli.Renew, "renew", 0, "")
-	fs.DurationVar(&cli.Wait, "wait", 0, "")
-	fs.BoolVar(&cli.EarlyReturn, "early-return", false, "")
-	fs.StringVar(&cli.UpstreamPort, "upstream-port", "", "")
-	fs.IntVar(&cli.MaxRetry, "max-retry", 0, "")
-	fs.DurationVar(&cli.Backoff, "backoff", DefaultMaxBackoff, "")
-	fs.BoolVar(&cli.Shell, "shell", false, "")
-	fs.BoolVar(&cli.Verbose, "verbose", false, "")
-	fs.StringVar(&rf.killSignal, "kill-signal", "", "")
-	fs.DurationVar(&cli.KillTimeout, "kill-timeout", DefaultKillTimeout, "")
-	fs.StringVar(&rf.configFile, "config", "", "")
-	fs.StringVar(&cli.Namespace, "namespace", "", "")
-	fs.StringVar(&cli.Address, "address", "", "")
-	fs.StringVar(&rf.token, "token", "", "")
-	return rf
-}
-
-// apply sets in c the lock settings given on the command line.
-func (rf *runFlags) apply(c *Config) error {
-	cli := rf.cli
-	var flagErr error
-	rf.fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "ttl":
-			c.TTL = cli.TTL
-		case "delay":
-			c.LockDelay = cli.LockDelay
-		case "renew":
-			c.Renew = cli.Renew
-		case "wait":
-			c.Wait = cli.Wait
-		case "early-return":
-			c.EarlyReturn = cli.EarlyReturn
-		case "upstream-port":
-			c.UpstreamPort = cli.UpstreamPort
-		case "max-retry":
-			c.MaxRetry = cli.MaxRetry
-		case "backoff":
-			c.Backoff = cli.Backoff
-		case "shell":
-			c.Shell = cli.Shell
-		case "verbose":
-			c.Verbose = cli.Verbose
-		case "kill-timeout":
-			c.KillTimeout = cli.KillTimeout
-		case "namespace":
-			c.Namespace = cli.Namespace
-		case "address":
-			c.Address = cli.Address
-		case "kill-signal":
-			sig, err := ParseSignal(rf.killSignal)
-			if err != nil {
-				flagErr = fmt.Errorf("-kill-signal: %w", err)
-			}
-			c.KillSignal, c.KillSignalSet = sig, true
-		}
-	})
-	return flagErr
-}
-
-// resolveUpstream sets Upstream from UpstreamPort and the task environment.
-func (c *Config) resolveUpstream(getenv func(string) string) error {
-	if c.UpstreamPort == "" {
-		return nil
-	}
-	if c.LB != nil {
-		return fmt.Errorf("-upstream-port %q: with a load balancer configured, lock records its upstream "+
-			"(load_balancer.port %q) itself; drop -upstream-port", c.UpstreamPort, c.LB.PortLabel)
-	}
-	addr, err := PortAddress(c.UpstreamPort, getenv)
-	if err != nil {
-		return fmt.Errorf("-upstream-port: %w", err)
-	}
-	c.Upstream = addr
-	return nil
 }

@@ -188,7 +188,7 @@ func (s *Supervisor) startLB(lease *lockclient.Lease) (*lbSession, error) {
 
 func (lb *lbSession) healthThenAdd(s *Supervisor) {
 	if h := lb.cfg.Health; h != nil {
-		if err := waitHealthy(lb.ctx, h); err != nil {
+		if err := h.Wait(lb.ctx); err != nil {
 			lb.events <- lbEvent{kind: "healthy", err: err}
 			return
 		}
@@ -391,8 +391,8 @@ func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(S
 	}
 }
 
-// waitHealthy runs the check until it passes or ctx ends.
-func waitHealthy(ctx context.Context, h *HealthCheck) error {
+// Wait runs the check until it passes or ctx ends.
+func (h *HealthCheck) Wait(ctx context.Context) error {
 	if err := ctxsleep.Sleep(ctx, h.Grace); err != nil {
 		return err
 	}

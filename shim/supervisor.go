@@ -1,7 +1,3 @@
-// Package shim is the supervisor: it takes the lease, runs the workload in its
-// own process group, forwards signals, stops the workload the moment the lease
-// is lost, releases on the way out, and maps every ending to an exit code. The
-// `lock` binary and the singleton driver both run it.
 package shim
 
 import (

@@ -1,14 +1,96 @@
 // Command lock runs a command only while it holds a Nomad Variable lock.
-// See the README for flags and exit codes.
+// It is package shim's supervisor behind a command line: this package parses
+// the flags and the -config file, prints the help, and holds the status and
+// lb subcommands. See the README for flags and exit codes.
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"syscall"
 
+	"github.com/hashicorp/go-hclog"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
 func main() {
 	shim.MaybeRunGuard(os.Args)
-	os.Exit(shim.Main(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the lock command. It returns the process exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "status":
+			return runStatus(args[1:], stdout, stderr)
+		case "lb":
+			return runLB(args[1:], stdout, stderr)
+		case "version", "-version", "--version":
+			fmt.Fprintln(stdout, "lock", shim.Version)
+			return 0
+		}
+	}
+	cfg, err := parseRunArgs(args, stderr)
+	if errors.Is(err, errHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "lock: %v\n", err)
+		return shim.ExitConfig
+	}
+	return supervise(cfg, stderr)
+}
+
+// supervise runs cfg's command under the lock, with every signal lock gets
+// but its own passed on to the workload.
+func supervise(cfg shim.Config, stderr io.Writer) int {
+	log := newLogger(stderr, cfg.Verbose)
+	locker, err := shim.NewLocker(cfg, log, lockclient.HolderFromEnv(os.Getenv))
+	if err != nil {
+		fmt.Fprintf(stderr, "lock: %v\n", err)
+		return shim.ExitConfig
+	}
+
+	sigs := make(chan os.Signal, 16)
+	forwardable := make(chan os.Signal, 16)
+	signal.Notify(sigs)
+	go func() {
+		for sig := range sigs {
+			switch sig {
+			case syscall.SIGCHLD, syscall.SIGURG, syscall.SIGPIPE:
+				continue // ours, not the workload's
+			}
+			forwardable <- sig
+		}
+	}()
+
+	sup := &shim.Supervisor{
+		Config: cfg, Locker: locker, Logger: log,
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+		Observe: func(ev shim.Event) {
+			if ev.Notice {
+				log.Warn(ev.Message)
+				return
+			}
+			log.Debug("state", "state", ev.State, "message", ev.Message)
+		},
+		// Daemons the workload starts stay lock's descendants, and are
+		// proven dead before the release.
+		Subreaper: true,
+	}
+	return sup.Run(context.Background(), forwardable)
+}
+
+func newLogger(w io.Writer, verbose bool) hclog.Logger {
+	level := hclog.Info
+	if verbose {
+		level = hclog.Debug
+	}
+	return hclog.New(&hclog.LoggerOptions{Name: "lock", Output: w, Level: level})
 }

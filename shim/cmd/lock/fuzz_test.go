@@ -1,8 +1,10 @@
-package shim
+package main
 
 import (
 	"strings"
 	"testing"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
 // FuzzConfigFile feeds arbitrary bytes to the -config HCL decoder. It must
@@ -18,8 +20,8 @@ func FuzzConfigFile(f *testing.F) {
 	f.Add([]byte("load_balancer {\n  uri = \"http://127.0.0.1:1/baragon/v2/request\"\n  service = \"web\"\n}\n"))
 	f.Fuzz(func(t *testing.T, src []byte) {
 		const name = "fuzz.hcl"
-		c := DefaultConfig()
-		err := applyHCL(&c, src, name)
+		c := shim.DefaultConfig()
+		_, err := applyHCL(&c, src, name)
 		if err != nil {
 			if !strings.Contains(err.Error(), name) {
 				t.Fatalf("error does not name the file: %v", err)
@@ -27,8 +29,8 @@ func FuzzConfigFile(f *testing.F) {
 		} else {
 			_ = c.Validate()
 		}
-		c2 := DefaultConfig()
-		err2 := applyHCL(&c2, src, name)
+		c2 := shim.DefaultConfig()
+		_, err2 := applyHCL(&c2, src, name)
 		if (err == nil) != (err2 == nil) {
 			t.Fatalf("not deterministic: %v then %v", err, err2)
 		}

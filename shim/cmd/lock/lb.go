@@ -1,4 +1,4 @@
-package shim
+package main
 
 import (
 	"context"
@@ -14,23 +14,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
-
-const lbUsage = `Usage:
-  lock lb add    [flags] <lock path>   wait until this allocation holds the lock, then ADD it
-  lock lb remove [flags] <lock path>   REMOVE what "lock lb add" registered in this allocation
-  lock lb state  [flags]               print the service's upstreams
-
-For Nomad lifecycle tasks next to a task that holds the lock itself (e.g. a
-docker task with lock as its entrypoint): "lock lb add" as a poststart task,
-"lock lb remove" as a poststop task. Flags: -config FILE (its load_balancer and
-health_check blocks) and the -lb-* / -health-* flags of "lock"; -wait DURATION
-bounds "add". The ADD removes the previous holder's upstream, recorded in the
-lock by the holder: give the lock holder (e.g. the entrypoint) -upstream-port
-with the same port label, so that a holder that dies without its poststop
-REMOVE is swapped out by the next one. Exit codes: 0 done, 64 config, 69 LB or Nomad unreachable, 74 the LB
-refused the request, 75 -wait passed.
-`
 
 // lbStateFile, in the shared alloc dir, carries the fence and upstream
 // from "lock lb add" to "lock lb remove" in the same allocation.
@@ -47,7 +32,7 @@ type lbCmd struct {
 	args            []string // what follows the flags: the lock path
 	wait            time.Duration
 	namespace, addr string
-	lb              *LoadBalancer
+	lb              *shim.LoadBalancer
 	client          *lbhook.Client
 	log             hclog.Logger
 	stdout, stderr  io.Writer
@@ -68,13 +53,13 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 	verb := c.verb
 	if len(c.args) != 1 {
 		fmt.Fprintf(stderr, "lock lb %s: give the lock path, e.g. lock lb %s -config lb.hcl nomad/jobs/web/lock\n", verb, verb)
-		return ExitConfig
+		return shim.ExitConfig
 	}
 	allocID := os.Getenv("NOMAD_ALLOC_ID")
 	allocDir := os.Getenv("NOMAD_ALLOC_DIR")
 	if allocID == "" || allocDir == "" {
 		fmt.Fprintf(stderr, "lock lb %s: NOMAD_ALLOC_ID and NOMAD_ALLOC_DIR are unset: run it as a task of the allocation that holds the lock\n", verb)
-		return ExitConfig
+		return shim.ExitConfig
 	}
 	statePath := filepath.Join(allocDir, lbStateFile)
 	if verb == "remove" {
@@ -88,52 +73,65 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 // exit code, when the command ends here (usage, -h, a config error).
 func parseLBArgs(args []string, stdout, stderr io.Writer) (c *lbCmd, code int, ok bool) {
 	if len(args) == 0 || (args[0] != "add" && args[0] != "remove" && args[0] != "state") {
-		fmt.Fprint(stderr, lbUsage)
-		return nil, ExitConfig, false
+		newLBFlags("lock lb", &lbCmd{}, stderr).fs.Usage()
+		return nil, shim.ExitConfig, false
 	}
 	c = &lbCmd{verb: args[0], stdout: stdout, stderr: stderr}
 	verb := c.verb
-	fs := flag.NewFlagSet("lock lb "+verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, lbUsage) }
-	var (
-		spec       LBSpec
-		health     HealthSpec
-		configFile string
-		verbose    bool
-	)
-	lbFlags(fs, &spec, &health)
-	fs.StringVar(&configFile, "config", "", "")
-	fs.DurationVar(&c.wait, "wait", 0, "")
-	fs.StringVar(&c.namespace, "namespace", "", "")
-	fs.StringVar(&c.addr, "address", "", "")
-	fs.BoolVar(&verbose, "verbose", false, "")
-	if err := fs.Parse(args[1:]); err != nil {
+	f := newLBFlags("lock lb "+verb, c, stderr)
+	if err := f.fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, 0, false
 		}
-		return nil, ExitConfig, false
+		return nil, shim.ExitConfig, false
 	}
-	c.args = fs.Args()
-	c.log = newLogger(stderr, verbose).Named("lb")
-	if configFile != "" {
-		cfg := DefaultConfig()
-		if err := loadFile(&cfg, configFile); err != nil {
+	c.args = f.fs.Args()
+	c.log = newLogger(stderr, f.verbose).Named("lb")
+	spec, health := f.spec, f.health
+	if f.configFile != "" {
+		cfg := shim.DefaultConfig()
+		file, err := loadFile(&cfg, f.configFile)
+		if err != nil {
 			fmt.Fprintf(stderr, "lock lb: %v\n", err)
-			return nil, ExitConfig, false
+			return nil, shim.ExitConfig, false
 		}
-		spec, health = mergeLB(cfg.fileLB, spec), mergeHealth(cfg.fileHealth, health)
+		spec, health = mergeLB(file.lb, spec), mergeHealth(file.health, health)
 	}
 	var err error
 	if c.lb, err = buildLBForCommand(spec, health, verb); err != nil {
 		fmt.Fprintf(stderr, "lock lb %s: %v\n", verb, err)
-		return nil, ExitConfig, false
+		return nil, shim.ExitConfig, false
 	}
 	if c.client, err = lbhook.NewClient(c.lb.Config, lbhook.ClientOptions{Logger: c.log}); err != nil {
 		fmt.Fprintf(stderr, "lock lb %s: %v\n", verb, err)
-		return nil, ExitConfig, false
+		return nil, shim.ExitConfig, false
 	}
 	return c, 0, true
+}
+
+// lbFlagSet is the flags of `lock lb <verb>`: -wait, -namespace and -address
+// go to the command, the LB blocks and -config are laid over each other.
+type lbFlagSet struct {
+	fs         *flag.FlagSet
+	spec       shim.LBSpec
+	health     shim.HealthSpec
+	configFile string
+	verbose    bool
+}
+
+func newLBFlags(name string, c *lbCmd, stderr io.Writer) *lbFlagSet {
+	f := &lbFlagSet{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	fs := f.fs
+	fs.SetOutput(stderr)
+	fs.Usage = helpFor(fs, stderr, lbHelpHead, lbHelpTail)
+	lbFlags(fs, &f.spec, &f.health)
+	fs.StringVar(&f.configFile, "config", "", "HCL `file` whose load_balancer and health_check blocks to use; flags override them")
+	fs.DurationVar(&c.wait, "wait", 0, "add: give up (exit 75) unless this allocation holds the lock, "+
+		"and the health check passes, within this `duration`; 0 waits forever")
+	fs.StringVar(&c.namespace, "namespace", "", settingUsage("namespace"))
+	fs.StringVar(&c.addr, "address", "", addressUsage)
+	fs.BoolVar(&f.verbose, "verbose", false, verboseUsage)
+	return f
 }
 
 // state is `lock lb state`: the service's upstreams, as JSON.
@@ -141,7 +139,7 @@ func (c *lbCmd) state(ctx context.Context) int {
 	st, err := c.client.ServiceState(ctx)
 	if err != nil && !errors.Is(err, lbhook.ErrNotFound) {
 		fmt.Fprintf(c.stderr, "lock lb state: %v\n", err)
-		return ExitInfra
+		return shim.ExitInfra
 	}
 	enc := json.NewEncoder(c.stdout)
 	enc.SetIndent("", "  ")
@@ -160,7 +158,7 @@ func (c *lbCmd) remove(ctx context.Context, allocID, statePath string) int {
 	hook, err := c.client.ForAlloc(allocID, st.Fence)
 	if err != nil {
 		fmt.Fprintf(c.stderr, "lock lb remove: %v\n", err)
-		return ExitConfig
+		return shim.ExitConfig
 	}
 	if _, err := hook.Remove(ctx, c.client.Self(st.Upstream)); err != nil {
 		fmt.Fprintf(c.stderr, "lock lb remove: %s\n", lbhook.Diagnose(err, c.client.Config()))
@@ -183,11 +181,11 @@ func (c *lbCmd) add(ctx context.Context, allocID, statePath string) int {
 	hook, err := c.client.ForAlloc(allocID, held.Fence)
 	if err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
-		return ExitConfig
+		return shim.ExitConfig
 	}
 	if err := writeLBState(statePath, lbCmdState{Fence: held.Fence, Upstream: self.Upstream}); err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: record the registration for lock lb remove: %v\n", err)
-		return ExitInfra
+		return shim.ExitInfra
 	}
 	c.checkHolderRecord(held.Holder.Upstream, self.Upstream)
 	var previous []lbhook.UpstreamInfo
@@ -207,16 +205,16 @@ func (c *lbCmd) add(ctx context.Context, allocID, statePath string) int {
 // check (if any) passes, and returns the lock's status. ok is false, with
 // the exit code, when it does not.
 func (c *lbCmd) waitHeld(ctx context.Context, allocID string) (held lockclient.Status, code int, ok bool) {
-	cfg := DefaultConfig()
+	cfg := shim.DefaultConfig()
 	cfg.Path, cfg.Namespace, cfg.Address = c.args[0], c.namespace, c.addr
-	if err := cfg.validateLock(); err != nil {
+	if err := cfg.ValidateLock(); err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
-		return held, ExitConfig, false
+		return held, shim.ExitConfig, false
 	}
-	locker, err := NewLocker(cfg, c.log, lockclient.Holder{})
+	locker, err := shim.NewLocker(cfg, c.log, lockclient.Holder{})
 	if err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
-		return held, ExitConfig, false
+		return held, shim.ExitConfig, false
 	}
 	wctx := ctx
 	if c.wait > 0 {
@@ -229,14 +227,14 @@ func (c *lbCmd) waitHeld(ctx context.Context, allocID string) (held lockclient.S
 	if err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
 		if wctx.Err() != nil {
-			return held, ExitWaitTimeout, false
+			return held, shim.ExitWaitTimeout, false
 		}
-		return held, ExitInfra, false
+		return held, shim.ExitInfra, false
 	}
 	if c.lb.Health != nil {
-		if err := waitHealthy(wctx, c.lb.Health); err != nil {
+		if err := c.lb.Health.Wait(wctx); err != nil {
 			fmt.Fprintf(c.stderr, "lock lb add: health check: %v\n", err)
-			return held, ExitWaitTimeout, false
+			return held, shim.ExitWaitTimeout, false
 		}
 	}
 	return held, 0, true
@@ -264,16 +262,16 @@ func (c *lbCmd) checkHolderRecord(recorded, upstream string) {
 
 // buildLBForCommand builds the LB block for a subcommand: "state" needs no
 // port, the others need the port label resolved from the task environment.
-func buildLBForCommand(spec LBSpec, health HealthSpec, verb string) (*LoadBalancer, error) {
+func buildLBForCommand(spec shim.LBSpec, health shim.HealthSpec, verb string) (*shim.LoadBalancer, error) {
 	if verb == "state" {
 		cfg := lbhook.Config{URI: spec.URI, ServiceID: spec.ServiceID, BasePath: "-", Groups: []string{"-"}, PortLabel: "-",
 			AuthKeyFile: spec.AuthKeyFile, CAFile: spec.CAFile}
 		if err := cfg.Validate(); err != nil {
 			return nil, err
 		}
-		return &LoadBalancer{Config: cfg}, nil
+		return &shim.LoadBalancer{Config: cfg}, nil
 	}
-	lb, err := BuildLoadBalancer(spec, health, os.Getenv, "")
+	lb, err := shim.BuildLoadBalancer(spec, health, os.Getenv, "")
 	if err == nil && lb == nil {
 		err = errors.New("no load balancer configured: give -config with a load_balancer block, or -lb-uri and friends")
 	}
@@ -283,9 +281,9 @@ func buildLBForCommand(spec LBSpec, health HealthSpec, verb string) (*LoadBalanc
 func lbErrorCode(err error) int {
 	var oe *lbhook.OutcomeError
 	if errors.As(err, &oe) {
-		return ExitLBFailed
+		return shim.ExitLBFailed
 	}
-	return ExitInfra
+	return shim.ExitInfra
 }
 
 func readLBState(path string, st *lbCmdState) error {

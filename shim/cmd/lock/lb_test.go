@@ -1,9 +1,11 @@
-package shim
+package main
 
 import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
 // TestLBCommandRefusesBeforeNomad: `lock lb` says what is wrong with its
@@ -36,8 +38,8 @@ func TestLBCommandRefusesBeforeNomad(t *testing.T) {
 				t.Setenv("NOMAD_ALLOC_DIR", "")
 			}
 			var stdout, stderr bytes.Buffer
-			if code := runLB(tc.args, &stdout, &stderr); code != ExitConfig {
-				t.Errorf("exit code %d, want %d; stderr:\n%s", code, ExitConfig, stderr.String())
+			if code := runLB(tc.args, &stdout, &stderr); code != shim.ExitConfig {
+				t.Errorf("exit code %d, want %d; stderr:\n%s", code, shim.ExitConfig, stderr.String())
 			}
 			if !strings.Contains(stderr.String(), tc.want) {
 				t.Errorf("stderr does not say %q:\n%s", tc.want, stderr.String())

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+)
+
+func TestParseRunArgs(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		want func(*shim.Config)
+	}{
+		{
+			name: "defaults and exact argv after the path",
+			args: []string{"nomad/jobs/web/lock", "/bin/echo", "a b", "-x", `"q"`},
+			want: func(c *shim.Config) {
+				c.Path = "nomad/jobs/web/lock"
+				c.Command = []string{"/bin/echo", "a b", "-x", `"q"`}
+			},
+		},
+		{
+			name: "every nomad var lock flag",
+			args: []string{"-ttl", "10s", "-delay=1s", "-shell", "-verbose", "-early-return", "-max-retry", "3", "-backoff", "2s", "p", "cmd"},
+			want: func(c *shim.Config) {
+				c.Path, c.Command = "p", []string{"cmd"}
+				c.TTL, c.LockDelay, c.Shell, c.Verbose, c.EarlyReturn, c.MaxRetry, c.Backoff =
+					10*time.Second, time.Second, true, true, true, 3, 2*time.Second
+			},
+		},
+		{
+			name: "our flags",
+			args: []string{"-wait", "1m", "-renew", "3s", "-kill-signal", "INT", "-kill-timeout", "9s", "-namespace", "prod", "p", "cmd"},
+			want: func(c *shim.Config) {
+				c.Path, c.Command = "p", []string{"cmd"}
+				c.Wait, c.Renew, c.KillSignal, c.KillSignalSet, c.KillTimeout, c.Namespace =
+					time.Minute, 3*time.Second, syscall.SIGINT, true, 9*time.Second, "prod"
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseRunArgs(tc.args, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := shim.DefaultConfig()
+			tc.want(&want)
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("\n got %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestParseRunArgsErrors(t *testing.T) {
+	cases := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"no args", nil, "missing lock path"},
+		{"no command", []string{"nomad/jobs/x/lock"}, "missing command"},
+		{"ttl too short", []string{"-ttl", "5s", "p", "c"}, "Nomad accepts 10s to 24h"},
+		{"ttl without unit", []string{"-ttl", "10", "p", "c"}, `invalid value "10" for flag -ttl`},
+		{"zero delay", []string{"-delay", "0s", "p", "c"}, "Nomad replaces 0 with 15s"},
+		{"renew beyond fence", []string{"-ttl", "10s", "-renew", "10s", "p", "c"}, "renew interval"},
+		{"path under nomad/ outside jobs", []string{"nomad/web", "c"}, "below nomad/jobs/"},
+		{"bad path characters", []string{"web.lock", "c"}, "1-128 characters"},
+		{"unknown flag", []string{"-frobnicate", "p", "c"}, "flag provided but not defined: -frobnicate"},
+		{"token in argv", []string{"-token", "s3cret", "p", "c"}, "-token is refused"},
+		{"unknown signal", []string{"-kill-signal", "SIGFOO", "p", "c"}, `unknown signal "SIGFOO"`},
+		{"uncatchable kill signal", []string{"-kill-signal", "KILL", "p", "c"}, "cannot be handled"},
+		{"negative wait", []string{"-wait", "-1s", "p", "c"}, "must not be negative"},
+		{"missing config file", []string{"-config", "/nonexistent.hcl", "p", "c"}, "read -config file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseRunArgs(tc.args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Fatalf("error echoes the token: %v", err)
+			}
+		})
+	}
+}
+
+func TestConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "lock.hcl")
+	src := `
+command = "/bin/sleep"
+args    = ["60"]
+kill_signal  = "SIGINT"
+kill_timeout = "7s"
+lock {
+  path  = "nomad/jobs/web/lock"
+  ttl   = "20s"
+  delay = "2s"
+  wait  = "30s"
+}
+`
+	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseRunArgs([]string{"-config", file, "-ttl", "12s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := shim.DefaultConfig()
+	want.Command = []string{"/bin/sleep", "60"}
+	want.KillSignal, want.KillSignalSet, want.KillTimeout = syscall.SIGINT, true, 7*time.Second
+	want.Path, want.LockDelay, want.Wait = "nomad/jobs/web/lock", 2*time.Second, 30*time.Second
+	want.TTL = 12 * time.Second // the flag overrides the file
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestConfigFileErrors(t *testing.T) {
+	cases := []struct {
+		name, src, wantErr string
+	}{
+		{"unknown key", `commnd = "x"`, `lock.hcl:1,1-7: Unsupported argument`},
+		{"unknown key in lock", "lock {\n  tll = \"10s\"\n}", `lock.hcl:2,3-6: Unsupported argument`},
+		{"bad duration", `lock { ttl = "ten seconds" }`, `lock.ttl = "ten seconds" is not a duration`},
+		{"wrong type", `args = "not-a-list"`, `list of string required`},
+		{"syntax error", `command = `, `parse`},
+		{"args without command", `args = ["a"]`, `args given without command`},
+		{"bad signal", `kill_signal = "SIGNOPE"`, `kill_signal: unknown signal`},
+		{"unknown block", `health { }`, `Unsupported block type`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := shim.DefaultConfig()
+			_, err := applyHCL(&c, []byte(tc.src), "lock.hcl")
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestLBConfigBaragonFields: the -config file's load_balancer block takes
+// options of any JSON type and the fields Singularity can set; -lb-* flags
+// set them too and win over the file.
+func TestLBConfigBaragonFields(t *testing.T) {
+	t.Setenv("NOMAD_HOST_ADDR_http", "127.0.0.1:8080")
+	file := filepath.Join(t.TempDir(), "lock.hcl")
+	src := `
+command = "/bin/sleep"
+lock {
+  path = "nomad/jobs/web/lock"
+}
+load_balancer {
+  uri        = "http://127.0.0.1:1/baragon/v2/request"
+  service_id = "web"
+  base_path  = "/web"
+  groups     = ["prod-lb"]
+  port       = "http"
+  options = {
+    nginxExtraConfigs = ["proxy_read_timeout 5s;"]
+    workers           = 4
+  }
+  template_name    = "custom"
+  domains          = ["example.com"]
+  additional_paths = ["/web2"]
+  group            = "blue"
+  rack_id          = "us_east_1a"
+}
+`
+	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseRunArgs([]string{"-config", file, "-lb-rack-id", "us_east_1b"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb := got.LB.Config
+	wantOpts := map[string]any{"nginxExtraConfigs": []any{"proxy_read_timeout 5s;"}, "workers": json.Number("4")}
+	if !reflect.DeepEqual(lb.Options, wantOpts) {
+		t.Errorf("options %#v, want %#v", lb.Options, wantOpts)
+	}
+	if lb.TemplateName != "custom" || !slices.Equal(lb.Domains, []string{"example.com"}) || !slices.Equal(lb.AdditionalPaths, []string{"/web2"}) ||
+		lb.Group != "blue" || lb.RackID != "us_east_1b" {
+		t.Errorf("config %+v", lb)
+	}
+
+	got, err = parseRunArgs([]string{"-lb-uri", "http://127.0.0.1:1/baragon/v2/request", "-lb-service-id", "web",
+		"-lb-base-path", "/web", "-lb-groups", "g", "-lb-port", "http", "-lb-option", "plain=1",
+		"-lb-options-json", `{"nginxExtraConfigs":["a"],"n":2.5}`, "-lb-template-name", "t", "-lb-domains", "a.example,b.example",
+		"-lb-additional-paths", "/x,/y", "-lb-group", "green", "nomad/jobs/web/lock", "/bin/sleep", "1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb = got.LB.Config
+	wantOpts = map[string]any{"plain": "1", "nginxExtraConfigs": []any{"a"}, "n": json.Number("2.5")}
+	if !reflect.DeepEqual(lb.Options, wantOpts) || lb.TemplateName != "t" || !slices.Equal(lb.Domains, []string{"a.example", "b.example"}) ||
+		!slices.Equal(lb.AdditionalPaths, []string{"/x", "/y"}) || lb.Group != "green" {
+		t.Errorf("from flags: %+v", lb)
+	}
+
+	for _, bad := range []struct{ args []string }{
+		{[]string{"-lb-options-json", `["not an object"]`}},
+		{[]string{"-lb-group", "a b"}},
+	} {
+		args := append([]string{"-lb-uri", "http://127.0.0.1:1/baragon/v2/request", "-lb-service-id", "web",
+			"-lb-base-path", "/web", "-lb-groups", "g", "-lb-port", "http"}, bad.args...)
+		if _, err := parseRunArgs(append(args, "nomad/jobs/web/lock", "/bin/sleep", "1"), io.Discard); err == nil {
+			t.Errorf("%v: accepted", bad.args)
+		}
+	}
+}
+
+// -upstream-port records the port's host:port as the holder's upstream
+// (for `lock lb add` in a lifecycle task); a label the task lacks is an
+// error naming the fix.
+func TestUpstreamPortFlag(t *testing.T) {
+	t.Setenv("NOMAD_HOST_ADDR_http", "10.0.0.7:25001")
+	c, err := parseRunArgs([]string{"-upstream-port", "http", "nomad/jobs/api/lock", "/bin/true"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstream != "10.0.0.7:25001" {
+		t.Errorf("Upstream = %q, want 10.0.0.7:25001", c.Upstream)
+	}
+	_, err = parseRunArgs([]string{"-upstream-port", "admin", "nomad/jobs/api/lock", "/bin/true"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-upstream-port") || !strings.Contains(err.Error(), `port "admin"`) {
+		t.Errorf("unknown label: err = %v, want one naming -upstream-port and the network block fix", err)
+	}
+}

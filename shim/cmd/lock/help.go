@@ -1,0 +1,158 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// The help around the flags; the flags themselves are printed from the
+// FlagSet (printFlags), so that the help lists exactly the flags there are.
+const (
+	runHelpHead = `Usage:
+  lock [flags] <path> <command> [args...]   run command while holding the lock at <path>
+  lock status [flags] <path>                show who holds the lock at <path> (lock status -h)
+  lock lb add|remove|state [flags] [<path>] LB hooks for lifecycle tasks (lock lb -h)
+  lock version
+
+Runs <command> (no shell, arguments exact) only while it holds a TTL lock on the
+Nomad Variable <path>, taken through the Task API socket. The command runs in its
+own process group and is stopped the moment the lock is lost. It takes the flags
+of nomad var lock, with the same meaning (some defaults differ: see the README).
+`
+	runHelpTail = `
+The token comes from NOMAD_TOKEN or $NOMAD_SECRETS_DIR/nomad_token, never from argv.
+The workload gets NOMAD_LOCK_PATH and NOMAD_LOCK_FENCE (a fencing token that grows
+with every acquisition).
+
+Exit codes: the command's own code (128+N if killed by signal N); 64 config error;
+69 Nomad unreachable or API errors; 74 the LB refused the ADD; 75 wait timeout;
+76 lock lost; 77 permission denied (the message prints the ACL policy to apply);
+126/127 command not executable/found.
+`
+	lbHelpHead = `Usage:
+  lock lb add    [flags] <lock path>   wait until this allocation holds the lock, then ADD it
+  lock lb remove [flags] <lock path>   REMOVE what "lock lb add" registered in this allocation
+  lock lb state  [flags]               print the service's upstreams
+
+For Nomad lifecycle tasks next to a task that holds the lock itself (e.g. a
+docker task with lock as its entrypoint): "lock lb add" as a poststart task,
+"lock lb remove" as a poststop task. The ADD removes the previous holder's
+upstream, recorded in the lock by the holder: give the lock holder (e.g. the
+entrypoint) -upstream-port with the same port label, so that a holder that dies
+without its poststop REMOVE is swapped out by the next one.
+`
+	lbHelpTail = `
+Exit codes: 0 done, 64 config, 69 LB or Nomad unreachable, 74 the LB refused the
+request, 75 -wait passed.
+`
+	statusHelpHead = `Usage:
+  lock status [flags] <path>
+
+Shows who holds the lock at <path>, and since when.
+`
+	lbFlagsTitle = `
+Load balancer flags (optional; the same fields as the load_balancer and
+health_check blocks of -config):
+`
+)
+
+// helpFor returns the usage function of fs: head, fs's flags (the load
+// balancer's apart), tail.
+func helpFor(fs *flag.FlagSet, w io.Writer, head, tail string) func() {
+	return func() {
+		fmt.Fprint(w, head, "\nFlags:\n")
+		printFlags(w, fs, func(name string) bool { return !isLBFlag(name) })
+		if hasFlag(fs, isLBFlag) {
+			fmt.Fprint(w, lbFlagsTitle)
+			printFlags(w, fs, isLBFlag)
+		}
+		fmt.Fprint(w, tail)
+	}
+}
+
+func isLBFlag(name string) bool {
+	return strings.HasPrefix(name, "lb-") || strings.HasPrefix(name, "health-")
+}
+
+func hasFlag(fs *flag.FlagSet, match func(string) bool) bool {
+	found := false
+	fs.VisitAll(func(f *flag.Flag) { found = found || match(f.Name) })
+	return found
+}
+
+const (
+	helpWidth  = 80 // wrap the usage text here
+	helpColumn = 26 // where the usage text starts
+)
+
+// printFlags writes the flags of fs whose names match, in name order, one
+// per entry: the flag and its argument, then its usage and default.
+func printFlags(w io.Writer, fs *flag.FlagSet, match func(string) bool) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if !match(f.Name) {
+			return
+		}
+		arg, usage := flagArg(f)
+		head := "  -" + f.Name
+		if arg != "" {
+			head += " " + arg
+		}
+		if showDefault(f.DefValue) {
+			usage += " (default " + f.DefValue + ")"
+		}
+		fmt.Fprint(w, wrapUsage(head, usage))
+	})
+}
+
+// flagArg is the name of f's argument ("" for a boolean flag) and its usage:
+// a word in backquotes in the usage names the argument, as in the flag
+// package; otherwise the flag's type does (a lock setting's kind, or the
+// flag package's "duration").
+func flagArg(f *flag.Flag) (arg, usage string) {
+	arg, usage = flag.UnquoteUsage(f)
+	if a, ok := f.Value.(interface{ argName() string }); ok && !strings.Contains(f.Usage, "`") {
+		arg = a.argName()
+	}
+	return strings.ToUpper(arg), usage
+}
+
+func showDefault(v string) bool {
+	switch v {
+	case "", "false", "0", "0s":
+		return false
+	}
+	return true
+}
+
+// wrapUsage lays out one flag: head, then usage from helpColumn on, wrapped
+// at helpWidth (on the next line when head reaches into the column).
+func wrapUsage(head, usage string) string {
+	var b strings.Builder
+	b.WriteString(head)
+	col := len(head)
+	if col >= helpColumn-1 {
+		b.WriteString("\n")
+		col = 0
+	}
+	line := 0
+	for _, word := range strings.Fields(usage) {
+		if line > 0 && col+1+len(word) > helpWidth {
+			b.WriteString("\n")
+			col, line = 0, 0
+		}
+		if line == 0 {
+			b.WriteString(strings.Repeat(" ", helpColumn-col))
+			col = helpColumn
+		} else {
+			b.WriteString(" ")
+			col++
+		}
+		b.WriteString(word)
+		col += len(word)
+		line++
+	}
+	b.WriteString("\n")
+	return b.String()
+}

@@ -1,0 +1,61 @@
+package shim
+
+import (
+	"os"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// NewLocker resolves the endpoint and builds the lease client for cfg; holder
+// is written into the lock on acquire.
+func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockclient.Locker, error) {
+	ep, err := endpointFor(cfg.Address)
+	if cfg.RootSecretsDir != "" {
+		ep, err = lockclient.DiscoverRootEndpoint(cfg.RootSecretsDir, os.Getenv)
+	}
+	if err != nil {
+		return nil, err
+	}
+	log.Debug("nomad endpoint", "endpoint", ep.String())
+	switch {
+	case cfg.LB != nil:
+		holder.Upstream = cfg.LB.Upstream // the next holder removes it from the LB
+	case cfg.Upstream != "":
+		// -upstream-port: `lock lb add` registers it; the next holder's
+		// `lock lb add` swaps it out, whether we stopped cleanly or died.
+		holder.Upstream = cfg.Upstream
+	}
+	return lockclient.New(lockclient.Config{
+		Endpoint:  ep,
+		Namespace: cfg.Namespace,
+		Path:      cfg.Path,
+		Timing:    cfg.Timing(),
+		Holder:    holder,
+		MaxRetry:  cfg.MaxRetry,
+		Logger:    log,
+	})
+}
+
+func endpointFor(address string) (lockclient.Endpoint, error) {
+	if address == "" {
+		return lockclient.DiscoverEndpoint(os.Getenv)
+	}
+	getenv := func(k string) string {
+		switch k {
+		case "NOMAD_UNIX_ADDR", "NOMAD_SECRETS_DIR":
+			return "" // an explicit -address wins over the task's socket
+		case "NOMAD_ADDR":
+			return address
+		}
+		return os.Getenv(k)
+	}
+	ep, err := lockclient.DiscoverEndpoint(getenv)
+	if err != nil {
+		return ep, err
+	}
+	if tok, err := lockclient.DiscoverEndpoint(os.Getenv); err == nil && ep.Token == "" {
+		ep.Token = tok.Token
+	}
+	return ep, nil
+}

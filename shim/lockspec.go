@@ -1,0 +1,176 @@
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Where is the set of places a lock setting may be written.
+type Where uint8
+
+const (
+	InDriver   Where = 1 << iota // the driver's config.lock block
+	InFileLock                   // the lock block of lock's -config file
+	InFileTop                    // the top level of lock's -config file
+	InFlags                      // a flag of lock (LockSetting.Flag)
+)
+
+// Kind is the type of a lock setting's value.
+type Kind int
+
+const (
+	KindString Kind = iota
+	KindDuration
+	KindSignal
+	KindInt
+	KindBool
+)
+
+// LockSetting declares one lock setting.
+type LockSetting struct {
+	// Name is the setting's HCL attribute: config.lock.<Name> in a jobspec,
+	// lock.<Name> (or <Name>, InFileTop) in lock's -config file.
+	Name string
+	In   Where
+	// Default is lock's default, as its help shows it ("" for none). The
+	// driver takes the defaults of ttl and delay from its plugin config.
+	Default string
+	// Usage is lock's help for the flag; a word in backquotes names the
+	// flag's argument (see flag.UnquoteUsage).
+	Usage string
+	// field is the Config field the setting sets: a *string, *int, *bool,
+	// *time.Duration or *syscall.Signal.
+	field func(*Config) any
+}
+
+// LockSpec is a list of lock settings.
+type LockSpec []LockSetting
+
+// LockSettings declares every lock setting once: its name, where it may be
+// written, its default and its doc. The driver derives its config.lock block
+// and the block's decoding from it; lock its flags, the lock settings of its
+// -config file and their help. Apply parses them all the same way.
+var LockSettings = LockSpec{
+	{Name: "path", In: InDriver | InFileLock,
+		Usage: "the Nomad Variable that holds the lock (lock: the first argument; " +
+			"the driver's default: nomad/jobs/<job>/<group>/<task>/lock)",
+		field: func(c *Config) any { return &c.Path }},
+	{Name: "namespace", In: InFileLock | InFlags,
+		Usage: "the lock variable's `namespace` (default: the task's)",
+		field: func(c *Config) any { return &c.Namespace }},
+	{Name: "ttl", In: InDriver | InFileLock | InFlags, Default: DefaultTTL.String(),
+		Usage: "lock TTL, 10s to 24h",
+		field: func(c *Config) any { return &c.TTL }},
+	{Name: "delay", In: InDriver | InFileLock | InFlags, Default: DefaultLockDelay.String(),
+		Usage: "lock delay after an unclean loss, > 0; nomad var lock's default is 15s",
+		field: func(c *Config) any { return &c.LockDelay }},
+	{Name: "renew", In: InDriver | InFileLock | InFlags, Default: "TTL/2",
+		Usage: "renew interval, below the TTL less the fence margin",
+		field: func(c *Config) any { return &c.Renew }},
+	{Name: "wait", In: InDriver | InFileLock | InFlags,
+		Usage: "give up (exit 75) if the lock is not acquired within this time; 0 waits forever",
+		field: func(c *Config) any { return &c.Wait }},
+	{Name: "backoff", In: InFileLock | InFlags, Default: DefaultMaxBackoff.String(),
+		Usage: "cap of the jittered backoff after API errors",
+		field: func(c *Config) any { return &c.Backoff }},
+	{Name: "max_retry", In: InFileLock | InFlags,
+		Usage: "give up waiting after N consecutive API errors; 0 retries until -wait ends",
+		field: func(c *Config) any { return &c.MaxRetry }},
+	{Name: "early_return", In: InFileLock | InFlags,
+		Usage: "try once; if the lock is held, exit 0 without running the command",
+		field: func(c *Config) any { return &c.EarlyReturn }},
+	{Name: "upstream_port", In: InFileLock | InFlags,
+		Usage: "record the host:port of this Nomad port `label` as the holder's upstream in the lock, " +
+			`for "lock lb add" lifecycle tasks: the next holder's ADD then removes it from the LB even if this instance dies`,
+		field: func(c *Config) any { return &c.UpstreamPort }},
+	{Name: "kill_signal", In: InDriver | InFileTop | InFlags, Default: "SIGTERM",
+		Usage: "signal for the workload's process group on loss or stop; " +
+			"unless set, a SIGTERM or SIGINT sent to lock is passed on as is",
+		field: func(c *Config) any { return &c.KillSignal }},
+	{Name: "kill_timeout", In: InDriver | InFileTop | InFlags, Default: DefaultKillTimeout.String(),
+		Usage: "grace before SIGKILL; keep it below the task's kill_timeout",
+		field: func(c *Config) any { return &c.KillTimeout }},
+}
+
+// Flag is the setting's flag name: its Name with dashes.
+func (s LockSetting) Flag() string { return strings.ReplaceAll(s.Name, "_", "-") }
+
+// Kind is the type of the setting's value.
+func (s LockSetting) Kind() Kind {
+	switch s.field(&Config{}).(type) {
+	case *time.Duration:
+		return KindDuration
+	case *syscall.Signal:
+		return KindSignal
+	case *int:
+		return KindInt
+	case *bool:
+		return KindBool
+	}
+	return KindString
+}
+
+// In is the settings that may be written at w.
+func (spec LockSpec) In(w Where) LockSpec {
+	var out LockSpec
+	for _, s := range spec {
+		if s.In&w != 0 {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// LockValues are lock settings as a user wrote them, by Name. A missing
+// value leaves the setting as it is, and so does an empty one, but for a
+// string setting, which it empties (-namespace "" over a -config file's).
+type LockValues map[string]string
+
+// Apply sets in c each of spec's settings that vals gives. label names a
+// setting as the user wrote it (config.lock.ttl, -ttl, a file's lock.ttl);
+// every error names it.
+func (spec LockSpec) Apply(c *Config, vals LockValues, label func(LockSetting) string) error {
+	var errs []error
+	for _, s := range spec {
+		v, ok := vals[s.Name]
+		if !ok || (v == "" && s.Kind() != KindString) {
+			continue
+		}
+		if err := s.set(c, v, label(s)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s LockSetting) set(c *Config, v, label string) error {
+	switch dst := s.field(c).(type) {
+	case *string:
+		*dst = v
+	case *time.Duration:
+		return ParseDuration(label, v, "10s", dst)
+	case *syscall.Signal: // kill_signal, the only one
+		sig, err := ParseSignal(v)
+		*dst, c.KillSignalSet = sig, true
+		if err != nil {
+			return fmt.Errorf("%s: %w", label, err)
+		}
+	case *int:
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("%s = %q is not a whole number", label, v)
+		}
+		*dst = n
+	case *bool:
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%s = %q is not true or false", label, v)
+		}
+		*dst = b
+	}
+	return nil
+}
