@@ -43,16 +43,16 @@ func chaosPartitionAgentOptions(t *testing.T) harness.AgentOptions {
 }
 
 // chaosPartitionTrial (row 6): a driver job (variants[0]) and a `lock` job
-// (variants[1]), count = 1 each, both placed on the first client (the second is ineligible until
-// they run). The first client is cut off. Each holder must self-fence; the
-// server marks the client down and places replacements on the second
-// client, which take over once the server has expired the locks. With
-// stopAfter (disconnect.stop_on_client_after), the cut-off client stops its
-// allocations by itself; without it, they stay on the cut-off client (their
-// supervisors waiting for the lock they lost) until the heal, and only the
-// lock keeps them apart from the replacements. Then the link is healed: the
-// first client comes back, stops what is left, and each job still has
-// exactly one holder, the replacement.
+// (variants[1]), count = 1 each, both placed on the first client (the second
+// is ineligible until they run). The first client is cut off. Each holder
+// must self-fence; the server marks the client down and places replacements
+// on the second client, which take over once the server has expired the
+// locks. With stopAfter (disconnect.stop_on_client_after), the cut-off
+// client stops its allocations by itself; without it, they stay on the
+// cut-off client (their supervisors waiting for the lock they lost) until
+// the heal, and only the lock keeps them apart from the replacements. Then
+// the link is healed: the first client comes back, stops what is left, and
+// each job still has exactly one holder, the replacement.
 func chaosPartitionTrial(t *testing.T, a *harness.Agent, stopAfter time.Duration, variants [2]string, n int, tr *chaosTrial) {
 	clients := a.Clients()
 	cut, other := clients[0], clients[1]
