@@ -42,18 +42,18 @@ func chaosPartitionAgentOptions(t *testing.T) harness.AgentOptions {
 	return opts
 }
 
-// chaosPartitionTrial (row 6): a driver job and a `lock` job, count = 1
-// each, both placed on the first client (the second is ineligible until
-// they run). The first client is cut off. Each holder must self-fence; the
-// server marks the client down and places replacements on the second
-// client, which take over once the server has expired the locks. With
-// stopAfter (disconnect.stop_on_client_after), the cut-off client stops its
-// allocations by itself; without it, they stay on the cut-off client (their
-// supervisors waiting for the lock they lost) until the heal, and only the
-// lock keeps them apart from the replacements. Then the link is healed: the
-// first client comes back, stops what is left, and each job still has
-// exactly one holder, the replacement.
-func chaosPartitionTrial(t *testing.T, a *harness.Agent, stopAfter time.Duration, n int, tr *chaosTrial) {
+// chaosPartitionTrial (row 6): a driver job (variants[0]) and a `lock` job
+// (variants[1]), count = 1 each, both placed on the first client (the second
+// is ineligible until they run). The first client is cut off. Each holder
+// must self-fence; the server marks the client down and places replacements
+// on the second client, which take over once the server has expired the
+// locks. With stopAfter (disconnect.stop_on_client_after), the cut-off
+// client stops its allocations by itself; without it, they stay on the
+// cut-off client (their supervisors waiting for the lock they lost) until
+// the heal, and only the lock keeps them apart from the replacements. Then
+// the link is healed: the first client comes back, stops what is left, and
+// each job still has exactly one holder, the replacement.
+func chaosPartitionTrial(t *testing.T, a *harness.Agent, stopAfter time.Duration, variants [2]string, n int, tr *chaosTrial) {
 	clients := a.Clients()
 	cut, other := clients[0], clients[1]
 	if cut.Partitioned() {
@@ -65,8 +65,8 @@ func chaosPartitionTrial(t *testing.T, a *harness.Agent, stopAfter time.Duration
 	if stopAfter > 0 {
 		disconnect, prefix = fmt.Sprintf("disconnect {\n      stop_on_client_after = %q\n    }", stopAfter.String()), "ps"
 	}
-	d := startChaosSubject(t, a, "driver", chaosName(prefix, "driver", n), 1, disconnect)
-	l := startChaosSubject(t, a, "lock", chaosName(prefix, "lock", n), 1, disconnect)
+	d := startChaosSubject(t, a, variants[0], chaosName(prefix, variants[0], n), 1, disconnect)
+	l := startChaosSubject(t, a, variants[1], chaosName(prefix, variants[1], n), 1, disconnect)
 	defer l.purge(t)
 	defer d.purge(t)
 	df := waitMainStart(t, d.recordPath(), 90*time.Second, nil)
@@ -78,13 +78,12 @@ func chaosPartitionTrial(t *testing.T, a *harness.Agent, stopAfter time.Duration
 	}
 	chaosSetEligible(t, a, other, true)
 	ds, ls := d.sampler(t), l.sampler(t)
-	ds.WaitSeen(t, 30*time.Second, df.PID)
-	ls.WaitSeen(t, 30*time.Second, lf.PID)
+	dp, lp := d.watch(t, ds, df), l.watch(t, ls, lf)
 
 	markers := []string{d.marker(), l.marker()}
 	gone := chaosWatchAllocsGone(t, markers, df.AllocID, lf.AllocID)
 	at := chaosCut(t, cut)
-	known, fenced := chaosWaitSelfFence(t, at, df, lf)
+	known, fenced := chaosWaitSelfFence(t, at, dp, lp)
 
 	// The server expires each lock (up to 2×TTL after the last renew) and
 	// the replacement on the other client acquires it after the delay.
@@ -139,9 +138,9 @@ func chaosPartitionTrial(t *testing.T, a *harness.Agent, stopAfter time.Duration
 		if v == nil || v.Lock == nil || v.Items["holder_alloc_id"] != c.holder.AllocID {
 			t.Errorf("%s: after the heal the lock is %+v, want it held by the replacement %s", c.s.jobID(), v, drvShort(c.holder.AllocID))
 		}
-		for _, p := range mainWorkloads(t, c.s.marker()) {
+		for _, p := range c.s.workloads(t) {
 			if p.AllocID != c.holder.AllocID {
-				t.Errorf("%s: after the heal a workload of alloc %s runs (pid %d), want only the replacement %s", c.s.jobID(), drvShort(p.AllocID), p.PID, drvShort(c.holder.AllocID))
+				t.Errorf("%s: after the heal a workload process of alloc %s runs (pid %d), want only the replacement %s", c.s.jobID(), drvShort(p.AllocID), p.PID, drvShort(c.holder.AllocID))
 			}
 		}
 	}

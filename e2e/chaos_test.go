@@ -241,22 +241,35 @@ func TestChaos(t *testing.T) {
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
 		a := harness.StartAgent(t, drvAgentOptions(t, false))
-		chaosRunRow(t, chaosRow{ID: "3-plugin-kill", Variant: chaosVariantName("driver"),
-			Fault:  "SIGKILL of the plugin process",
-			Proves: "Nomad relaunches the plugin, which recovers the task: same workload, same lock ID and fence, no failover"},
-			trials, func(t *testing.T, n int, tr *chaosTrial) { chaosPluginKillTrial(t, a, n, tr) })
-		chaosRunRow(t, chaosRow{ID: "4-agent-restart-driver", Variant: chaosVariantName("driver"),
-			Fault:  "client agent stopped right after a renew and started again after the renew interval, within the fence deadline (TTL 20s, non-dev, data dir)",
-			Proves: "the supervisor rides out a failed renew and the plugin recovers the task: same workload, same lock ID, no failover"},
-			trials, func(t *testing.T, n int, tr *chaosTrial) { chaosAgentRestartTrial(t, a, n, tr) })
-		chaosRunRow(t, chaosRow{ID: "4-agent-restart-lock", Variant: chaosVariantName("lock"),
-			Fault:  "client agent stopped and started again at once (non-dev, data dir)",
-			Proves: "`lock` rides out the Task API outage: same workload, no failover (asserted when the outage is under TTL/2 - margin)"},
-			trials, func(t *testing.T, n int, tr *chaosTrial) { chaosLockRestartTrial(t, a, n, tr) })
-		chaosRunRow(t, chaosRow{ID: "5-agent-pause", Variant: "driver and lock (same fault)",
-			Fault:  "client agent SIGSTOPped past TTL (Task API hangs), then SIGCONT",
-			Proves: "each holder self-fences by its deadline while the agent is frozen; after SIGCONT exactly one holder per job"},
-			trials, func(t *testing.T, n int, tr *chaosTrial) { chaosAgentPauseTrial(t, a, n, tr) })
+		var rows []chaosRowTrial
+		for _, spec := range []chaosRowSpec{
+			{ID: "3-plugin-kill", Variant: chaosDriverOf,
+				Fault:  "SIGKILL of the plugin process",
+				Proves: "Nomad relaunches the plugin, which recovers the task: same workload, same lock ID and fence, no failover",
+				DaemonProves: "the workload's daemon (its own session, SIGTERM ignored) runs on in the task cgroup, untouched by the plugin's " +
+					"recovery, and no process of another allocation starts",
+				Trial: func(t *testing.T, p [2]string, n int, tr *chaosTrial) { chaosPluginKillTrial(t, a, p[0], n, tr) }},
+			{ID: "4-agent-restart-driver", Variant: chaosDriverOf,
+				Fault:        "client agent stopped right after a renew and started again after the renew interval, within the fence deadline (TTL 20s, non-dev, data dir)",
+				Proves:       "the supervisor rides out a failed renew and the plugin recovers the task: same workload, same lock ID, no failover",
+				DaemonProves: "the workload's daemon runs on untouched, and no process of another allocation starts",
+				Trial:        func(t *testing.T, p [2]string, n int, tr *chaosTrial) { chaosAgentRestartTrial(t, a, p[0], n, tr) }},
+			{ID: "4-agent-restart-lock", Variant: chaosLockOf,
+				Fault:        "client agent stopped and started again at once (non-dev, data dir)",
+				Proves:       "`lock` rides out the Task API outage: same workload, no failover (asserted when the outage is under TTL/2 - margin)",
+				DaemonProves: "the workload's daemon, re-parented to `lock` (a child subreaper), runs on untouched",
+				Trial:        func(t *testing.T, p [2]string, n int, tr *chaosTrial) { chaosLockRestartTrial(t, a, p[1], n, tr) }},
+			{ID: "5-agent-pause", Variant: chaosBothOf,
+				Fault:        "client agent SIGSTOPped past TTL (Task API hangs), then SIGCONT",
+				Proves:       "each holder self-fences by its deadline while the agent is frozen; after SIGCONT exactly one holder per job",
+				DaemonProves: chaosSelfFenceDaemons + ", before the server can expire the lock",
+				Trial:        func(t *testing.T, p [2]string, n int, tr *chaosTrial) { chaosAgentPauseTrial(t, a, p, n, tr) }},
+		} {
+			rows = append(rows, spec.rows()...)
+		}
+		for _, r := range rows {
+			chaosRunRow(t, r.row, trials, r.trial)
+		}
 	})
 
 	t.Run("partition", func(t *testing.T) {
@@ -266,20 +279,27 @@ func TestChaos(t *testing.T) {
 		var a *harness.Agent
 		var d *harness.Docker
 		records := ""
-		rows := []struct {
-			row   chaosRow
-			trial func(t *testing.T, n int, tr *chaosTrial)
-		}{
-			{chaosRow{ID: "6-partition-stop", Variant: "driver and lock (same fault)",
+		daemonProves := chaosSelfFenceDaemons + ", so no process of the cut-off allocation runs beside the replacement"
+		var rows []chaosRowTrial
+		for _, spec := range []chaosRowSpec{
+			{ID: "6-partition-stop", Variant: chaosBothOf,
 				Fault: fault + fmt.Sprintf("stop_on_client_after = %s; healed once the replacement holds", chaosPartitionStopAfter),
 				Proves: proves + "the cut-off client stops its allocations on its own; after the heal exactly one holder per job, the replacement. " +
-					"Takeover is bound by Nomad: it places the replacement only at lost + stop_on_client_after + kill_timeout"},
-				func(t *testing.T, n int, tr *chaosTrial) { chaosPartitionTrial(t, a, chaosPartitionStopAfter, n, tr) }},
-			{chaosRow{ID: "6-partition-lost", Variant: "driver and lock (same fault)",
+					"Takeover is bound by Nomad: it places the replacement only at lost + stop_on_client_after + kill_timeout",
+				DaemonProves: daemonProves,
+				Trial: func(t *testing.T, p [2]string, n int, tr *chaosTrial) {
+					chaosPartitionTrial(t, a, chaosPartitionStopAfter, p, n, tr)
+				}},
+			{ID: "6-partition-lost", Variant: chaosBothOf,
 				Fault: fault + "no disconnect block: Nomad replaces the allocation as soon as the node is down; healed once the replacement holds",
 				Proves: proves + "only the lock keeps the old allocation (still running, cut off, waiting for the lock) and the replacement apart; " +
-					"after the heal the old allocation is stopped and the replacement stays the one holder"},
-				func(t *testing.T, n int, tr *chaosTrial) { chaosPartitionTrial(t, a, 0, n, tr) }},
+					"after the heal the old allocation is stopped and the replacement stays the one holder",
+				DaemonProves: daemonProves,
+				Trial:        func(t *testing.T, p [2]string, n int, tr *chaosTrial) { chaosPartitionTrial(t, a, 0, p, n, tr) }},
+		} {
+			rows = append(rows, spec.rows()...)
+		}
+		rows = append(rows, []chaosRowTrial{
 			{chaosRow{ID: "8-gate-partition-docker", Variant: chaosGateKindName("docker"),
 				Fault: fault + "no disconnect block; the gate's containers run in the host's network namespace (network_mode host) " +
 					"and their client reaches dockerd by its socket, which the cut leaves alone; healed once the replacement holds",
@@ -293,7 +313,7 @@ func TestChaos(t *testing.T) {
 					"Nomad runs a task's pre-kill hooks before it kills it, and the Nomad service deregistration there is an RPC to the " +
 					"servers that the cut-off client cannot reach: it blocks until the connection fails"},
 				func(t *testing.T, n int, tr *chaosTrial) { chaosGatePartitionTrial(t, a, d, records, true, n, tr) }},
-		}
+		}...)
 		if skip := chaosPartitionSkip(); skip != "" {
 			for _, r := range rows {
 				r.row.Skip = skip
@@ -338,18 +358,84 @@ func TestChaos(t *testing.T) {
 	})
 }
 
-// chaosDaemon is the driver running a workload that daemonizes: its main
-// process starts a grandchild in a session of its own that ignores SIGTERM.
-const chaosDaemon = "driver-daemon"
+// chaosDaemon and chaosLockDaemon are the driver and `lock` running a
+// workload that daemonizes (chaosDaemonArgs).
+const (
+	chaosDaemon     = "driver-daemon"
+	chaosLockDaemon = "lock-daemon"
+)
+
+// chaosDaemonArgs: the workload's main process starts a grandchild in a
+// session of its own that ignores SIGTERM, and both run until killed.
+var chaosDaemonArgs = []string{"-children", "1", "-daemon", "-ignore-term"}
+
+func chaosIsDaemon(v string) bool { return v == chaosDaemon || v == chaosLockDaemon }
+func chaosIsDriver(v string) bool { return v == "driver" || v == chaosDaemon }
+
+// chaosSelfFenceDaemons is what a self-fence does to daemons, for the rows
+// whose fault cuts the supervisors off from the server.
+const chaosSelfFenceDaemons = "the self-fence kills the daemons too, the driver's through the task cgroup, `lock`'s through its " +
+	"subreaper tree: they ignore SIGTERM, so they get SIGKILL when the grace (kill_timeout, cut short by the stop deadline) runs out " +
+	"(the self-fence measured is the holder's last process gone)"
+
+// chaosRowTrial is a row and its trial.
+type chaosRowTrial struct {
+	row   chaosRow
+	trial func(t *testing.T, n int, tr *chaosTrial)
+}
+
+// chaosRowSpec is a row whose fault hits the driver, `lock` or both, and
+// its twin with a daemonizing workload (chaosDaemonArgs): ID + "-daemon",
+// run with the variants chaosDaemons instead of chaosPlain.
+type chaosRowSpec struct {
+	ID, Fault, Proves string
+	// DaemonProves is what the twin proves besides Proves.
+	DaemonProves string
+	// Variant names the variant(s) the trial runs of its pair.
+	Variant func(pair [2]string) string
+	// Trial runs one trial with the driver variant pair[0] and the lock
+	// variant pair[1] (each as the row needs).
+	Trial func(t *testing.T, pair [2]string, n int, tr *chaosTrial)
+}
+
+// chaosPlain and chaosDaemons are the (driver, lock) variant pairs.
+var (
+	chaosPlain   = [2]string{"driver", "lock"}
+	chaosDaemons = [2]string{chaosDaemon, chaosLockDaemon}
+)
+
+// rows are the row and its daemonizing twin.
+func (r chaosRowSpec) rows() []chaosRowTrial {
+	var out []chaosRowTrial
+	for _, pair := range [][2]string{chaosPlain, chaosDaemons} {
+		row := chaosRow{ID: r.ID, Fault: r.Fault, Variant: r.Variant(pair), Proves: r.Proves}
+		if pair == chaosDaemons {
+			row.ID += "-daemon"
+			row.Proves += "; " + r.DaemonProves
+		}
+		out = append(out, chaosRowTrial{row, func(t *testing.T, n int, tr *chaosTrial) { r.Trial(t, pair, n, tr) }})
+	}
+	return out
+}
+
+func chaosDriverOf(pair [2]string) string { return chaosVariantName(pair[0]) }
+func chaosLockOf(pair [2]string) string   { return chaosVariantName(pair[1]) }
+func chaosBothOf(pair [2]string) string {
+	if pair == chaosDaemons {
+		return "driver and lock, daemonizing workloads (same fault)"
+	}
+	return "driver and lock (same fault)"
+}
 
 func chaosVariantName(v string) string {
-	if v == chaosDaemon {
-		return "singleton driver, daemonizing workload"
+	name := "`lock` under raw_exec"
+	if chaosIsDriver(v) {
+		name = "singleton driver"
 	}
-	if v == "lock" {
-		return "`lock` under raw_exec"
+	if chaosIsDaemon(v) {
+		name += ", daemonizing workload"
 	}
-	return "singleton driver"
+	return name
 }
 
 // chaosPartitionSkip says why row 6 cannot run here ("" if it can), as
@@ -375,7 +461,7 @@ func chaosPartitionSkip() string {
 }
 
 // chaosSubject is one singleton job under test: the driver or `lock` under
-// raw_exec, count=2.
+// raw_exec, count=2, with a daemonizing workload or not.
 type chaosSubject struct {
 	variant string
 	a       *harness.Agent
@@ -393,11 +479,13 @@ func newChaosSubject(t *testing.T, a *harness.Agent, variant, name string, lockB
 // (group-level HCL, e.g. a disconnect block) in its group.
 func startChaosSubject(t *testing.T, a *harness.Agent, variant, name string, count int, groupExtra string, lockBlock ...string) *chaosSubject {
 	s := &chaosSubject{variant: variant, a: a}
-	if variant == "driver" || variant == chaosDaemon {
+	var args []string
+	if chaosIsDaemon(variant) {
+		args = chaosDaemonArgs
+	}
+	if chaosIsDriver(variant) {
 		s.drv = newDrvJob(t, name, count)
-		if variant == chaosDaemon {
-			s.drv.args = []string{"-children", "1", "-daemon", "-ignore-term"}
-		}
+		s.drv.args = args
 		s.drv.groupExtra = groupExtra
 		if len(lockBlock) > 0 {
 			s.drv.lockBlock = lockBlock[0]
@@ -405,7 +493,7 @@ func startChaosSubject(t *testing.T, a *harness.Agent, variant, name string, cou
 		s.drv.run(t, a)
 	} else {
 		s.sc = newScenario(t, name)
-		g := s.sc.lockGroup(t, count, nil, nil)
+		g := s.sc.lockGroup(t, count, nil, args)
 		g.extra = groupExtra
 		a.RunJobHCL(t, jobHCL(s.sc.job, "service", g))
 		t.Cleanup(func() { _ = a.Purge(s.sc.job) })
@@ -440,11 +528,51 @@ func (s *chaosSubject) lockPath() string {
 
 func (s *chaosSubject) records(t *testing.T) []harness.Record { return readRecords(t, s.recordPath()) }
 
-func (s *chaosSubject) sampler(t *testing.T) *harness.Sampler {
-	if s.variant == chaosDaemon { // daemons too: two allocations' processes must never run at once
-		return harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker(), Filter: harness.Proc.IsTestWorkload})
+// isWorkload selects the processes the sampler watches: the main workloads,
+// and with a daemonizing workload the daemons too (two allocations'
+// processes must never run at once).
+func (s *chaosSubject) isWorkload(p harness.Proc) bool {
+	if chaosIsDaemon(s.variant) {
+		return p.IsTestWorkload()
 	}
-	return harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker(), Filter: harness.Proc.IsMainWorkload})
+	return p.IsMainWorkload()
+}
+
+func (s *chaosSubject) sampler(t *testing.T) *harness.Sampler {
+	return harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker(), Filter: s.isWorkload})
+}
+
+// workloads are the live processes isWorkload selects.
+func (s *chaosSubject) workloads(t *testing.T) []harness.Proc {
+	t.Helper()
+	procs, err := harness.FindProcs(s.marker())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.DeleteFunc(procs, func(p harness.Proc) bool { return !s.isWorkload(p) })
+}
+
+// watch returns the holder's processes, its main workload and, with a
+// daemonizing workload, its daemon (waited for), once smp has seen them
+// all: their exits are then dated by pidfds.
+func (s *chaosSubject) watch(t *testing.T, smp *harness.Sampler, holder harness.Record) []harness.Record {
+	t.Helper()
+	procs := []harness.Record{holder}
+	if chaosIsDaemon(s.variant) {
+		procs = append(procs, harness.WaitRecord(t, s.recordPath(), 30*time.Second, func(r harness.Record) bool {
+			return r.Event == harness.EventStart && r.Role == "child" && r.AllocID == holder.AllocID && r.Mono >= holder.Mono
+		}))
+	}
+	smp.WaitSeen(t, 30*time.Second, chaosPIDs(procs)...)
+	return procs
+}
+
+func chaosPIDs(recs []harness.Record) []int {
+	pids := make([]int, len(recs))
+	for i, r := range recs {
+		pids[i] = r.PID
+	}
+	return pids
 }
 
 // holder waits until both allocations run, one workload holds the lock and
@@ -515,10 +643,11 @@ func (s *chaosSubject) purge(t *testing.T) {
 }
 
 func chaosName(prefix, v string, n int) string {
-	if v == chaosDaemon {
-		return fmt.Sprintf("c%s-x%d", prefix, n)
+	kind := v[:1]
+	if chaosIsDaemon(v) {
+		kind += "x"
 	}
-	return fmt.Sprintf("c%s-%s%d", prefix, v[:1], n)
+	return fmt.Sprintf("c%s-%s%d", prefix, kind, n)
 }
 
 // chaosKillTrial (row 1): SIGKILL the holder's workload, supervisor or both.
@@ -528,7 +657,7 @@ func chaosKillTrial(t *testing.T, a *harness.Agent, v, target string, n int, tr 
 	first := s.holder(t)
 	sup := s.supervisor(t, first)
 	smp := s.sampler(t)
-	smp.WaitSeen(t, 30*time.Second, first.PID)
+	s.watch(t, smp, first)
 
 	at := harness.MonoNow()
 	var pids []int
@@ -562,7 +691,7 @@ func chaosStopTrial(t *testing.T, a *harness.Agent, v string, n int, tr *chaosTr
 	sup := s.supervisor(t, first)
 	drvSIGCONTCleanup(t, sup)
 	smp := s.sampler(t)
-	smp.WaitSeen(t, 30*time.Second, first.PID)
+	s.watch(t, smp, first)
 
 	at := harness.MonoNow()
 	if err := syscall.Kill(sup, syscall.SIGSTOP); err != nil {
@@ -609,9 +738,10 @@ func chaosStopTrial(t *testing.T, a *harness.Agent, v string, n int, tr *chaosTr
 	chaosCheck(t, tr, recs, smp.Stop(), known...)
 }
 
-// chaosPluginKillTrial (row 3): SIGKILL the plugin. No failover.
-func chaosPluginKillTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
-	s := newChaosSubject(t, a, "driver", chaosName("pk", "driver", n))
+// chaosPluginKillTrial (row 3): SIGKILL the plugin. No failover: the
+// holder's processes, daemon included, run on untouched.
+func chaosPluginKillTrial(t *testing.T, a *harness.Agent, v string, n int, tr *chaosTrial) {
+	s := newChaosSubject(t, a, v, chaosName("pk", v, n))
 	defer s.purge(t)
 	first := s.holder(t)
 	fence := drvFence(t, first)
@@ -619,7 +749,7 @@ func chaosPluginKillTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 	agentPID := a.Client().PID()
 	plugin := drvPlugin(t, agentPID, 0, 10*time.Second)
 	smp := s.sampler(t)
-	smp.WaitSeen(t, 30*time.Second, first.PID)
+	procs := s.watch(t, smp, first)
 	at := harness.MonoNow()
 	if err := syscall.Kill(plugin.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -630,7 +760,7 @@ func chaosPluginKillTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 		time.Sleep(100 * time.Millisecond)
 	}
 	sum := smp.Stop()
-	drvCheckOnlyPID(t, sum.Samples, first.PID, first.AllocID)
+	drvCheckOnlyPIDs(t, sum.Samples, first.AllocID, chaosPIDs(procs)...)
 	if id := drvCheckLockHeld(t, a, s.lockPath(), first.AllocID, fence); id != lockID {
 		t.Errorf("lock ID changed across the plugin kill")
 	}
@@ -644,13 +774,15 @@ func chaosPluginKillTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 
 // chaosAgentRestartTrial (row 4, driver): stop the client right after the
 // holder's renew and start it again after the renew interval (TTL 20s: 10.3s
-// later), within the fence deadline, so one renew fails and is retried. Same workload, same lock ID, no failover.
-func chaosAgentRestartTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
-	d := newChaosSubject(t, a, "driver", chaosName("rs", "driver", n), drvRestartLockBlock)
+// later), within the fence deadline, so one renew fails and is retried.
+// Same workload (daemon included), same lock ID, no failover.
+func chaosAgentRestartTrial(t *testing.T, a *harness.Agent, v string, n int, tr *chaosTrial) {
+	d := newChaosSubject(t, a, v, chaosName("rs", v, n), drvRestartLockBlock)
 	defer d.purge(t)
 	df := d.holder(t)
 	dLock := drvCheckLockHeld(t, a, d.lockPath(), df.AllocID, drvFence(t, df))
 	ds := d.sampler(t)
+	procs := d.watch(t, ds, df)
 	drvWaitRenew(t, a, df.AllocID, drvRestartTTL)
 	at := harness.MonoNow()
 	if err := a.Stop(); err != nil {
@@ -676,7 +808,9 @@ func chaosAgentRestartTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTria
 	if id := drvCheckLockHeld(t, a, d.lockPath(), df.AllocID, drvFence(t, df)); id != dLock {
 		t.Errorf("lock ID changed across the restart")
 	}
-	chaosCheck(t, tr, drecs, ds.Stop())
+	sum := ds.Stop()
+	drvCheckOnlyPIDs(t, sum.Samples, df.AllocID, chaosPIDs(procs)...)
+	chaosCheck(t, tr, drecs, sum)
 }
 
 // chaosLockRestartBound: a `lock` holder renews every TTL/2 and fences at
@@ -688,12 +822,12 @@ const chaosLockRestartBound = drvTTL/2 - time.Second
 // at once. `lock` cannot be timed against its renew from outside, so the
 // no-failover assertion holds when the measured outage was under
 // chaosLockRestartBound; a longer outage (slow machine) is reported.
-func chaosLockRestartTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
-	l := newChaosSubject(t, a, "lock", chaosName("rs", "lock", n))
+func chaosLockRestartTrial(t *testing.T, a *harness.Agent, v string, n int, tr *chaosTrial) {
+	l := newChaosSubject(t, a, v, chaosName("rs", v, n))
 	defer l.purge(t)
 	lf := l.holder(t)
 	ls := l.sampler(t)
-	ls.WaitSeen(t, 30*time.Second, lf.PID)
+	procs := l.watch(t, ls, lf)
 	at := harness.MonoNow()
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
@@ -715,24 +849,25 @@ func chaosLockRestartTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial
 	case down >= chaosLockRestartBound && len(starts) != 1:
 		tr.Note += ": the outage exceeded the bound, so a failover is allowed"
 	}
-	if len(starts) == 1 && !drvAlive(lf.PID) {
-		t.Errorf("the holder's workload %d is gone but nobody took over", lf.PID)
+	sum := ls.Stop()
+	if len(starts) == 1 {
+		drvCheckOnlyPIDs(t, sum.Samples, lf.AllocID, chaosPIDs(procs)...)
 	}
-	chaosCheck(t, tr, lrecs, ls.Stop())
+	chaosCheck(t, tr, lrecs, sum)
 }
 
 // chaosAgentPauseTrial (row 5): SIGSTOP the client past TTL. Both holders
-// must self-fence (their workloads gone) while it is frozen; after SIGCONT
-// each job has exactly one holder again.
-func chaosAgentPauseTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
-	d := newChaosSubject(t, a, "driver", chaosName("pa", "driver", n))
-	l := newChaosSubject(t, a, "lock", chaosName("pa", "lock", n))
+// (the driver's, variants[0], and `lock`'s, variants[1]) must self-fence
+// (their workloads, daemons included, gone) while it is frozen; after
+// SIGCONT each job has exactly one holder again.
+func chaosAgentPauseTrial(t *testing.T, a *harness.Agent, variants [2]string, n int, tr *chaosTrial) {
+	d := newChaosSubject(t, a, variants[0], chaosName("pa", variants[0], n))
+	l := newChaosSubject(t, a, variants[1], chaosName("pa", variants[1], n))
 	defer l.purge(t)
 	defer d.purge(t)
 	df, lf := d.holder(t), l.holder(t)
 	ds, ls := d.sampler(t), l.sampler(t)
-	ds.WaitSeen(t, 30*time.Second, df.PID)
-	ls.WaitSeen(t, 30*time.Second, lf.PID)
+	dp, lp := d.watch(t, ds, df), l.watch(t, ls, lf)
 	at := harness.MonoNow()
 	if err := a.Pause(); err != nil {
 		t.Fatal(err)
@@ -743,7 +878,7 @@ func chaosAgentPauseTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 			_ = a.Resume()
 		}
 	}()
-	known, fenced := chaosWaitSelfFence(t, at, df, lf)
+	known, fenced := chaosWaitSelfFence(t, at, dp, lp)
 	for time.Duration(harness.MonoNow()-at) < drvTTL+5*time.Second {
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -763,21 +898,25 @@ func chaosAgentPauseTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 	chaosCheck(t, tr, l.records(t), ls.Stop(), known...)
 }
 
-// chaosWaitSelfFence watches the holders' workloads after a fault at at
-// that cuts their supervisors off from the server, and returns when each
-// was gone (for CheckNoOverlap) and how long after at, as text. A workload
-// still alive TTL + 10s after at fails the test: it did not self-fence.
-func chaosWaitSelfFence(t *testing.T, at int64, holders ...harness.Record) ([]harness.KnownEnd, []string) {
+// chaosWaitSelfFence watches the holders' processes (each holder's main
+// workload and daemon, if any) after a fault at at that cuts their
+// supervisors off from the server, and returns when each process was gone
+// (for CheckNoOverlap) and, for each holder, how long after at its last one
+// was, as text. A process still alive TTL + 10s after at fails the test:
+// its holder did not self-fence.
+func chaosWaitSelfFence(t *testing.T, at int64, holders ...[]harness.Record) ([]harness.KnownEnd, []string) {
 	t.Helper()
-	goneAt := make([]int64, len(holders))
+	goneAt := map[int]int64{}
 	for deadline := time.Now().Add(drvTTL + 10*time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		left := 0
-		for i, w := range holders {
-			if goneAt[i] == 0 {
-				if drvAlive(w.PID) {
-					left++
-				} else {
-					goneAt[i] = harness.MonoNow()
+		for _, procs := range holders {
+			for _, p := range procs {
+				if goneAt[p.PID] == 0 {
+					if drvAlive(p.PID) {
+						left++
+					} else {
+						goneAt[p.PID] = harness.MonoNow()
+					}
 				}
 			}
 		}
@@ -787,14 +926,24 @@ func chaosWaitSelfFence(t *testing.T, at int64, holders ...harness.Record) ([]ha
 	}
 	var known []harness.KnownEnd
 	var fenced []string
-	for i, w := range holders {
-		if goneAt[i] == 0 {
-			t.Errorf("workload %d of %s still runs %s after the fault: no self-fence", w.PID, drvShort(w.AllocID), time.Duration(harness.MonoNow()-at))
-			fenced = append(fenced, "never")
-			continue
+	for _, procs := range holders {
+		var last int64
+		for _, p := range procs {
+			if goneAt[p.PID] == 0 {
+				t.Errorf("workload %d (%s) of %s still runs %s after the fault: no self-fence", p.PID, p.Role, drvShort(p.AllocID), time.Duration(harness.MonoNow()-at))
+				last = -1
+				continue
+			}
+			known = append(known, harness.KnownEnd{PID: p.PID, Mono: goneAt[p.PID]})
+			if last >= 0 {
+				last = max(last, goneAt[p.PID])
+			}
 		}
-		known = append(known, harness.KnownEnd{PID: w.PID, Mono: goneAt[i]})
-		fenced = append(fenced, harness.Millis(time.Duration(goneAt[i]-at)))
+		if last < 0 {
+			fenced = append(fenced, "never")
+		} else {
+			fenced = append(fenced, harness.Millis(time.Duration(last-at)))
+		}
 	}
 	return known, fenced
 }

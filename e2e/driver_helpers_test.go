@@ -339,22 +339,31 @@ func drvSamplesWithin(sum harness.SampleSummary, from, to int64) []harness.Sampl
 // the span they cover.
 func drvCheckOnlyPID(t *testing.T, samples []harness.Sample, pid int, allocID string) time.Duration {
 	t.Helper()
+	return drvCheckOnlyPIDs(t, samples, allocID, pid)
+}
+
+// drvCheckOnlyPIDs asserts that every sample (there must be some) saw
+// exactly the processes pids, all of allocation allocID, and returns the
+// span they cover.
+func drvCheckOnlyPIDs(t *testing.T, samples []harness.Sample, allocID string, pids ...int) time.Duration {
+	t.Helper()
 	if len(samples) == 0 {
 		t.Errorf("no samples")
 		return 0
 	}
+	want := slices.Sorted(slices.Values(pids))
 	bad := 0
 	for _, s := range samples {
-		if s.Err != nil || len(s.PIDs) != 1 || s.PIDs[0] != pid || len(s.Allocs) != 1 || s.Allocs[0] != allocID {
+		if s.Err != nil || !slices.Equal(s.PIDs, want) || len(s.Allocs) != 1 || s.Allocs[0] != allocID {
 			if bad < 5 {
-				t.Errorf("sample at %s: pids %v allocs %v err %v; want only pid %d of alloc %s",
-					s.Wall.Format("15:04:05.000"), s.PIDs, s.Allocs, s.Err, pid, drvShort(allocID))
+				t.Errorf("sample at %s: pids %v allocs %v err %v; want only pids %v of alloc %s",
+					s.Wall.Format("15:04:05.000"), s.PIDs, s.Allocs, s.Err, want, drvShort(allocID))
 			}
 			bad++
 		}
 	}
 	if bad > 0 {
-		t.Errorf("%d of %d samples did not show exactly the one workload", bad, len(samples))
+		t.Errorf("%d of %d samples did not show exactly the workload's processes", bad, len(samples))
 	}
 	return time.Duration(samples[len(samples)-1].Mono - samples[0].Mono)
 }
