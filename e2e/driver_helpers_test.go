@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,6 +77,11 @@ type drvJob struct {
 	meta       map[string]string
 	// user is the task's user ("" for the agent's).
 	user string
+	// killTimeout ("" for drvKillTimeout) and killSignal ("" for Nomad's
+	// default) are the task's.
+	killTimeout, killSignal string
+	// memoryMax, if not 0, is the task's memory_max (-1: no limit).
+	memoryMax int
 }
 
 func newDrvJob(t *testing.T, name string, count int) *drvJob {
@@ -107,16 +113,17 @@ func (j *drvJob) hcl(t *testing.T) string {
 		}
 	}
 	return harness.Jobspec("driver", struct {
-		ID, Update, Group, GroupExtra, Task, Driver, User string
-		Command, Lock, ConfigExtra, KillTimeout           string
-		Count                                             int
-		FailFast, Identity                                bool
-		Meta                                              map[string]string
-		Args                                              []string
+		ID, Update, Group, GroupExtra, Task, Driver, User   string
+		Command, Lock, ConfigExtra, KillTimeout, KillSignal string
+		Count, MemoryMax                                    int
+		FailFast, Identity                                  bool
+		Meta                                                map[string]string
+		Args                                                []string
 	}{
 		ID: j.id, Update: j.update, Group: drvGroup, GroupExtra: j.groupExtra, Task: drvTask, Driver: j.driver, User: j.user,
-		Command: command, Lock: lock, ConfigExtra: j.configExtra, KillTimeout: drvKillTimeout,
-		Count: j.count, FailFast: j.failFast, Identity: !j.noIdentity, Meta: j.meta,
+		Command: command, Lock: lock, ConfigExtra: j.configExtra,
+		KillTimeout: cmp.Or(j.killTimeout, drvKillTimeout), KillSignal: j.killSignal,
+		Count: j.count, MemoryMax: j.memoryMax, FailFast: j.failFast, Identity: !j.noIdentity, Meta: j.meta,
 		Args: append([]string{"-record", j.record, "-marker", j.marker}, j.args...),
 	})
 }
