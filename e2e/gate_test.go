@@ -81,9 +81,9 @@ type gateJob struct {
 	// gateMarker, if set, gives the gate a command of its own: the
 	// testworkload with this marker (and no record).
 	gateMarker string
-	// gateConfig is added to the gate's config block (its load_balancer
-	// and health_check blocks).
-	gateConfig string
+	// lb, if set, gives the gate's config load_balancer and health_check
+	// blocks (built jobs).
+	lb *lbSpec
 	// noService leaves out the gated task's Nomad service (built jobs).
 	noService bool
 }
@@ -178,14 +178,15 @@ func (j *gateJob) hcl(t *testing.T) string {
 	}
 	return harness.Jobspec("gate", struct {
 		ID, Group, Update, Driver, GateRestart, Command, TTL, Delay string
-		GateConfig, GateExtra, App, Kind, Image, AppCommand         string
+		GateExtra, App, Kind, Image, AppCommand                     string
 		AppKill, Service, AppExtra                                  string
 		Count                                                       int
 		GateArgs, Args, Volumes                                     []string
+		LB                                                          *lbSpec
 	}{
 		ID: j.id, Group: j.group, Update: j.update, Driver: harness.PluginDriverName, GateRestart: j.gateRestart,
 		Command: command, TTL: drvTTLHCL, Delay: drvDelayHCL,
-		GateConfig: j.gateConfig, GateExtra: j.gateExtra, App: j.app, Kind: j.kind, Image: j.image, AppCommand: appCommand,
+		LB: j.lb, GateExtra: j.gateExtra, App: j.app, Kind: j.kind, Image: j.image, AppCommand: appCommand,
 		AppKill: j.appKill, Service: service, AppExtra: j.appExtra,
 		Count: cmp.Or(j.count, 2), GateArgs: gateArgs, Args: j.appArgs("${NOMAD_PORT_http}"), Volumes: volumes,
 	})

@@ -23,7 +23,7 @@ func TestJobspecTemplates(t *testing.T) {
 	fullLB.lbExtra, fullLB.groups = `          health_check_path = "/x"`, []string{"a", "b"}
 	fullGate := newGateJobID(t, "gate-full", "docker", records)
 	fullGate.image, fullGate.update, fullGate.gateMarker, fullGate.noService = "img", "      max_parallel = 1", "gm", true
-	fullGate.gateConfig, fullGate.appExtra = gateLBBlock(lb, "svc", lbGroup), "\n      shutdown_delay = \"2s\""
+	fullGate.lb, fullGate.appExtra = gateLB(lb, "svc", lbGroup), "\n      shutdown_delay = \"2s\""
 	vols := []volume{{name: "v", dest: "/v", writable: true}}
 	// id is the job ID each builder gives.
 	cases := []struct{ id, hcl string }{

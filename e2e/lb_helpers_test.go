@@ -79,34 +79,39 @@ func newLBJob(t *testing.T, lb *harness.LB, name string, count int) *lbJob {
 	}
 }
 
+// lbSpec is the data of the jobspec templates' load_balancer block
+// (harness/jobs/blocks.tmpl): the LB API, the service and its groups,
+// authkey_file if any, and Extra lines added to the block as they are.
+type lbSpec struct {
+	URI, ServiceID, BasePath, Recheck, AuthkeyFile, Extra string
+	Groups                                                []string
+}
+
 // basePath is unique per job: two services on one path in one group are a
 // base path conflict for Baragon.
 func (j *lbJob) basePath() string { return "/" + j.service }
 
 // hcl renders the job with harness/jobs/lb.nomad.hcl.tmpl.
 func (j *lbJob) hcl(t *testing.T) string {
-	authkeyTemplate := ""
+	authkeyTemplate, authkeyFile := "", ""
 	if j.authkey != "" {
 		authkeyTemplate = `{{ with nomadVar "nomad/jobs/` + j.id + `" }}{{ .authkey }}{{ end }}`
-	}
-	type lb struct {
-		URI, ServiceID, BasePath, Recheck, Extra string
-		Groups                                   []string
+		authkeyFile = "secrets/lb.key"
 	}
 	return harness.Jobspec("lb", struct {
 		ID, Group, Restart, Task, Driver, Command, TTL, Delay, AuthkeyTemplate, KillTimeout string
 		Count                                                                               int
 		NoReschedule                                                                        bool
 		Args                                                                                []string
-		LB                                                                                  lb
+		LB                                                                                  lbSpec
 	}{
 		ID: j.id, Group: drvGroup, Restart: j.restart, Task: drvTask, Driver: harness.PluginDriverName,
 		Command: harness.BuildTestWorkload(t), TTL: drvTTLHCL, Delay: drvDelayHCL,
 		AuthkeyTemplate: authkeyTemplate, KillTimeout: drvKillTimeout,
 		Count: j.count, NoReschedule: j.noReschedule,
 		Args: append([]string{"-record", j.record, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}"}, j.args...),
-		LB: lb{URI: j.lb.URI, ServiceID: j.service, BasePath: j.basePath(), Recheck: lbRecheckHCL, Extra: j.lbExtra,
-			Groups: j.groups},
+		LB: lbSpec{URI: j.lb.URI, ServiceID: j.service, BasePath: j.basePath(), Recheck: lbRecheckHCL, Extra: j.lbExtra,
+			Groups: j.groups, AuthkeyFile: authkeyFile},
 	})
 }
 
