@@ -5,8 +5,6 @@ package e2e
 // a graceful shutdown that takes longer than two TTLs.
 
 import (
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -144,11 +142,10 @@ func testDaemonNeverTwice(t *testing.T, a *harness.Agent) {
 func testSlowGracefulStop(t *testing.T, a *harness.Agent) {
 	j := newDrvJob(t, "slowstop", 1)
 	j.args = []string{"-stop-after", "25s"}
-	j.groupExtra = "" // kill_timeout below replaces the job's default
+	j.groupExtra = ""
 	j.configExtra = ""
-	hcl := strings.Replace(j.hcl(t), fmt.Sprintf("kill_timeout = %q", drvKillTimeout), "kill_timeout = \"30s\"\n      kill_signal  = \"SIGINT\"", 1)
-	a.RunJobHCL(t, hcl)
-	t.Cleanup(func() { _ = a.Purge(j.id) })
+	j.killTimeout, j.killSignal = "30s", "SIGINT"
+	j.run(t, a)
 	start := j.waitStart(t, 60*time.Second, func(harness.Record) bool { return true })
 	stopped := time.Now()
 	if err := a.StopAlloc(start.AllocID); err != nil {

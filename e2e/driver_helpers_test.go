@@ -1,10 +1,10 @@
 package e2e
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -77,6 +77,11 @@ type drvJob struct {
 	meta       map[string]string
 	// user is the task's user ("" for the agent's).
 	user string
+	// killTimeout ("" for drvKillTimeout) and killSignal ("" for Nomad's
+	// default) are the task's.
+	killTimeout, killSignal string
+	// memoryMax, if not 0, is the task's memory_max (-1: no limit).
+	memoryMax int
 }
 
 func newDrvJob(t *testing.T, name string, count int) *drvJob {
@@ -95,59 +100,32 @@ func (j *drvJob) lockPath() string {
 	return fmt.Sprintf("nomad/jobs/%s/%s/%s/lock", j.id, drvGroup, drvTask)
 }
 
+// hcl renders the job with harness/jobs/driver.nomad.hcl.tmpl.
 func (j *drvJob) hcl(t *testing.T) string {
-	var b strings.Builder
-	line := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	line("job %q {", j.id)
-	line("  type = \"service\"")
-	if j.update != "" {
-		line("  update {\n%s\n  }", j.update)
-	}
-	line("  group %q {", drvGroup)
-	line("    count = %d", j.count)
-	if j.failFast {
-		line("    restart {\n      attempts = 0\n      mode     = \"fail\"\n    }")
-		line("    reschedule {\n      attempts  = 0\n      unlimited = false\n    }")
-	}
-	if j.groupExtra != "" {
-		line("    %s", j.groupExtra)
-	}
-	if len(j.meta) > 0 {
-		line("    meta {")
-		for _, k := range slices.Sorted(maps.Keys(j.meta)) {
-			line("      %s = %q", k, j.meta[k])
-		}
-		line("    }")
-	}
-	line("    task %q {", drvTask)
-	line("      driver = %q", j.driver)
-	if j.user != "" {
-		line("      user   = %q", j.user)
-	}
-	if !j.noIdentity {
-		line("      identity {\n        env = true\n      }")
-	}
-	line("      config {")
+	command, lock := "", ""
 	if !j.noCommand {
-		line("        command = %q", harness.BuildTestWorkload(t))
+		command = harness.BuildTestWorkload(t)
 	}
-	args := append([]string{"-record", j.record, "-marker", j.marker}, j.args...)
-	line("        args    = %s", harness.HCLList(args...))
 	if j.driver == harness.PluginDriverName {
-		lock := j.lockBlock
+		lock = j.lockBlock
 		if lock == "" {
 			lock = fmt.Sprintf("ttl = %q\n          delay = %q", drvTTLHCL, drvDelayHCL)
 		}
-		line("        lock {\n          %s\n        }", lock)
 	}
-	if j.configExtra != "" {
-		line("        %s", j.configExtra)
-	}
-	line("      }")
-	line("      kill_timeout = %q", drvKillTimeout)
-	line("      resources {\n        cpu    = 50\n        memory = 64\n      }")
-	line("    }\n  }\n}")
-	return b.String()
+	return harness.Jobspec("driver", struct {
+		ID, Update, Group, GroupExtra, Task, Driver, User   string
+		Command, Lock, ConfigExtra, KillTimeout, KillSignal string
+		Count, MemoryMax                                    int
+		FailFast, Identity                                  bool
+		Meta                                                map[string]string
+		Args                                                []string
+	}{
+		ID: j.id, Update: j.update, Group: drvGroup, GroupExtra: j.groupExtra, Task: drvTask, Driver: j.driver, User: j.user,
+		Command: command, Lock: lock, ConfigExtra: j.configExtra,
+		KillTimeout: cmp.Or(j.killTimeout, drvKillTimeout), KillSignal: j.killSignal,
+		Count: j.count, MemoryMax: j.memoryMax, FailFast: j.failFast, Identity: !j.noIdentity, Meta: j.meta,
+		Args: append([]string{"-record", j.record, "-marker", j.marker}, j.args...),
+	})
 }
 
 // run registers the job and registers a cleanup that purges it.

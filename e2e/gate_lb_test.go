@@ -49,7 +49,7 @@ func testGateLB(t *testing.T, a *harness.Agent, records string, d *harness.Docke
 	j := newGateJobID(t, "gate-docker-lb", "docker", records)
 	j.image = d.Image
 	service := fmt.Sprintf("svc-gate-%d", time.Now().UnixNano()%1e6)
-	j.gateConfig = gateLBBlock(lb, service, lbGroup)
+	j.lb = gateLB(lb, service, lbGroup)
 	// Nomad waits this long between the stop and the kill signal: the
 	// gate's REMOVE lands meanwhile.
 	j.appExtra = "\n      shutdown_delay = \"2s\""
@@ -183,22 +183,9 @@ func gateLBHandover(t *testing.T, a *harness.Agent, lb *harness.LB, ups *lbState
 	return nextUp
 }
 
-// gateLBBlock is a gate's load_balancer and health_check blocks for service
-// in groups.
-func gateLBBlock(lb *harness.LB, service string, groups ...string) string {
-	return fmt.Sprintf(`
-        load_balancer {
-          uri              = %q
-          service_id       = %q
-          base_path        = "/%s"
-          groups           = %s
-          port             = "http"
-          recheck_interval = %q
-        }
-        health_check {
-          type     = "http"
-          interval = "200ms"
-        }`, lb.URI, service, service, harness.HCLList(groups...), lbRecheckHCL)
+// gateLB is a gate's load_balancer (and health_check) for service in groups.
+func gateLB(lb *harness.LB, service string, groups ...string) *lbSpec {
+	return &lbSpec{URI: lb.URI, ServiceID: service, BasePath: "/" + service, Groups: groups, Recheck: lbRecheckHCL}
 }
 
 // testGateLBAddRefused: an ADD that the LB refuses for good
@@ -209,7 +196,7 @@ func testGateLBAddRefused(t *testing.T, a *harness.Agent, records string) {
 	lb := lbStartServer(t)
 	j := newGateJobID(t, "gate-lb-refused", "raw_exec", records)
 	service := fmt.Sprintf("svc-gate-refused-%d", time.Now().UnixNano()%1e6)
-	j.gateConfig = gateLBBlock(lb, service, "no-such-group")
+	j.lb = gateLB(lb, service, "no-such-group")
 	a.RunJobHCL(t, j.hcl(t))
 	t.Cleanup(func() { _ = a.Purge(j.id) })
 

@@ -5,6 +5,7 @@ package e2e
 // holder's allocation ever runs them, across every way a holder ends.
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -80,9 +81,9 @@ type gateJob struct {
 	// gateMarker, if set, gives the gate a command of its own: the
 	// testworkload with this marker (and no record).
 	gateMarker string
-	// gateConfig is added to the gate's config block (its load_balancer
-	// and health_check blocks).
-	gateConfig string
+	// lb, if set, gives the gate's config load_balancer and health_check
+	// blocks (built jobs).
+	lb *lbSpec
 	// noService leaves out the gated task's Nomad service (built jobs).
 	noService bool
 }
@@ -123,14 +124,6 @@ func newGateJob(t *testing.T, kind, records string) *gateJob {
 func (j *gateJob) lockPath() string { return fmt.Sprintf("nomad/jobs/%s/%s/gate/lock", j.id, j.group) }
 func (j *gateJob) service() string  { return j.svc }
 
-// serviceHCL is the gated task's Nomad service block ("" with noService).
-func (j *gateJob) serviceHCL() string {
-	if j.noService {
-		return ""
-	}
-	return fmt.Sprintf("      service {\n        provider = \"nomad\"\n        name     = %q\n        port     = \"http\"\n        address  = \"127.0.0.1\"\n      }\n", j.svc)
-}
-
 // run registers the job (the example with its variables, or the built one).
 func (j *gateJob) run(t *testing.T, a *harness.Agent) {
 	t.Helper()
@@ -169,81 +162,34 @@ func (j *gateJob) appArgs(portRef string) []string {
 	return append(args, j.extraArgs...)
 }
 
+// hcl renders the built job with harness/jobs/gate.nomad.hcl.tmpl.
 func (j *gateJob) hcl(t *testing.T) string {
-	command := harness.BuildTestWorkload(t)
-	count := j.count
-	if count == 0 {
-		count = 2
-	}
-	groupExtra := ""
-	if j.update != "" {
-		groupExtra = "\n    update {\n" + j.update + "\n    }"
-	}
-	gateCommand := ""
+	var gateArgs, volumes []string
+	command, service := harness.BuildTestWorkload(t), j.svc
 	if j.gateMarker != "" {
-		gateCommand = fmt.Sprintf("\n        command = %q\n        args    = %s", command, harness.HCLList("-marker", j.gateMarker))
+		gateArgs = []string{"-marker", j.gateMarker}
 	}
-	args := harness.HCLList(j.appArgs("${NOMAD_PORT_http}")...)
-	config := fmt.Sprintf("command = %q\n        args    = %s", command, args)
+	if j.noService {
+		service = ""
+	}
+	appCommand := command
 	if j.kind == "docker" {
-		config = fmt.Sprintf("image        = %q\n        network_mode = \"host\"\n        command      = %q\n        args         = %s\n        volumes      = [\"%s:/records\"]",
-			j.image, harness.ImageWorkloadPath, args, filepath.Dir(j.record))
+		appCommand, volumes = harness.ImageWorkloadPath, []string{filepath.Dir(j.record) + ":/records"}
 	}
-	return fmt.Sprintf(`
-job %[1]q {
-  group %[12]q {
-    count = %[14]d
-    network {
-      port "http" {}
-    }
-    reschedule {
-      delay          = "5s"
-      delay_function = "constant"
-      unlimited      = true
-    }%[2]s
-    task "gate" {
-      driver = "singleton"
-      lifecycle {
-        hook    = "prestart"
-        sidecar = true
-      }
-      restart {
-        %[3]s
-      }
-      identity {
-        env = true
-      }
-      config {
-        gate = true%[15]s
-        lock {
-          ttl   = %[4]q
-          delay = %[5]q
-        }%[16]s
-      }
-      resources {
-        cpu    = 20
-        memory = 32
-      }%[6]s
-    }
-    task %[13]q {
-      driver = %[7]q
-      config {
-        %[8]s
-      }
-      kill_timeout = %[9]q
-      restart {
-        attempts = 10
-        interval = "10m"
-        delay    = "1s"
-        mode     = "delay"
-      }
-%[10]s      resources {
-        cpu    = 50
-        memory = 64
-      }%[11]s
-    }
-  }
-}`, j.id, groupExtra, j.gateRestart, drvTTLHCL, drvDelayHCL, j.gateExtra, j.kind, config, j.appKill, j.serviceHCL(), j.appExtra, j.group, j.app, count, gateCommand, j.gateConfig)
+	return harness.Jobspec("gate", struct {
+		ID, Group, Update, Driver, GateRestart, Command, TTL, Delay string
+		GateExtra, App, Kind, Image, AppCommand                     string
+		AppKill, Service, AppExtra                                  string
+		Count                                                       int
+		GateArgs, Args, Volumes                                     []string
+		LB                                                          *lbSpec
+	}{
+		ID: j.id, Group: j.group, Update: j.update, Driver: harness.PluginDriverName, GateRestart: j.gateRestart,
+		Command: command, TTL: drvTTLHCL, Delay: drvDelayHCL,
+		LB: j.lb, GateExtra: j.gateExtra, App: j.app, Kind: j.kind, Image: j.image, AppCommand: appCommand,
+		AppKill: j.appKill, Service: service, AppExtra: j.appExtra,
+		Count: cmp.Or(j.count, 2), GateArgs: gateArgs, Args: j.appArgs("${NOMAD_PORT_http}"), Volumes: volumes,
+	})
 }
 
 // applyGatePolicy applies examples/acl/singleton-gate.policy.hcl to j's gate

@@ -79,56 +79,40 @@ func newLBJob(t *testing.T, lb *harness.LB, name string, count int) *lbJob {
 	}
 }
 
+// lbSpec is the data of the jobspec templates' load_balancer block
+// (harness/jobs/blocks.tmpl): the LB API, the service and its groups,
+// authkey_file if any, and Extra lines added to the block as they are.
+type lbSpec struct {
+	URI, ServiceID, BasePath, Recheck, AuthkeyFile, Extra string
+	Groups                                                []string
+}
+
 // basePath is unique per job: two services on one path in one group are a
 // base path conflict for Baragon.
 func (j *lbJob) basePath() string { return "/" + j.service }
 
+// hcl renders the job with harness/jobs/lb.nomad.hcl.tmpl.
 func (j *lbJob) hcl(t *testing.T) string {
-	var b strings.Builder
-	line := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	line("job %q {", j.id)
-	line("  type = \"service\"")
-	line("  group %q {", drvGroup)
-	line("    count = %d", j.count)
-	line("    network {\n      port \"http\" {}\n    }")
-	if j.restart != "" {
-		line("    restart {\n%s\n    }", j.restart)
-	}
-	if j.noReschedule {
-		line("    reschedule {\n      attempts  = 0\n      unlimited = false\n    }")
-	}
-	line("    task %q {", drvTask)
-	line("      driver = %q", harness.PluginDriverName)
-	line("      identity {\n        env = true\n      }")
-	line("      config {")
-	line("        command = %q", harness.BuildTestWorkload(t))
-	args := append([]string{"-record", j.record, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}"}, j.args...)
-	line("        args    = %s", harness.HCLList(args...))
-	line("        lock {\n          ttl   = %q\n          delay = %q\n        }", drvTTLHCL, drvDelayHCL)
-	line("        load_balancer {")
-	line("          uri              = %q", j.lb.URI)
-	line("          service_id       = %q", j.service)
-	line("          base_path        = %q", j.basePath())
-	line("          groups           = %s", harness.HCLList(j.groups...))
-	line("          port             = \"http\"")
-	line("          recheck_interval = %q", lbRecheckHCL)
+	authkeyTemplate, authkeyFile := "", ""
 	if j.authkey != "" {
-		line("          authkey_file     = \"secrets/lb.key\"")
+		authkeyTemplate = `{{ with nomadVar "nomad/jobs/` + j.id + `" }}{{ .authkey }}{{ end }}`
+		authkeyFile = "secrets/lb.key"
 	}
-	if j.lbExtra != "" {
-		line("%s", j.lbExtra)
-	}
-	line("        }")
-	line("        health_check {\n          type     = \"http\"\n          interval = \"200ms\"\n        }")
-	line("      }")
-	if j.authkey != "" {
-		line("      template {\n        data        = %q\n        destination = \"secrets/lb.key\"\n      }",
-			`{{ with nomadVar "nomad/jobs/`+j.id+`" }}{{ .authkey }}{{ end }}`)
-	}
-	line("      kill_timeout = %q", drvKillTimeout)
-	line("      resources {\n        cpu    = 50\n        memory = 64\n      }")
-	line("    }\n  }\n}")
-	return b.String()
+	return harness.Jobspec("lb", struct {
+		ID, Group, Restart, Task, Driver, Command, TTL, Delay, AuthkeyTemplate, KillTimeout string
+		Count                                                                               int
+		NoReschedule                                                                        bool
+		Args                                                                                []string
+		LB                                                                                  lbSpec
+	}{
+		ID: j.id, Group: drvGroup, Restart: j.restart, Task: drvTask, Driver: harness.PluginDriverName,
+		Command: harness.BuildTestWorkload(t), TTL: drvTTLHCL, Delay: drvDelayHCL,
+		AuthkeyTemplate: authkeyTemplate, KillTimeout: drvKillTimeout,
+		Count: j.count, NoReschedule: j.noReschedule,
+		Args: append([]string{"-record", j.record, "-marker", j.marker, "-http", "127.0.0.1:${NOMAD_PORT_http}"}, j.args...),
+		LB: lbSpec{URI: j.lb.URI, ServiceID: j.service, BasePath: j.basePath(), Recheck: lbRecheckHCL, Extra: j.lbExtra,
+			Groups: j.groups, AuthkeyFile: authkeyFile},
+	})
 }
 
 // run registers the job. At cleanup it purges the job and waits until its

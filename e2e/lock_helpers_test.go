@@ -1,8 +1,8 @@
 package e2e
 
 import (
+	"cmp"
 	"fmt"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,53 +83,37 @@ type volume struct {
 	writable   bool
 }
 
-// jobHCL renders a job of type typ ("service" or "batch") with the groups.
-// Every task has `identity { env = true }` and kill_timeout 6s, above lock's
-// default -kill-timeout of 4s.
+// jobHCL renders a job of type typ ("service" or "batch") with the groups,
+// with harness/jobs/lock.nomad.hcl.tmpl. Every task has
+// `identity { env = true }` and kill_timeout 6s, above lock's default
+// -kill-timeout of 4s.
 func jobHCL(id, typ string, groups ...group) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "job %q {\n  type = %q\n", id, typ)
-	for _, g := range groups {
-		name, count, driver := g.name, g.count, g.driver
-		if name == "" {
-			name = "g"
-		}
-		if count == 0 {
-			count = 1
-		}
-		if driver == "" {
-			driver = "raw_exec"
-		}
-		fmt.Fprintf(&b, "  group %q {\n    count = %d\n", name, count)
-		if g.failFast {
-			b.WriteString("    restart {\n      attempts = 0\n      mode     = \"fail\"\n    }\n")
-			b.WriteString("    reschedule {\n      attempts  = 0\n      unlimited = false\n    }\n")
-		}
-		if g.extra != "" {
-			fmt.Fprintf(&b, "    %s\n", g.extra)
-		}
-		for _, v := range g.volumes {
-			fmt.Fprintf(&b, "    volume %q {\n      type      = \"host\"\n      source    = %q\n      read_only = %t\n    }\n", v.name, v.name, !v.writable)
-		}
-		fmt.Fprintf(&b, "    task %q {\n      driver = %q\n", taskName, driver)
-		fmt.Fprintf(&b, "      identity {\n        env  = true\n        file = %t\n      }\n", g.identityFile)
-		for _, v := range g.volumes {
-			fmt.Fprintf(&b, "      volume_mount {\n        volume      = %q\n        destination = %q\n        read_only   = %t\n      }\n", v.name, v.dest, !v.writable)
-		}
-		if len(g.env) > 0 {
-			b.WriteString("      env {\n")
-			for _, k := range slices.Sorted(maps.Keys(g.env)) {
-				fmt.Fprintf(&b, "        %s = %q\n", k, g.env[k])
-			}
-			b.WriteString("      }\n")
-		}
-		fmt.Fprintf(&b, "      config {\n        command = %q\n        args    = %s\n      }\n", g.command, harness.HCLList(g.args...))
-		b.WriteString("      kill_timeout = \"6s\"\n")
-		b.WriteString("      resources {\n        cpu    = 50\n        memory = 64\n      }\n")
-		b.WriteString("    }\n  }\n")
+	type volumeSpec struct {
+		Name, Dest string
+		ReadOnly   bool
 	}
-	b.WriteString("}\n")
-	return b.String()
+	type groupSpec struct {
+		Name, Extra, Task, Driver, Command string
+		Count                              int
+		FailFast, IdentityFile             bool
+		Volumes                            []volumeSpec
+		Env                                map[string]string
+		Args                               []string
+	}
+	specs := make([]groupSpec, len(groups))
+	for i, g := range groups {
+		s := groupSpec{Name: cmp.Or(g.name, "g"), Extra: g.extra, Task: taskName, Driver: cmp.Or(g.driver, "raw_exec"),
+			Command: g.command, Count: cmp.Or(g.count, 1), FailFast: g.failFast, IdentityFile: g.identityFile,
+			Env: g.env, Args: g.args}
+		for _, v := range g.volumes {
+			s.Volumes = append(s.Volumes, volumeSpec{Name: v.name, Dest: v.dest, ReadOnly: !v.writable})
+		}
+		specs[i] = s
+	}
+	return harness.Jobspec("lock", struct {
+		ID, Type string
+		Groups   []groupSpec
+	}{id, typ, specs})
 }
 
 // lockGroup is a raw_exec group whose task runs `lock` around the scenario's

@@ -192,9 +192,8 @@ func TestDriverMemoryMax(t *testing.T) {
 		{"nolimit", -1, -1, 64 * mb},
 	} {
 		j := newDrvJob(t, "memmax-"+tc.name, 1)
-		hcl := strings.Replace(j.hcl(t), "memory = 64", fmt.Sprintf("memory = 64\n        memory_max = %d", tc.memoryMax), 1)
-		a.RunJobHCL(t, hcl)
-		t.Cleanup(func() { _ = a.Purge(j.id) })
+		j.memoryMax = tc.memoryMax
+		j.run(t, a)
 		start := j.waitStart(t, 60*time.Second, nil)
 		hard, low := drvMemoryLimits(t, start.AllocID)
 		// v1 spells "no limit" as the largest page-aligned value.

@@ -46,22 +46,18 @@ func TestTrustBoundary(t *testing.T) {
 }
 
 // trustJob renders a one-task batch job (no restarts) running sh -c script
-// (no "${" in it: Nomad interpolates driver config twice).
+// (no "${" in it: Nomad interpolates driver config twice), with
+// harness/jobs/trust.nomad.hcl.tmpl. configExtra and groupExtra are HCL
+// lines added to the config and group blocks as they are.
 func trustJob(id, user, configExtra, groupExtra, script string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "job %q {\n  type = \"batch\"\n  group %q {\n", id, drvGroup)
-	b.WriteString("    restart {\n      attempts = 0\n      mode = \"fail\"\n    }\n")
-	b.WriteString("    reschedule {\n      attempts = 0\n      unlimited = false\n    }\n")
-	b.WriteString(groupExtra)
-	fmt.Fprintf(&b, "    task %q {\n      driver = %q\n", drvTask, harness.PluginDriverName)
-	if user != "" {
-		fmt.Fprintf(&b, "      user = %q\n", user)
-	}
-	b.WriteString("      identity {\n        env = true\n      }\n")
-	fmt.Fprintf(&b, "      config {\n        command = \"/bin/sh\"\n        args = %s\n", harness.HCLList("-c", script))
-	fmt.Fprintf(&b, "        lock {\n          ttl = %q\n          delay = %q\n        }\n%s      }\n", drvTTLHCL, drvDelayHCL, configExtra)
-	b.WriteString("      kill_timeout = \"2s\"\n    }\n  }\n}\n")
-	return b.String()
+	return harness.Jobspec("trust", struct {
+		ID, Group, Task, Driver, User, TTL, Delay, ConfigExtra, GroupExtra string
+		Args                                                               []string
+	}{
+		ID: id, Group: drvGroup, Task: drvTask, Driver: harness.PluginDriverName, User: user, TTL: drvTTLHCL, Delay: drvDelayHCL,
+		ConfigExtra: strings.TrimSuffix(configExtra, "\n"), GroupExtra: strings.TrimSuffix(groupExtra, "\n"),
+		Args: []string{"-c", script},
+	})
 }
 
 func trustRun(t *testing.T, a *harness.Agent, id, hcl string) {

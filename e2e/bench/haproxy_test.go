@@ -2,8 +2,6 @@ package bench
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -213,51 +211,24 @@ func waitAnswer(t *testing.T, url, want string, timeout time.Duration) {
 // load_balancer and health_check blocks.
 func (b *bench) haproxyHCL(j *job) string {
 	wl := append(b.workloadArgs(j.record, j.marker), "-http", "127.0.0.1:${NOMAD_PORT_http}")
-	var driver, command string
-	var args []string
-	blocks := ""
-	switch j.variant {
-	case VariantLock:
-		driver, command = "raw_exec", b.lockBin
-		args = append([]string{"-lb-uri", j.lbURI, "-lb-service-id", j.lbService, "-lb-base-path", "/" + j.lbService,
-			"-lb-groups", lbGroup, "-lb-port", "http", "-health-type", "http", "-health-interval", "200ms"}, lockArgs(j.path)...)
-		args = append(args, wl...)
-	case VariantDriver:
-		driver, command, args = harness.PluginDriverName, wl[0], wl[1:]
-		blocks = fmt.Sprintf(`        lock {
-          path  = %q
-          ttl   = %q
-          delay = %q
-        }
-        load_balancer {
-          uri        = %q
-          service_id = %q
-          base_path  = %q
-          groups     = [%q]
-          port       = "http"
-        }
-        health_check {
-          type     = "http"
-          interval = "200ms"
-        }
-`, j.path, TTL.String(), LockDelay.String(), j.lbURI, j.lbService, "/"+j.lbService, lbGroup)
-	default:
-		panic("bench: no HAProxy job for variant " + j.variant)
-	}
-	var s strings.Builder
-	w := func(format string, a ...any) { fmt.Fprintf(&s, format, a...) }
-	w("job %q {\n  type = \"service\"\n  group \"g\" {\n    count = %d\n", j.id, j.count)
-	w("    network {\n      port \"http\" {}\n    }\n")
 	// A task whose supervisor was SIGKILLed comes back as a standby, but
 	// only once the other allocation has taken over (for (b), when the
 	// server expires the lock): were it to win the lock itself, its answers
 	// would carry the same alloc ID as the dead holder's.
-	w("    restart {\n      attempts = 20\n      interval = \"30m\"\n      delay    = %q\n      mode     = \"delay\"\n    }\n", (2*TTL + LockDelay + 5*time.Second).String())
-	w("    task %q {\n      driver = %q\n", taskName, driver)
-	w("      identity {\n        env = true\n      }\n")
-	w("      config {\n        command = %q\n        args    = %s\n%s      }\n", command, harness.HCLList(args...), blocks)
-	w("      kill_timeout = \"6s\"\n")
-	w("      resources {\n        cpu    = 50\n        memory = 256\n      }\n")
-	w("    }\n  }\n}\n")
-	return s.String()
+	spec := benchJob{ID: j.id, Task: taskName, Count: j.count, Network: true,
+		RestartDelay: (2*TTL + LockDelay + 5*time.Second).String()}
+	switch j.variant {
+	case VariantLock:
+		spec.Driver, spec.Command = "raw_exec", b.lockBin
+		spec.Args = append([]string{"-lb-uri", j.lbURI, "-lb-service-id", j.lbService, "-lb-base-path", "/" + j.lbService,
+			"-lb-groups", lbGroup, "-lb-port", "http", "-health-type", "http", "-health-interval", "200ms"}, lockArgs(j.path)...)
+		spec.Args = append(spec.Args, wl...)
+	case VariantDriver:
+		spec.Driver, spec.Command, spec.Args = harness.PluginDriverName, wl[0], wl[1:]
+		driverBlocks(&spec, j)
+		spec.HealthCheck = true
+	default:
+		panic("bench: no HAProxy job for variant " + j.variant)
+	}
+	return harness.Jobspec("bench", spec)
 }

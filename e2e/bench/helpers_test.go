@@ -170,65 +170,68 @@ func lockArgs(path string) []string {
 	return []string{"-ttl", TTL.String(), "-delay", LockDelay.String(), path}
 }
 
+// benchJob is the data of harness/jobs/bench.nomad.hcl.tmpl.
+type benchJob struct {
+	ID, Task, Driver, Command string
+	// RestartDelay, if set, gives the group a restart block in delay mode.
+	RestartDelay      string
+	Count             int
+	Network, FailFast bool
+	HealthCheck       bool
+	Args              []string
+	Env               map[string]string
+	Lock              *benchLock
+	LB                *benchLB
+}
+
+type benchLock struct{ Path, TTL, Delay string }
+
+type benchLB struct {
+	URI, ServiceID, BasePath string
+	Groups                   []string
+}
+
+// driverBlocks are the singleton driver's lock and load_balancer blocks for j.
+func driverBlocks(spec *benchJob, j *job) {
+	spec.Lock = &benchLock{Path: j.path, TTL: TTL.String(), Delay: LockDelay.String()}
+	if j.lbURI != "" {
+		spec.LB = &benchLB{URI: j.lbURI, ServiceID: j.lbService, BasePath: "/" + j.lbService, Groups: []string{lbGroup}}
+	}
+}
+
+// hcl renders the job with harness/jobs/bench.nomad.hcl.tmpl (VariantGate:
+// gateHCL).
 func (b *bench) hcl(j *job) string {
 	if j.variant == VariantGate {
 		return b.gateHCL(j)
 	}
-	var driver, command string
-	var args []string
-	env := map[string]string{}
-	lockBlock := ""
+	spec := benchJob{ID: j.id, Task: taskName, Count: j.count, Network: j.lbURI != "", FailFast: j.failFast}
 	wl := b.workloadArgs(j.record, j.marker)
 	switch j.variant {
 	case VariantAnchor:
-		driver, command = "raw_exec", b.nomadBin
-		args = append(varLockArgs(j.path), wl...)
+		spec.Driver, spec.Command = "raw_exec", b.nomadBin
+		spec.Args = append(varLockArgs(j.path), wl...)
 		// The nomad CLI reads NOMAD_ADDR only, never NOMAD_UNIX_ADDR.
-		env["NOMAD_ADDR"] = "unix://${NOMAD_SECRETS_DIR}/api.sock"
+		spec.Env = map[string]string{"NOMAD_ADDR": "unix://${NOMAD_SECRETS_DIR}/api.sock"}
 	case VariantLock:
-		driver, command = "raw_exec", b.lockBin
+		spec.Driver, spec.Command = "raw_exec", b.lockBin
 		var lb []string
 		if j.lbURI != "" {
 			lb = []string{"-lb-uri", j.lbURI, "-lb-service-id", j.lbService, "-lb-base-path", "/" + j.lbService,
 				"-lb-groups", lbGroup, "-lb-port", "http"}
 		}
-		args = append(append(lb, lockArgs(j.path)...), wl...)
+		spec.Args = append(append(lb, lockArgs(j.path)...), wl...)
 	case VariantDriver:
-		driver, command, args = harness.PluginDriverName, wl[0], wl[1:]
-		lockBlock = fmt.Sprintf("        lock {\n          path  = %q\n          ttl   = %q\n          delay = %q\n        }\n",
-			j.path, TTL.String(), LockDelay.String())
-		if j.lbURI != "" {
-			lockBlock += fmt.Sprintf("        load_balancer {\n          uri        = %q\n          service_id = %q\n"+
-				"          base_path  = %q\n          groups     = [%q]\n          port       = \"http\"\n        }\n",
-				j.lbURI, j.lbService, "/"+j.lbService, lbGroup)
-		}
+		spec.Driver, spec.Command, spec.Args = harness.PluginDriverName, wl[0], wl[1:]
+		driverBlocks(&spec, j)
 	case VariantRawExec:
-		driver, command, args = "raw_exec", wl[0], wl[1:]
+		spec.Driver, spec.Command, spec.Args = "raw_exec", wl[0], wl[1:]
 	default:
 		panic("bench: no job for variant " + j.variant)
 	}
-	var s strings.Builder
-	w := func(format string, a ...any) { fmt.Fprintf(&s, format, a...) }
-	w("job %q {\n  type = \"service\"\n  group \"g\" {\n    count = %d\n", j.id, j.count)
-	if j.lbURI != "" {
-		w("    network {\n      port \"http\" {}\n    }\n")
-	}
-	if j.failFast {
-		w("    restart {\n      attempts = 0\n      mode     = \"fail\"\n    }\n")
-		w("    reschedule {\n      attempts  = 0\n      unlimited = false\n    }\n")
-	}
-	w("    task %q {\n      driver = %q\n", taskName, driver)
-	w("      identity {\n        env = true\n      }\n")
-	for k, v := range env {
-		w("      env {\n        %s = %q\n      }\n", k, v)
-	}
-	w("      config {\n        command = %q\n        args    = %s\n%s      }\n", command, harness.HCLList(args...), lockBlock)
-	// Above lock's default -kill-timeout (4s), so lock releases before
-	// Nomad would SIGKILL it.
-	w("      kill_timeout = \"6s\"\n")
-	w("      resources {\n        cpu    = 50\n        memory = 256\n      }\n")
-	w("    }\n  }\n}\n")
-	return s.String()
+	// The task's kill_timeout (6s) is above lock's default -kill-timeout
+	// (4s), so lock releases before Nomad would SIGKILL it.
+	return harness.Jobspec("bench", spec)
 }
 
 // register submits the job and returns CLOCK_MONOTONIC just before the
@@ -529,28 +532,19 @@ const gateTask = "gate"
 // running the testworkload (which exits on SIGTERM), its records in a bind
 // mount of the records directory.
 func (b *bench) gateHCL(j *job) string {
-	args := []string{"-record", "/records/" + filepath.Base(j.record), "-marker", j.marker}
-	var s strings.Builder
-	w := func(format string, a ...any) { fmt.Fprintf(&s, format, a...) }
-	w("job %q {\n  type = \"service\"\n  group \"g\" {\n    count = %d\n", j.id, j.count)
-	if j.failFast {
-		w("    restart {\n      attempts = 0\n      mode     = \"fail\"\n    }\n")
-		w("    reschedule {\n      attempts  = 0\n      unlimited = false\n    }\n")
-	}
-	w("    task %q {\n      driver = %q\n", gateTask, harness.PluginDriverName)
-	w("      lifecycle {\n        hook    = \"prestart\"\n        sidecar = true\n      }\n")
-	w("      restart {\n        attempts = 0\n        mode     = \"fail\"\n      }\n")
-	w("      identity {\n        env = true\n      }\n")
-	w("      config {\n        gate = true\n        lock {\n          path  = %q\n          ttl   = %q\n          delay = %q\n        }\n      }\n",
-		j.path, TTL.String(), LockDelay.String())
-	w("      resources {\n        cpu    = 20\n        memory = 32\n      }\n    }\n")
-	w("    task %q {\n      driver = \"docker\"\n", taskName)
-	w("      config {\n        image        = %q\n        network_mode = \"host\"\n        command      = %q\n        args         = %s\n        volumes      = [%q]\n      }\n",
-		b.docker.Image, harness.ImageWorkloadPath, harness.HCLList(args...), b.records+":/records")
-	w("      kill_timeout = \"6s\"\n")
-	w("      resources {\n        cpu    = 50\n        memory = 256\n      }\n")
-	w("    }\n  }\n}\n")
-	return s.String()
+	return harness.Jobspec("bench-gate", struct {
+		ID, GateTask, Driver, Path, TTL, Delay, Task, Image, Command string
+		Count                                                        int
+		FailFast                                                     bool
+		Args, Volumes                                                []string
+	}{
+		ID: j.id, GateTask: gateTask, Driver: harness.PluginDriverName,
+		Path: j.path, TTL: TTL.String(), Delay: LockDelay.String(),
+		Task: taskName, Image: b.docker.Image, Command: harness.ImageWorkloadPath,
+		Count: j.count, FailFast: j.failFast,
+		Args:    []string{"-record", "/records/" + filepath.Base(j.record), "-marker", j.marker},
+		Volumes: []string{b.records + ":/records"},
+	})
 }
 
 // gateWaitingFor reports whether the allocation's gate has said, at least

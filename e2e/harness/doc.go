@@ -17,6 +17,11 @@
 //     It waits until there is a leader and ready nodes with healthy drivers. Job helpers
 //     (RunJobHCL, WaitAllocs, AllocLogs, ...) are thin wrappers over the
 //     official api client.
+//   - Jobspecs: the jobs the tests build are text/template files in
+//     harness/jobs/ (one per kind of job, shared blocks in blocks.tmpl);
+//     Jobspec renders one from a struct of values, quoting strings with
+//     strconv.Quote, and ParseJobspec checks a rendered jobspec's syntax
+//     without an agent. Jobs that users would run too stay in examples/.
 //   - Processes: FindProcs scans /proc for processes carrying a marker, and a
 //     Sampler records how many of them (and of which allocations) ran at once.
 //     StartProcess runs a program outside Nomad (e.g. bin/lock against the
