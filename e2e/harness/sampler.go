@@ -302,6 +302,21 @@ func (s SampleSummary) GoneByAlloc() GoneFunc {
 	}
 }
 
+// LastSeen is the last moment before end at which a scan knew a process of
+// alloc alive. An end dated by a scan (GoneByAlloc, for a process in a PID
+// namespace of its own) lies somewhere between LastSeen and that end.
+func (s SampleSummary) LastSeen(alloc string, end int64) (int64, bool) {
+	var last int64
+	for _, smp := range s.Samples {
+		for _, p := range smp.Procs {
+			if p.Owner == alloc && p.Seen < end && p.Seen > last {
+				last = p.Seen
+			}
+		}
+	}
+	return last, last > 0
+}
+
 func (s SampleSummary) goneAfter(start int64, present func(Sample) bool) (int64, bool) {
 	seen := false
 	for _, smp := range s.Samples {
