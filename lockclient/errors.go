@@ -128,24 +128,16 @@ func permanent(err error) bool {
 	return errors.As(err, &ce) || errors.As(err, &pe)
 }
 
-// identityRejected recognises Nomad's answers for a workload identity that
-// does not authenticate: the Task API's 500 "Server error authenticating
-// request" (its WhoAmI failed: the allocation is gone, as after `nomad job
-// stop -purge`, or the servers could not be asked) and the HTTP API's
-// "invalid workload identity: allocation does not exist".
+// identityRejected recognises the Task API's answer when it cannot
+// authenticate the workload identity: 500 "Server error authenticating
+// request". Its WhoAmI failed: the allocation is gone (a purged job), or the
+// servers could not be asked. Only an answer that lasts tells the two apart.
 func identityRejected(err error) bool {
-	if err == nil {
-		return false
-	}
-	b := responseBody(err)
-	return strings.Contains(b, "error authenticating request") || strings.Contains(b, "invalid workload identity")
+	return err != nil && strings.Contains(responseBody(err), "error authenticating request")
 }
 
 // classify turns a failed lock operation into the error value callers switch on.
 func (c *Locker) classify(op string, err error) error {
-	if identityRejected(err) {
-		return fmt.Errorf("%s %s: %w (%v)", op, c.cfg.Path, ErrIdentityRejected, err)
-	}
 	switch statusCode(err) {
 	case http.StatusForbidden:
 		return &PermissionError{Op: op, Path: c.cfg.Path, Namespace: c.cfg.Namespace, JobID: c.cfg.Holder.JobID, Err: err}

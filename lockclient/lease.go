@@ -284,7 +284,7 @@ func (l *Locker) ReleaseID(ctx context.Context, id string) error {
 			if rejectedSince.IsZero() {
 				rejectedSince = l.clock.Now()
 			} else if l.clock.Now().Sub(rejectedSince) >= identityRejectedFor {
-				return l.classify("release", err)
+				return fmt.Errorf("release %s: %w (%v)", l.cfg.Path, ErrIdentityRejected, err)
 			}
 		}
 		d := bo.NextBackOff()
