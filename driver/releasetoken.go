@@ -3,6 +3,7 @@ package driver
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -52,13 +53,12 @@ func readReleaseToken(path string) (string, error) {
 		return "", fmt.Errorf("plugin config release_token_file %s: must be owned by root with mode 0600 "+
 			"(it is %04o): run `chown root:root %s && chmod 0600 %s`", path, fi.Mode().Perm(), path, path)
 	}
-	b := make([]byte, maxTokenFile+1)
-	n, err := f.Read(b)
-	if err != nil && n == 0 {
+	b, err := io.ReadAll(io.LimitReader(f, maxTokenFile+1))
+	if err != nil {
 		return "", fmt.Errorf("plugin config release_token_file %s: %w", path, err)
 	}
-	token := strings.TrimSpace(string(b[:n]))
-	if token == "" || n > maxTokenFile {
+	token := strings.TrimSpace(string(b))
+	if token == "" || len(b) > maxTokenFile {
 		return "", fmt.Errorf("plugin config release_token_file %s: want one ACL token (a secret ID)", path)
 	}
 	return token, nil
