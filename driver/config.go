@@ -158,18 +158,13 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 })
 
 // lockBlockSpec is config.lock: the settings shim.LockSettings allows
-// InDriver, each an optional attribute of its kind.
+// InDriver, each an optional string attribute (durations and signals are
+// written "10s", "SIGTERM"), decoded into LockConfig's strings and parsed
+// by shim.LockSpec.Apply.
 func lockBlockSpec() *hclspec.Spec {
 	attrs := map[string]*hclspec.Spec{}
 	for _, s := range shim.LockSettings.In(shim.InDriver) {
-		typ := "string" // durations and signals too: "10s", "SIGTERM"
-		switch s.Kind() {
-		case shim.KindInt:
-			typ = "number"
-		case shim.KindBool:
-			typ = "bool"
-		}
-		attrs[s.Name] = hclspec.NewAttr(s.Name, typ, false)
+		attrs[s.Name] = hclspec.NewAttr(s.Name, "string", false)
 	}
 	return hclspec.NewObject(attrs)
 }

@@ -120,7 +120,7 @@ func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, log 
 	if oerr != nil {
 		return "", fmt.Errorf("the task's workload identity no longer authenticates (`nomad job stop -purge` removes it with the allocation), and %w", oerr)
 	}
-	return ", with the plugin's release_token_file: the task's identity no longer authenticates", d.releaseWith(ep, held, gate, log)
+	return ", with the plugin's release_token_file", d.releaseWith(ep, held, gate, log)
 }
 
 // releaseWith releases held's lock through ep; a gate's only once its

@@ -111,7 +111,10 @@ type Supervisor struct {
 	// crash release is left for supervisors that died holding, unless err
 	// wraps lockclient.ErrIdentityRejected: the workload is proven dead but
 	// the task's identity no longer authenticates (a purged job), and the
-	// plugin may release with the operator's token (release_token_file).
+	// plugin may release with the operator's token (release_token_file). A
+	// gate that is being stopped but cannot read its allocation for that
+	// reason calls it with that error instead of releasing (gateMayRelease):
+	// the plugin then asks Nomad with its own token.
 	OnReleaseTried func(err error)
 	// PluginReleases says that a plugin stands behind the supervisor and
 	// releases with its own token what the task's identity no longer can.
