@@ -32,27 +32,7 @@ func TestLBCleanUpOnlyAfterACrash(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var posts atomic.Int32
-			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.Method == http.MethodPost {
-					posts.Add(1)
-				}
-				w.Header().Set("Content-Type", "application/json")
-				_, _ = w.Write([]byte(`{"loadBalancerRequestId":"x","loadBalancerState":"SUCCESS"}`))
-			}))
-			defer ts.Close()
-			dir, err := securefs.OpenPrivate(filepath.Join(t.TempDir(), "state"), true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dir.Close()
-			reg := lbRegistration{
-				Config: lbhook.Config{URI: ts.URL + "/baragon/v2/request", ServiceID: "web", BasePath: "/web",
-					Groups: []string{"g"}, PortLabel: "http", RemoveDeadline: 2 * time.Second},
-				AllocID: "a1", Fence: 3, Upstream: lbhook.UpstreamInfo{Upstream: "127.0.0.1:8080"},
-			}
-			if err := writeJSON(dir, lbFile, reg); err != nil {
-				t.Fatal(err)
-			}
+			dir := registeredState(t, func() { posts.Add(1) })
 			if tc.exited {
 				if err := writeJSON(dir, exitFile, exitStatus{ExitCode: shim.ExitLBFailed}); err != nil {
 					t.Fatal(err)
@@ -125,29 +105,8 @@ func TestLBCleanUpAfterGateCrash(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var posts atomic.Int32
 			unblock := make(chan struct{})
-			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.Method == http.MethodPost {
-					posts.Add(1)
-					<-unblock
-				}
-				w.Header().Set("Content-Type", "application/json")
-				_, _ = w.Write([]byte(`{"loadBalancerRequestId":"x","loadBalancerState":"SUCCESS"}`))
-			}))
-			defer ts.Close()
-			defer close(unblock)
-			dir, err := securefs.OpenPrivate(filepath.Join(t.TempDir(), "state"), true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dir.Close()
-			reg := lbRegistration{
-				Config: lbhook.Config{URI: ts.URL + "/baragon/v2/request", ServiceID: "web", BasePath: "/web",
-					Groups: []string{"g"}, PortLabel: "http", RemoveDeadline: 2 * time.Second},
-				AllocID: "a1", Fence: 3, Upstream: lbhook.UpstreamInfo{Upstream: "127.0.0.1:8080"},
-			}
-			if err := writeJSON(dir, lbFile, reg); err != nil {
-				t.Fatal(err)
-			}
+			defer close(unblock) // runs before registeredState's clean-up closes the LB
+			dir := registeredState(t, func() { posts.Add(1); <-unblock })
 			if err := writeJSON(dir, specFile, supervisorSpec{Gate: &gateSpec{AllocID: "a1", Task: "gate"}}); err != nil {
 				t.Fatal(err)
 			}
@@ -177,4 +136,33 @@ func TestLBCleanUpAfterGateCrash(t *testing.T) {
 			}
 		})
 	}
+}
+
+// registeredState is a task state dir holding the LB registration of
+// upstream 127.0.0.1:8080 in service web, with a test LB that calls onPost
+// for every request it gets and then answers SUCCESS.
+func registeredState(t *testing.T, onPost func()) *securefs.Dir {
+	t.Helper()
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			onPost()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"loadBalancerRequestId":"x","loadBalancerState":"SUCCESS"}`))
+	}))
+	t.Cleanup(ts.Close)
+	dir, err := securefs.OpenPrivate(filepath.Join(t.TempDir(), "state"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dir.Close() })
+	reg := lbRegistration{
+		Config: lbhook.Config{URI: ts.URL + "/baragon/v2/request", ServiceID: "web", BasePath: "/web",
+			Groups: []string{"g"}, PortLabel: "http", RemoveDeadline: 2 * time.Second},
+		AllocID: "a1", Fence: 3, Upstream: lbhook.UpstreamInfo{Upstream: "127.0.0.1:8080"},
+	}
+	if err := writeJSON(dir, lbFile, reg); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
