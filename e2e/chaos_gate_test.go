@@ -332,13 +332,7 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 // host, the harness's dockerd has no bridge); the clients reach dockerd by
 // its socket, which the cut leaves alone.
 func chaosGatePartitionTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records string, service bool, n int, tr *chaosTrial) {
-	clients := a.Clients()
-	cut, other := clients[0], clients[1]
-	if cut.Partitioned() {
-		t.Fatalf("%s is still partitioned from an earlier trial", cut.Name())
-	}
-	chaosWaitNodeReady(t, a, cut, 60*time.Second)
-	chaosSetEligible(t, a, other, false)
+	cut, other := chaosPartitionClients(t, a)
 	prefix := "cgpl-d"
 	if service {
 		prefix = "cgps-d"

@@ -54,13 +54,7 @@ func chaosPartitionAgentOptions(t *testing.T) harness.AgentOptions {
 // the link is healed: the first client comes back, stops what is left, and
 // each job still has exactly one holder, the replacement.
 func chaosPartitionTrial(t *testing.T, a *harness.Agent, stopAfter time.Duration, variants [2]string, n int, tr *chaosTrial) {
-	clients := a.Clients()
-	cut, other := clients[0], clients[1]
-	if cut.Partitioned() {
-		t.Fatalf("%s is still partitioned from an earlier trial", cut.Name())
-	}
-	chaosWaitNodeReady(t, a, cut, 60*time.Second)
-	chaosSetEligible(t, a, other, false)
+	cut, other := chaosPartitionClients(t, a)
 	disconnect, prefix := "", "pl"
 	if stopAfter > 0 {
 		disconnect, prefix = fmt.Sprintf("disconnect {\n      stop_on_client_after = %q\n    }", stopAfter.String()), "ps"
@@ -284,4 +278,19 @@ func chaosCut(t *testing.T, cut *harness.Member) int64 {
 		}
 	})
 	return at
+}
+
+// chaosPartitionClients returns the client a partition trial cuts off and
+// the other one, with the first ready and the other not eligible yet, so the
+// holders start on the one that will be cut.
+func chaosPartitionClients(t *testing.T, a *harness.Agent) (cut, other *harness.Member) {
+	t.Helper()
+	clients := a.Clients()
+	cut, other = clients[0], clients[1]
+	if cut.Partitioned() {
+		t.Fatalf("%s is still partitioned from an earlier trial", cut.Name())
+	}
+	chaosWaitNodeReady(t, a, cut, 60*time.Second)
+	chaosSetEligible(t, a, other, false)
+	return cut, other
 }
