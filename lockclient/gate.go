@@ -30,7 +30,10 @@ func (l *Locker) Allocation(ctx context.Context, id, namespace string, index uin
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	alloc, meta, err := l.api.Allocations().Info(id, q.WithContext(rctx))
+	if l.allocs == nil {
+		return nil, 0, fmt.Errorf("read allocation %s: this locker has no Nomad client", id)
+	}
+	alloc, meta, err := l.allocs.Info(id, q.WithContext(rctx))
 	if err != nil {
 		switch statusCode(err) {
 		case http.StatusForbidden:
