@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
@@ -47,8 +45,6 @@ type Gate struct {
 	// acquiring, so its gated tasks, which may run on, never lose cover.
 	Adopt *AdoptLease
 
-	// stopRequested is set when Nomad asked the gate to stop (StopTask).
-	stopRequested bool
 	// killBound is the longest kill_timeout + shutdown_delay of the gated
 	// tasks, found at start: what Nomad may take to kill them once the gate
 	// has failed.
@@ -267,7 +263,7 @@ func (s *Supervisor) gateStopping(ctx context.Context) <-chan struct{} {
 // gated tasks may run on; the restarted gate adopts the lease), a gated
 // task that failed for good, a lost lock, a killed supervisor. The lock
 // then expires on the server, after the gated tasks' kill_timeout.
-func (s *Supervisor) gateMayRelease(lease *lockclient.Lease) bool {
+func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, stopRequested bool) bool {
 	g := s.Config.Gate
 	cfg := s.Locker.Config()
 	expiry := 2*cfg.TTL + cfg.LockDelay
@@ -281,7 +277,7 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease) bool {
 		return false
 	}
 	var why string
-	if g.stopRequested {
+	if stopRequested {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.RequestTimeout)
 		defer cancel()
 		alloc, _, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
@@ -313,86 +309,6 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease) bool {
 	s.Logger.Warn("gate: not releasing the lock", "why", why)
 	s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: msg})
 	return false
-}
-
-// holdGate is a gate's life with no workload of its own: it holds the lock
-// until Nomad stops it (after its gated tasks) or the lock is lost, and
-// releases only as gateMayRelease allows. With a load balancer it carries
-// the gated task's registration (see gateLB).
-func (s *Supervisor) holdGate(lease *lockclient.Lease, sigs <-chan os.Signal) int {
-	held := func(state State, msg string) Event {
-		return Event{State: state, Fence: lease.Fence, Message: msg,
-			FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline()}
-	}
-	msg := fmt.Sprintf("Acquired lock (fence %d): the group's other tasks may start", lease.Fence)
-	if s.Config.Gate.Adopt != nil {
-		msg = fmt.Sprintf("Took over lock (fence %d) from the gate's previous run: the group's other tasks keep running", lease.Fence)
-	}
-	s.emit(held(StateHolding, msg))
-	lb, stopping, err := s.gateLB(lease)
-	if err != nil {
-		s.Logger.Error("gate: cannot register with the load balancer", "error", err)
-		s.emit(held(StateStopping, "LB add failed: "+err.Error()+"; "+gateFailNote))
-		s.gateMayRelease(lease) // says why it is not released
-		return ExitLBFailed
-	}
-	defer lb.close()
-	deregister := func() {
-		s.deregister(lb, s.removeBudget(lease), held, lease.Renewed(), func() { s.emit(held(s.state, s.message)) })
-	}
-	for {
-		select {
-		case <-lease.Renewed():
-			s.emit(held(s.state, s.message))
-		case ev := <-lb.eventsC():
-			if err := s.handleLB(lb, ev, held); err != nil {
-				s.Logger.Error("gate: the load balancer ADD failed", "error", err)
-				s.emit(held(StateStopping, gateLBAddFailedMessage(err, lb.client.Config())))
-				deregister()
-				s.gateMayRelease(lease) // says why it is not released
-				return ExitLBFailed
-			}
-		case <-lb.recheckC():
-			if lb.registered && !lb.busy && !lb.deregistered {
-				lb.check()
-			}
-		case <-stopping:
-			stopping = nil
-			s.Logger.Info("gate: the allocation is being stopped: removing the gated task's upstream before Nomad kills it")
-			deregister()
-		case <-lease.Lost():
-			why := strings.TrimPrefix(lease.Err().Error(), "lock lost: ")
-			s.Logger.Error("gate: lock lost", "why", why)
-			s.emit(held(StateLost, "Lock lost: "+why))
-			deregister()
-			s.gateMayRelease(lease) // says why it is not released
-			return ExitLost
-		case req := <-s.Stop:
-			s.Logger.Info("gate: stop requested", "kill_timeout", req.Timeout)
-			s.Config.Gate.stopRequested = true
-			s.emit(held(StateStopping, "Stopping gate"))
-			deregister()
-			s.releaseGate(lease)
-			return 0
-		case sig := <-sigs:
-			sys, _ := sig.(syscall.Signal)
-			if sys == syscall.SIGTERM || sys == syscall.SIGINT {
-				s.Logger.Info("gate: stopping on signal", "signal", sig)
-				s.emit(held(StateStopping, "Stopping gate on "+signalName(sys)))
-				deregister()
-				s.releaseGate(lease)
-				return 0
-			}
-		}
-	}
-}
-
-// releaseGate releases a gate with no workload once gateMayRelease allows.
-func (s *Supervisor) releaseGate(lease *lockclient.Lease) {
-	if s.gateMayRelease(lease) {
-		s.markReleasedClean(lease)
-		s.release(lease)
-	}
 }
 
 // markReleasedClean tells the next holder that the gated tasks are dead, so

@@ -1,11 +1,9 @@
 package shim
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
 // A gate with a load_balancer block carries the LB registration of its
@@ -43,30 +41,6 @@ import (
 // gateFailNote ends the message of an LB failure that fails the gate.
 const gateFailNote = "the gate fails now, so Nomad kills the gated tasks, and the lock expires on the server " +
 	"(a gate is never restarted: see its restart block)"
-
-// gateLB starts the gated task's LB registration for a gate that has a
-// load_balancer block: lb is its session, and stopping is closed when the
-// allocation is being stopped; the caller must call lb.close. Without a
-// block lb and stopping are nil (never ready).
-func (s *Supervisor) gateLB(lease *lockclient.Lease) (*lbSession, <-chan struct{}, error) {
-	if s.Config.LB == nil {
-		return nil, nil, nil
-	}
-	lb, err := s.startLB(lease)
-	if err != nil {
-		return nil, nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	lb.closeWatch = cancel
-	return lb, s.gateStopping(ctx), nil
-}
-
-// close ends the allocation watch of a gate's session.
-func (lb *lbSession) close() {
-	if lb != nil && lb.closeWatch != nil {
-		lb.closeWatch()
-	}
-}
 
 // gateLBAddFailedMessage is the event of a gate's ADD that ended without
 // SUCCESS: the gate fails (exit 74).
