@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"sync"
@@ -132,15 +133,18 @@ func (r *gateRig) message(sub string) bool {
 	return ok
 }
 
-// fakeGated is a GatedTasks that records KillAll calls and what was
-// alive at each release request.
+// fakeGated is a GatedTasks that records KillAll calls: how many, and
+// whether the lock was still held at the first (it must be: the lock
+// passes only once the gated tasks are dead).
 type fakeGated struct {
 	direct  []string
 	killErr error
+	srv     *locktest.Server
 
-	mu     sync.Mutex
-	kills  int
-	killed bool
+	mu         sync.Mutex
+	kills      int
+	killed     bool
+	heldAtKill bool
 }
 
 func (f *fakeGated) Direct() []string { return f.direct }
@@ -149,6 +153,9 @@ func (f *fakeGated) KillAll(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.kills++
+	if f.kills == 1 && f.srv != nil {
+		f.heldAtKill = f.srv.Held()
+	}
 	if f.killErr != nil {
 		return f.killErr
 	}
@@ -191,9 +198,9 @@ func TestGateEndings(t *testing.T) {
 		{"stop request, allocation runs on (a restart of the gate)", func(r *gateRig) {
 			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
 		}, 0, false, "Lock kept: Nomad stopped the gate while its allocation keeps running"},
-		{"SIGTERM to the supervisor", func(r *gateRig) {
+		{"SIGTERM to the supervisor: the gate fails, so Nomad kills the gated tasks", func(r *gateRig) {
 			r.sigs <- syscall.SIGTERM
-		}, 0, false, "Lock kept: the gate stopped by itself"},
+		}, 1, false, "Lock kept: the gate stopped by itself"},
 		{"lock taken by another holder (409)", func(r *gateRig) {
 			r.srv.TakeOver(time.Second)
 		}, ExitLost, false, "Gate lost the lock"},
@@ -367,5 +374,252 @@ func TestGateRefusesBadJob(t *testing.T) {
 	}
 	if !r.message("Gate not started") {
 		t.Errorf("no event says the gate was not started; events:\n%s", r.eventLog())
+	}
+}
+
+// withKiller gives the gate a GatedTasks that kills the tasks named in
+// direct, and records at each release whether they were killed first.
+func (r *gateRig) withKiller(direct ...string) *fakeGated {
+	f := &fakeGated{direct: direct, srv: r.srv}
+	r.sup.Config.Gate.Killer = func(allocID string, tasks []GatedTask) (GatedTasks, error) {
+		if allocID != gateAlloc {
+			r.t.Errorf("Killer built for allocation %q", allocID)
+		}
+		return f, nil
+	}
+	r.srv.OnRelease(func() {
+		_, killed := f.calls()
+		r.mu.Lock()
+		r.releases = append(r.releases, !killed) // "alive" at the release
+		r.mu.Unlock()
+	})
+	return f
+}
+
+// Two gated tasks: app (docker, killed by the gate when direct) and db.
+var twoApps = []GatedTask{{Name: "app", Driver: "docker"}, {Name: "db", Driver: "podman"}}
+
+// With a Killer, every ending but Nomad's own stop of the allocation kills
+// the gated tasks the gate can kill, before the lock can pass; the lock is
+// released, clean, only when every gated task is proven dead and the lease
+// is still ours.
+func TestGateKillsDirectly(t *testing.T) {
+	defer func(d time.Duration) { gateKillRetryFor = d }(gateKillRetryFor)
+	gateKillRetryFor = time.Second
+	tests := []struct {
+		name    string
+		direct  []string
+		killErr error
+		end     func(r *gateRig)
+		code    int
+		kills   bool // KillAll was called
+		release bool // released, marked clean
+		event   string
+	}{
+		{"lock lost (409): killed, not released", []string{"app", "db"}, nil, func(r *gateRig) { r.srv.TakeOver(time.Second) },
+			ExitLost, true, false, "it killed app, db itself, proven dead"},
+		{"lock lost, one task left to Nomad", []string{"app"}, nil, func(r *gateRig) { r.srv.Free() },
+			ExitLost, true, false, "Nomad kills the gated tasks (db)"},
+		{"signal, all direct: killed, released clean", []string{"app", "db"}, nil, func(r *gateRig) { r.sigs <- syscall.SIGTERM },
+			1, true, true, "Gate killed app, db itself"},
+		{"signal, one task left to Nomad: killed, lock kept", []string{"app"}, nil, func(r *gateRig) { r.sigs <- syscall.SIGTERM },
+			1, true, false, "Lock kept: the gate stopped by itself"},
+		{"signal, the kill fails: lock kept, no longer marked direct", []string{"app", "db"}, errors.New("docker: no answer"), func(r *gateRig) { r.sigs <- syscall.SIGTERM },
+			1, true, false, "Gate could not prove app, db dead"},
+		{"Nomad's stop of the allocation: Nomad's kill, released clean", []string{"app", "db"}, nil, func(r *gateRig) {
+			r.setAlloc(gateJob{desired: api.AllocDesiredStatusStop, gatedState: "dead", apps: twoApps})
+			r.event("the watch sees the stop", func(Event) bool { return r.srv.Calls(locktest.OpAlloc) >= 3 })
+			time.Sleep(50 * time.Millisecond) // the watch's blocking read returns at once on a change
+			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
+		}, 0, false, true, "Released lock"},
+		{"a restart of the gate: no kill, lock kept for the restarted gate", []string{"app", "db"}, nil, func(r *gateRig) {
+			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
+		}, 0, false, false, "Lock kept: Nomad stopped the gate while its allocation keeps running"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newGateRig(t, gateJob{gatedState: "running", apps: twoApps})
+			f := r.withKiller(tc.direct...)
+			f.killErr = tc.killErr
+			r.run()
+			r.holding()
+			tc.end(r)
+			if code := r.exit(); code != tc.code {
+				t.Errorf("exit %d, want %d; events:\n%s", code, tc.code, r.eventLog())
+			}
+			kills, _ := f.calls()
+			if (kills > 0) != tc.kills {
+				t.Errorf("%d KillAll calls, want any: %v; events:\n%s", kills, tc.kills, r.eventLog())
+			}
+			if kills > 0 && !f.heldAtKill && tc.name[:4] != "lock" {
+				t.Errorf("the lock was free when the gate killed its gated tasks")
+			}
+			clean := r.srv.Items()["released_clean"] == "true"
+			released := r.srv.Calls(locktest.OpRelease) > 0
+			if released != tc.release || clean != tc.release {
+				t.Errorf("released %v, marked clean %v; want %v; events:\n%s", released, clean, tc.release, r.eventLog())
+			}
+			if tc.kills {
+				r.checkReleasesAfterDeath(0)
+			}
+			if tc.killErr != nil && r.srv.Items()["gated_direct"] != "" {
+				t.Errorf("the lock still says the gate kills its tasks itself after a kill that failed")
+			}
+			if !r.message(tc.event) {
+				t.Errorf("no event says %q; events:\n%s", tc.event, r.eventLog())
+			}
+		})
+	}
+}
+
+// At start the gate says which gated tasks it kills itself and which it
+// leaves to Nomad, and records in the lock whether it kills them all.
+func TestGateSaysWhoKills(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		direct []string
+		says   []string
+		items  string // gated_direct in the holder's record
+	}{
+		{"all direct", []string{"app", "db"}, []string{"kills and proves dead itself, whenever it stops other than by Nomad's stop of the allocation: app (docker), db (podman)"}, "true"},
+		{"one left to Nomad", []string{"app"}, []string{"itself, whenever it stops other than by Nomad's stop of the allocation: app (docker)",
+			"Gate leaves to Nomad (no driver kill for them): db (podman)"}, ""},
+		{"no killer", nil, []string{"Gate leaves to Nomad (no direct kill on this client): app (docker), db (podman)"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newGateRig(t, gateJob{gatedState: "running", apps: twoApps})
+			if tc.direct != nil {
+				r.withKiller(tc.direct...)
+			}
+			r.run()
+			r.holding()
+			for _, want := range tc.says {
+				if !r.message(want) {
+					t.Errorf("no event says %q; events:\n%s", want, r.eventLog())
+				}
+			}
+			if got := r.srv.Items()["gated_direct"]; got != tc.items {
+				t.Errorf("gated_direct = %q, want %q", got, tc.items)
+			}
+		})
+	}
+}
+
+// N9: a stop whose allocation the gate's watch had not seen stopped when it
+// arrived, but that a read then shows stopped (a restart of the gate that
+// raced a stop of the allocation), releases only if the servers report
+// every gated task dead or the gate killed them all itself.
+func TestGateStopRacingAllocationStop(t *testing.T) {
+	stopped := func(gatedState string) stopArrival {
+		return stopArrival{alloc: gateJob{id: gateAlloc, desired: api.AllocDesiredStatusStop, gatedState: gatedState, apps: twoApps}.alloc()}
+	}
+	for _, tc := range []struct {
+		name    string
+		direct  []string
+		at      stopArrival
+		release bool
+		kills   bool
+	}{
+		{"seen by the watch before the stop", nil, stopArrival{seen: true}, true, false},
+		{"read after: gated tasks reported dead", nil, stopped("dead"), true, false},
+		{"read after: gated tasks running, no killer", nil, stopped("running"), false, false},
+		{"read after: gated tasks running, one left to Nomad", []string{"app"}, stopped("running"), false, true},
+		{"read after: gated tasks running, all killed directly", []string{"app", "db"}, stopped("running"), true, true},
+		{"read after: the allocation runs on (restart)", []string{"app", "db"},
+			stopArrival{alloc: gateJob{id: gateAlloc, gatedState: "running", apps: twoApps}.alloc()}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newGateRig(t, gateJob{gatedState: "running", apps: twoApps})
+			var f *fakeGated
+			if tc.direct != nil {
+				f = r.withKiller(tc.direct...)
+			}
+			s := r.sup
+			s.setUp()
+			if code, refused := s.refused(context.Background()); refused {
+				t.Fatalf("gate refused: %d; events:\n%s", code, r.eventLog())
+			}
+			lease, err := s.Locker.Acquire(context.Background(), lockclient.AcquireOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = lease.Release(context.Background()) })
+			if got := s.gateMayRelease(lease, endStopRequest, tc.at); got != tc.release {
+				t.Errorf("may release %v, want %v; events:\n%s", got, tc.release, r.eventLog())
+			}
+			kills := 0
+			if f != nil {
+				kills, _ = f.calls()
+			}
+			if (kills > 0) != tc.kills {
+				t.Errorf("%d KillAll calls, want any: %v", kills, tc.kills)
+			}
+		})
+	}
+}
+
+// The next holder trusts the lock's expiry when the previous gate killed
+// its gated tasks itself; after a release behind that gate's back it waits
+// for Nomad to report that gate or its tasks dead.
+func TestGateAwaitPreviousDirect(t *testing.T) {
+	items := map[string]string{"holder_alloc_id": locktest.OtherAlloc, "holder_node": locktest.OtherNode, "gated_direct": "true"}
+	running := gateJob{id: locktest.OtherAlloc, gatedState: "running", gateRunning: true}.alloc()
+	t.Run("expired: at once", func(t *testing.T) {
+		r := newGateRig(t, gateJob{})
+		r.srv.SetAllocation(running)
+		r.srv.TakeOver(300 * time.Millisecond)
+		r.srv.SetItems(items)
+		r.run()
+		r.event("waiting on the other holder", func(ev Event) bool { return ev.State == StateWaiting && ev.Holder.AllocID == locktest.OtherAlloc })
+		r.srv.Expire()
+		r.holding()
+		if r.message("waiting until Nomad reports them dead") {
+			t.Errorf("the gate waited after an expiry; events:\n%s", r.eventLog())
+		}
+	})
+	t.Run("released behind its back: until that gate is reported dead", func(t *testing.T) {
+		r := newGateRig(t, gateJob{})
+		r.srv.SetAllocation(running)
+		r.srv.SetItems(items)
+		r.run()
+		r.event("waiting for the previous holder", func(ev Event) bool {
+			return ev.State == StateWaiting && strings.Contains(ev.Message, "waiting until Nomad reports them dead")
+		})
+		if _, held := r.find(inState(StateHolding)); held {
+			t.Fatalf("the gate let its tasks start while the previous gate runs; events:\n%s", r.eventLog())
+		}
+		gateDead := gateJob{id: locktest.OtherAlloc, gatedState: "running"}.alloc() // its gate's state: dead (absent)
+		gateDead.TaskStates[gateTask] = &api.TaskState{State: "dead"}
+		r.srv.SetAllocation(gateDead)
+		r.holding()
+	})
+}
+
+// keepAwaiting: past its bound, the wait for a previous gate that left its
+// tasks to Nomad goes on only while the servers, in touch with its client,
+// report that gate running.
+func TestKeepAwaiting(t *testing.T) {
+	prev := lockclient.Holder{AllocID: locktest.OtherAlloc}
+	s := &Supervisor{Logger: nil}
+	s.setUp()
+	for _, tc := range []struct {
+		name  string
+		alloc *api.Allocation
+		prev  lockclient.Holder
+		keep  bool
+	}{
+		{"gate running on a reachable client", gateJob{id: "p", gateRunning: true, gatedState: "running"}.alloc(), prev, true},
+		{"client lost", gateJob{id: "p", gateRunning: true, gatedState: "running", clientStatus: api.AllocClientStatusLost}.alloc(), prev, false},
+		{"client unknown", gateJob{id: "p", gateRunning: true, gatedState: "running", clientStatus: "unknown"}.alloc(), prev, false},
+		{"gate dead", gateJob{id: "p", gatedState: "running"}.alloc(), prev, false},
+		{"previous gate killed directly", gateJob{id: "p", gateRunning: true}.alloc(), lockclient.Holder{AllocID: "p", GatedDirect: true}, false},
+		{"no answer", nil, prev, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var holdOn bool
+			if got := s.keepAwaiting(tc.alloc, tc.prev, gateTask, &holdOn); got != tc.keep || holdOn != tc.keep {
+				t.Errorf("keep %v (holdOn %v), want %v", got, holdOn, tc.keep)
+			}
+		})
 	}
 }

@@ -20,6 +20,10 @@ import (
 type gateHook struct {
 	s *Supervisor
 	g *Gate
+	// watch closes once the allocation is seen being stopped (or gone)
+	// while the gate holds; at is what was known when a stop arrived.
+	watch <-chan struct{}
+	at    stopArrival
 }
 
 func newGateHook(s *Supervisor, g *Gate) *gateHook { return &gateHook{s: s, g: g} }
@@ -73,10 +77,43 @@ func (h *gateHook) acquired(lease *lockclient.Lease) bool { return h.s.gateAwait
 // upstream is REMOVEd as soon as the allocation is being stopped, before
 // Nomad kills the gated task.
 func (h *gateHook) holding(ctx context.Context, lease *lockclient.Lease) <-chan struct{} {
+	h.watch = h.s.gateStopping(ctx)
 	if h.s.Config.LB == nil {
 		return nil
 	}
-	return h.s.gateStopping(ctx)
+	return h.watch
+}
+
+// stopArrived records, the moment Nomad's stop arrives, whether the
+// allocation was already seen being stopped, and else reads it at once:
+// the release is decided from that, not from what is true once the gated
+// task's LB REMOVE is done (see gateMayRelease).
+func (h *gateHook) stopArrived(end ending) {
+	if end != endStopRequest {
+		return
+	}
+	if chans.Closed(h.watch) {
+		h.at = stopArrival{seen: true}
+		return
+	}
+	h.at = h.s.readAtStop()
+}
+
+// acquireOptions records in the holder's Items that the gate kills every
+// gated task itself, so the next gate may trust the lock's expiry.
+func (h *gateHook) acquireOptions(opts *lockclient.AcquireOptions) {
+	opts.GatedDirect = h.g.allDirect()
+}
+
+// exitCode: a gate exits 0 only when Nomad stopped it. On any other ending
+// it must fail, so that Nomad kills the tasks it gates (a prestart sidecar
+// that exits 0 is done, and its siblings run on).
+func (h *gateHook) exitCode(end ending, code int) int {
+	if code == 0 && end != endStopRequest {
+		h.s.Logger.Info("gate: exiting non-zero, so that Nomad fails the gate and kills its gated tasks", "ending", end.String())
+		return 1
+	}
+	return code
 }
 
 // holdingMessage words the holding event of a gate with no command of its
@@ -94,7 +131,7 @@ func (h *gateHook) holdingMessage(lease *lockclient.Lease) string {
 // mayRelease releases only after Nomad's own stop of the allocation
 // (gateMayRelease).
 func (h *gateHook) mayRelease(lease *lockclient.Lease, end ending) (bool, bool) {
-	ok := h.s.gateMayRelease(lease, end == endStopRequest)
+	ok := h.s.gateMayRelease(lease, end, h.at)
 	return ok, ok
 }
 

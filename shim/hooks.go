@@ -99,6 +99,12 @@ type messageHook interface {
 	lbFailedMessage(err error, cfg lbhook.Config, start bool) string
 }
 
+// exitHook may change the run's exit code once the hold has ended.
+type exitHook interface {
+	runHook
+	exitCode(end ending, code int) int
+}
+
 // ending is why a hold ends.
 type ending int
 

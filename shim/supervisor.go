@@ -238,9 +238,18 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 		return code
 	}
 	if code, failed := r.registerLB(); failed {
-		return code
+		return s.exitCode(r.end, code)
 	}
-	return r.hold(ctx, sigs)
+	return s.exitCode(r.end, r.hold(ctx, sigs))
+}
+
+// exitCode is the run's exit code once the hold ended with end, as the
+// hooks may change it.
+func (s *Supervisor) exitCode(end ending, code int) int {
+	for _, h := range hooksOf[exitHook](s) {
+		code = h.exitCode(end, code)
+	}
+	return code
 }
 
 // setUp readies the supervisor for Run: a logger, the spawner, the hooks,
@@ -294,6 +303,7 @@ type heldRun struct {
 	exited chan struct{} // closed once cmd has been waited for
 	lb     *lbSession    // nil without a load balancer
 	log    hclog.Logger
+	end    ending // why the hold ended, once shutdown ran
 }
 
 // startHeld starts the workload under the lease: its process-group guard
@@ -375,6 +385,7 @@ func (r *heldRun) code() int {
 // workload and releases as the hooks allow.
 func (r *heldRun) shutdown(sig syscall.Signal, timeout time.Duration, end ending) {
 	s, lease, g := r.s, r.lease, r.g
+	r.end = end
 	// The loop no longer re-arms the guard: give it the whole stop
 	// (LB remove, then the grace), still capped by the stop deadline.
 	until := time.Now().Add(s.removeBudget(lease) + s.lbCheckTime() + timeout + 2*time.Second)
