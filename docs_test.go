@@ -69,9 +69,73 @@ func TestDocLinks(t *testing.T) {
 			}
 		}
 	}
+	for _, page := range pages[1:] {
+		if !opensWithTOC(page) {
+			t.Errorf("%s does not open with a table of contents (a list of links to its sections before its first section)", page)
+		}
+	}
 	if links < 20 {
 		t.Errorf("found only %d relative links in %d pages: is the link parser broken?", links, len(pages))
 	}
+}
+
+// TestCodeCitesDocs: every docs/<page>.md[#anchor] that a Go, HCL or shell
+// file of the repository cites (code comments cite the manual by section)
+// names a page and a heading that exist.
+func TestCodeCitesDocs(t *testing.T) {
+	cite := regexp.MustCompile(`docs/[a-z0-9-]+\.md(#[a-z0-9_-]+)?`)
+	cited := 0
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", "bin", "dist", "testdata":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".hcl", ".sh":
+		default:
+			return nil
+		}
+		text, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range cite.FindAllString(string(text), -1) {
+			cited++
+			file, anchor, _ := strings.Cut(m, "#")
+			page, err := os.ReadFile(file)
+			if err != nil {
+				t.Errorf("%s cites %s: %v", path, m, err)
+				continue
+			}
+			if anchor != "" && !githubAnchors(string(page))[anchor] {
+				t.Errorf("%s cites %s: %s has no heading whose anchor is #%s", path, m, file, anchor)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cited == 0 {
+		t.Error("no file cites docs/: is the walk broken?")
+	}
+}
+
+// opensWithTOC: the page lists links to its own sections before its first
+// "## " heading.
+func opensWithTOC(page string) bool {
+	text, err := os.ReadFile(page)
+	if err != nil {
+		return false
+	}
+	head, _, _ := strings.Cut(string(text), "\n## ")
+	return regexp.MustCompile(`(?m)^\s*- \[[^\]]+\]\(#[^)]+\)$`).MatchString(head)
 }
 
 type mdLink struct {
@@ -180,7 +244,7 @@ func TestGitHubSlug(t *testing.T) {
 		"Security: who is trusted":                     "security-who-is-trusted",
 		"1. Graceful handover":                         "1-graceful-handover",
 		"A real load balancer: HAProxy":                "a-real-load-balancer-haproxy",
-		"Links to [the manual](docs/x.md) and `code`":  "links-to-the-manual-and-code",
+		"Links to [the manual](manual.md) and `code`":  "links-to-the-manual-and-code",
 		"What `lock` does — and what it does not (2×)": "what-lock-does--and-what-it-does-not-2",
 	} {
 		if got := githubSlug(heading); got != want {
