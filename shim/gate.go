@@ -46,6 +46,9 @@ type Gate struct {
 	// left held (Nomad restarted the gate): the gate renews it instead of
 	// acquiring, so its gated tasks, which may run on, never lose cover.
 	Adopt *AdoptLease
+	// Killer builds what kills and proves dead the gated tasks (nil: Nomad
+	// kills them all).
+	Killer GatedTasksFunc
 
 	// stopRequested is set when Nomad asked the gate to stop (StopTask).
 	stopRequested bool

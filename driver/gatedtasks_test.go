@@ -1,0 +1,148 @@
+package driver
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+	"github.com/hashicorp/nomad/client/lib/cgroupslib"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+)
+
+func gatedAlloc(tasks ...*api.Task) *api.Allocation {
+	name := "g"
+	return &api.Allocation{ID: "a1", TaskGroup: name, Job: &api.Job{TaskGroups: []*api.TaskGroup{{Name: &name, Tasks: tasks}}}}
+}
+
+func TestPlanGatedKillsOnlyWhatItCanFind(t *testing.T) {
+	alloc := gatedAlloc(
+		&api.Task{Name: "gate", Driver: "singleton"},
+		&api.Task{Name: "web", Driver: "docker"},
+		&api.Task{Name: "worker", Driver: "raw_exec"},
+		&api.Task{Name: "pinned", Driver: "raw_exec", Config: map[string]any{"cgroup_v2_override": "custom.slice/x.scope"}},
+		&api.Task{Name: "vm", Driver: "qemu"},
+		&api.Task{Name: "cleanup", Driver: "raw_exec", Lifecycle: &api.TaskLifecycle{Hook: api.TaskLifecycleHookPoststop}},
+	)
+	tasks := gatedTasksFromAlloc(alloc, "gate")
+	var names []string
+	for _, g := range tasks {
+		names = append(names, g.Name)
+	}
+	if got := strings.Join(names, ","); got != "web,worker,pinned,vm" {
+		t.Fatalf("gated tasks = %s, want web,worker,pinned,vm (not the gate, not poststop)", got)
+	}
+	for _, tc := range []struct {
+		name   string
+		env    gatedEnv
+		alloc  *api.Allocation
+		direct string
+	}{
+		{"docker endpoint and cgroups v1", gatedEnv{DockerEndpoint: "unix:///run/docker.sock", CgroupMode: cgroupslib.CG1}, alloc, "web,worker"},
+		{"no docker endpoint", gatedEnv{CgroupMode: cgroupslib.CG1}, alloc, "worker"},
+		{"cgroups off", gatedEnv{DockerEndpoint: "unix:///run/docker.sock", CgroupMode: cgroupslib.OFF}, alloc, "web"},
+		{"v2 without the gate's cgroup", gatedEnv{CgroupMode: cgroupslib.CG2}, alloc, ""},
+		{"v2", gatedEnv{CgroupMode: cgroupslib.CG2, GateCgroup: "/sys/fs/cgroup/nomad.slice/share.slice/a1.gate.scope"}, alloc, "worker"},
+		{"task configs unread: exec tasks left to Nomad", gatedEnv{DockerEndpoint: "unix:///run/docker.sock", CgroupMode: cgroupslib.CG1}, nil, "web"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := planGated("a1", tasks, tc.alloc, tc.env)
+			k, err := newGatedKiller(rec, tc.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(k.Direct(), ","); got != tc.direct {
+				t.Errorf("Direct() = %q, want %q; left to Nomad: %v", got, tc.direct, k.LeftToNomad())
+			}
+			for _, left := range k.LeftToNomad() {
+				if !strings.Contains(left, ": ") {
+					t.Errorf("left to Nomad without a reason: %q", left)
+				}
+			}
+		})
+	}
+}
+
+func TestContainerNameIsNomads(t *testing.T) {
+	if got := containerName("api/v1", "0b5d"); got != "/api_v1-0b5d" {
+		t.Errorf("containerName = %q, want /api_v1-0b5d (the docker driver's <task>-<alloc ID>)", got)
+	}
+}
+
+func TestGatedKillerV2PathsAreTheGatesSiblings(t *testing.T) {
+	k := &gatedKiller{rec: gatedRecord{AllocID: "a1"}, env: gatedEnv{CgroupMode: cgroupslib.CG2,
+		GateCgroup: "/sys/fs/cgroup/custom.slice/share.slice/a1.gate.scope"}}
+	var got []string
+	for _, cg := range k.taskCgroupOf("app") {
+		got = append(got, cg.path)
+	}
+	want := "/sys/fs/cgroup/custom.slice/share.slice/a1.app.scope,/sys/fs/cgroup/custom.slice/reserve.slice/a1.app.scope"
+	if strings.Join(got, ",") != want {
+		t.Errorf("v2 task cgroups = %v, want %s", got, want)
+	}
+}
+
+// TestGatedKillerKillsARealCgroup puts a process that ignores SIGTERM (and
+// a setsid child) into a real v1 freezer cgroup where Nomad's executor
+// would put a raw_exec task, and proves both dead.
+func TestGatedKillerKillsARealCgroup(t *testing.T) {
+	if cgroupslib.GetMode() != cgroupslib.CG1 || os.Geteuid() != 0 {
+		t.Skip("needs root and cgroups v1 (this test creates a freezer cgroup)")
+	}
+	alloc := "gatedkill-" + strconv.Itoa(os.Getpid())
+	dir := cgroupslib.PathCG1(alloc, "app", "freezer")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Skipf("cannot create a freezer cgroup: %v", err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	// The workload waits for go before it forks, so that its children are
+	// born in the cgroup.
+	goFile := filepath.Join(t.TempDir(), "go")
+	cmd := exec.Command("sh", "-c", `while [ ! -e "$0" ]; do sleep 0.05; done; trap "" TERM; `+
+		`setsid sh -c 'trap "" TERM; while :; do sleep 1; done' & while :; do sleep 1; done`, goFile)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cg := &taskCgroup{mode: cgroupslib.CG1, path: dir}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		pids, _ := cg.pids()
+		if len(pids) >= 4 { // sh, the setsid sh, their sleeps
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the test processes did not appear in %s: %v", dir, pids)
+		}
+	}
+	go func() { _ = cmd.Wait() }()
+	env := gatedEnv{CgroupMode: cgroupslib.CG1}
+	rec := planGated(alloc, []shim.GatedTask{{Name: "app", Driver: "raw_exec"}}, gatedAlloc(&api.Task{Name: "app", Driver: "raw_exec"}), env)
+	k, err := newGatedKiller(rec, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := k.KillAll(ctx); err != nil {
+		t.Fatalf("KillAll: %v", err)
+	}
+	if alive, err := cg.Alive(); alive || err != nil {
+		t.Errorf("after KillAll the cgroup still has processes (err %v)", err)
+	}
+	if err := k.KillAll(ctx); err != nil {
+		t.Errorf("a second KillAll: %v, want nil (nothing left to kill)", err)
+	}
+}
