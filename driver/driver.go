@@ -273,7 +273,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		d.mu.RLock()
 		spec.Gate.DockerEndpoint = d.config.DockerEndpoint
 		d.mu.RUnlock()
-		spec.Gate.Adopt = d.gateLeases.take(cfg)
+		spec.Gate.Adopt = d.gateLeases.take(cfg, root)
 		if a := d.supersedeGate(cfg, root); a != nil {
 			spec.Gate.Adopt = a
 		}
@@ -446,10 +446,10 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 		}
 	}
 	d.tasks.delete(taskID)
-	d.gateLeases.keep(h)
 	d.mu.RLock()
 	root := d.stateRoot
 	d.mu.RUnlock()
+	d.gateLeases.keep(h, root)
 	if root != nil {
 		if err := removeTaskState(root, h.cfg); err != nil {
 			h.logger.Warn("remove the task's state dir", "error", err)

@@ -11,8 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 	"github.com/hashicorp/nomad/client/lib/cgroupslib"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -144,5 +147,58 @@ func TestGatedKillerKillsARealCgroup(t *testing.T) {
 	}
 	if err := k.KillAll(ctx); err != nil {
 		t.Errorf("a second KillAll: %v, want nil (nothing left to kill)", err)
+	}
+}
+
+// TestKeptGateLeaseOutlivesThePlugin: the lease a destroyed gate left held
+// is found by a new plugin (a new gateLeases), once, and not past the
+// moment the server may have expired it.
+func TestKeptGateLeaseOutlivesThePlugin(t *testing.T) {
+	root, err := securefs.OpenPrivate(filepath.Join(t.TempDir(), "state"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &drivers.TaskConfig{ID: "0b5d-1/gate/x", AllocID: "0b5d-1", Name: "gate"}
+	dir, err := openTaskState(root, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &taskHandle{cfg: cfg, dir: dir, logger: hclog.NewNullLogger()}
+	for _, f := range []struct {
+		name string
+		v    any
+	}{
+		{specFile, supervisorSpec{Gate: &gateSpec{AllocID: cfg.AllocID, Task: cfg.Name}}},
+		{leaseFile, heldLease{LockID: "lock-1", Fence: 7, TTL: 10 * time.Second, LockDelay: time.Second}},
+	} {
+		if err := writeJSON(dir, f.name, f.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	(&gateLeases{}).keep(h, root)
+	if err := removeTaskState(root, cfg); err != nil {
+		t.Fatal(err)
+	}
+	restarted := &gateLeases{}
+	got := restarted.take(cfg, root)
+	if got == nil || got.LockID != "lock-1" || got.Fence != 7 {
+		t.Fatalf("after a plugin restart take = %+v, want lock-1 fence 7", got)
+	}
+	if again := restarted.take(cfg, root); again != nil {
+		t.Errorf("a kept lease was taken twice: %+v", again)
+	}
+
+	// One past its time is forgotten.
+	dir, err = openTaskState(root, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.dir = dir
+	if err := writeJSON(dir, leaseFile, heldLease{LockID: "lock-2", Fence: 8, TTL: -time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	(&gateLeases{}).keep(h, root)
+	if got := (&gateLeases{}).take(cfg, root); got != nil {
+		t.Errorf("a kept lease past 2×TTL + delay was taken: %+v", got)
 	}
 }

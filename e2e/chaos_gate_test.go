@@ -80,6 +80,23 @@ func chaosGateDecoy(t *testing.T, d *harness.Docker, allocID string) string {
 	return id
 }
 
+// chaosGateEventSays checks that the holder's gate has a task event
+// containing each of says.
+func chaosGateEventSays(t *testing.T, a *harness.Agent, holder string, says ...string) {
+	t.Helper()
+	evs, err := a.TaskEvents(holder, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range says {
+		if !slices.ContainsFunc(evs, func(ev *api.TaskEvent) bool {
+			return strings.Contains(ev.DisplayMessage, want) || strings.Contains(ev.Message, want)
+		}) {
+			t.Errorf("alloc %s: no gate task event says %q:\n%s", drvShort(holder), want, drvFormatEvents(evs))
+		}
+	}
+}
+
 // chaosGateWatchdogFired checks that the holder's gate was ended by the
 // plugin's watchdog, which killed its gated tasks.
 func chaosGateWatchdogFired(t *testing.T, a *harness.Agent, holder string) {
@@ -337,6 +354,7 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 				t.Errorf("after the gate's supervisor was SIGKILLed the next app started only %s later, want < %s (the plugin kills the gated app and releases)",
 					tr.Takeover, chaosGateCrashTakeover)
 			}
+			chaosGateEventSays(t, a, holder, "Gate's gated tasks: the plugin kills and proves dead itself", "whose gated tasks the plugin killed and proved dead")
 			if decoy != "" {
 				if st := strings.TrimSpace(d.CLI(t, "inspect", "--format", "{{.State.Status}}", decoy)); st != "running" {
 					t.Errorf("the decoy container %s labelled with the holder's allocation ID is %s: the gate killed a container that is not its allocation's", decoy, st)
