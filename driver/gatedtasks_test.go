@@ -91,15 +91,16 @@ func TestGatedKillerV2PathsAreTheGatesSiblings(t *testing.T) {
 	}
 }
 
-// TestGatedKillerKillsARealCgroup puts a process that ignores SIGTERM (and
-// a setsid child) into a real v1 freezer cgroup where Nomad's executor
-// would put a raw_exec task, and proves both dead.
-func TestGatedKillerKillsARealCgroup(t *testing.T) {
+// cgroupWithDaemon makes a real v1 freezer cgroup where Nomad's executor
+// would put task "app" of a test allocation, with a shell that ignores
+// SIGTERM and a setsid child that does too, and returns it.
+func cgroupWithDaemon(t *testing.T) (allocID string, cg *taskCgroup) {
+	t.Helper()
 	if cgroupslib.GetMode() != cgroupslib.CG1 || os.Geteuid() != 0 {
 		t.Skip("needs root and cgroups v1 (this test creates a freezer cgroup)")
 	}
-	alloc := "gatedkill-" + strconv.Itoa(os.Getpid())
-	dir := cgroupslib.PathCG1(alloc, "app", "freezer")
+	allocID = "gatedkill-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	dir := cgroupslib.PathCG1(allocID, "app", "freezer")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Skipf("cannot create a freezer cgroup: %v", err)
 	}
@@ -113,14 +114,14 @@ func TestGatedKillerKillsARealCgroup(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+	cg = &taskCgroup{mode: cgroupslib.CG1, path: dir}
+	t.Cleanup(func() { _ = cg.KillAll(5 * time.Second) })
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cg := &taskCgroup{mode: cgroupslib.CG1, path: dir}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		pids, _ := cg.pids()
 		if len(pids) >= 4 { // sh, the setsid sh, their sleeps
@@ -131,6 +132,13 @@ func TestGatedKillerKillsARealCgroup(t *testing.T) {
 		}
 	}
 	go func() { _ = cmd.Wait() }()
+	return allocID, cg
+}
+
+// TestGatedKillerKillsARealCgroup proves dead a raw_exec task's processes,
+// a setsid daemon that ignores SIGTERM included.
+func TestGatedKillerKillsARealCgroup(t *testing.T) {
+	alloc, cg := cgroupWithDaemon(t)
 	env := gatedEnv{CgroupMode: cgroupslib.CG1}
 	rec := planGated(alloc, []shim.GatedTask{{Name: "app", Driver: "raw_exec"}}, gatedAlloc(&api.Task{Name: "app", Driver: "raw_exec"}), env)
 	k, err := newGatedKiller(rec, env)
@@ -147,6 +155,26 @@ func TestGatedKillerKillsARealCgroup(t *testing.T) {
 	}
 	if err := k.KillAll(ctx); err != nil {
 		t.Errorf("a second KillAll: %v, want nil (nothing left to kill)", err)
+	}
+}
+
+// TestWatchdogSeesADaemonInTheTaskCgroup: with no workload process group
+// left (the leader gone), a daemon in the task cgroup still counts as the
+// workload running, so the watchdog kills it.
+func TestWatchdogSeesADaemonInTheTaskCgroup(t *testing.T) {
+	_, cg := cgroupWithDaemon(t)
+	h := &taskHandle{cgroup: cg}
+	if !h.workloadAlive(0) {
+		t.Fatal("workloadAlive(no group) = false with processes in the task cgroup")
+	}
+	if err := cg.KillAll(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if h.workloadAlive(0) {
+		t.Error("workloadAlive = true with an empty task cgroup and no group")
+	}
+	if (&taskHandle{}).workloadAlive(0) {
+		t.Error("workloadAlive = true without a task cgroup or group")
 	}
 }
 
