@@ -46,7 +46,10 @@ var chaosGateFaults = []chaosGateFault{
 		proves: "the standby's gate, stopped while it waits, never starts its app, though the lock comes free; every process gone"},
 	{name: "supervisor", abbrev: "sk", kinds: []string{"docker", "raw_exec"}, failover: true,
 		fault:  "SIGKILL of the gate's supervisor",
-		proves: "the gate fails and Nomad kills the gated app (\"sibling failed\"); nobody releases, so the standby takes over when the server expires the lock (2×TTL + delay), the old app long dead"},
+		proves: "the plugin kills the gated app itself (docker: paused, then SIGKILLed; raw_exec: its cgroup frozen and killed), proves it dead, marks the release clean and releases: the standby's app starts within seconds (asserted < 10s), not at the server's expiry; a decoy container labelled with the holder's allocation ID is left alone"},
+	{name: "sigstop", abbrev: "ss", kinds: []string{"docker", "raw_exec"}, failover: true,
+		fault:  "SIGSTOP of the gate's supervisor, past the TTL",
+		proves: "the plugin's watchdog sees the gate past its fence deadline, kills the gated app and the frozen supervisor; the gate fails and the standby takes over, never beside the old app"},
 	{name: "app-kill", abbrev: "ak", kinds: []string{"docker"},
 		fault:  "`docker kill` of the gated app's container",
 		proves: "Nomad restarts the app in place; the gate keeps the lock (same lock ID), the standby keeps waiting and never starts its app"},
@@ -59,6 +62,56 @@ var chaosGateFaults = []chaosGateFault{
 	{name: "alloc-restart", abbrev: "rs", kinds: []string{"docker"},
 		fault:  "restart of the holder's whole allocation, gate included (`nomad alloc restart <alloc>`)",
 		proves: "the restarted gate takes over the lease its previous run left held (same lock ID) and the app starts again in place; the standby never starts its app"},
+}
+
+// chaosGateCrashTakeover bounds, loosely, the takeover after a SIGKILL of
+// the holder's gate supervisor: the plugin kills the gated app and
+// releases in about a second; the server's expiry would take 2×TTL + delay.
+const chaosGateCrashTakeover = 10 * time.Second
+
+// chaosGateDecoy starts a container that carries the holder's allocation
+// ID label (as a job's own labels could) but is not one of its tasks', and
+// returns its ID: no gate may touch it.
+func chaosGateDecoy(t *testing.T, d *harness.Docker, allocID string) string {
+	t.Helper()
+	id := strings.TrimSpace(d.CLI(t, "run", "-d", "--network", "host", "--label", "com.hashicorp.nomad.alloc_id="+allocID,
+		"--name", "decoy-"+allocID, d.Image, "sleep", "3600"))
+	t.Cleanup(func() { _, _ = d.TryCLI("rm", "-f", id) })
+	return id
+}
+
+// chaosGateEventSays checks that the holder's gate has a task event
+// containing each of says.
+func chaosGateEventSays(t *testing.T, a *harness.Agent, holder string, says ...string) {
+	t.Helper()
+	evs, err := a.TaskEvents(holder, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range says {
+		if !slices.ContainsFunc(evs, func(ev *api.TaskEvent) bool {
+			return strings.Contains(ev.DisplayMessage, want) || strings.Contains(ev.Message, want)
+		}) {
+			t.Errorf("alloc %s: no gate task event says %q:\n%s", drvShort(holder), want, drvFormatEvents(evs))
+		}
+	}
+}
+
+// chaosGateWatchdogFired checks that the holder's gate was ended by the
+// plugin's watchdog, which killed its gated tasks.
+func chaosGateWatchdogFired(t *testing.T, a *harness.Agent, holder string) {
+	t.Helper()
+	evs, err := a.TaskEvents(holder, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if strings.Contains(ev.DisplayMessage, "watchdog killed the gate and its gated tasks") ||
+			strings.Contains(ev.Message, "watchdog killed the gate and its gated tasks") {
+			return
+		}
+	}
+	t.Errorf("alloc %s: no task event says that the watchdog killed the frozen gate and its gated tasks:\n%s", drvShort(holder), drvFormatEvents(evs))
 }
 
 // chaosGateKindName is the variant column of a gate row.
@@ -208,6 +261,7 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 	lockID := v.Lock.ID
 
 	at := harness.MonoNow()
+	var decoy string
 	switch f.name {
 	case "alloc-stop":
 		if err := a.StopAlloc(holder); err != nil {
@@ -218,9 +272,19 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 			t.Fatal(err)
 		}
 	case "supervisor":
+		if kind == "docker" {
+			decoy = chaosGateDecoy(t, d, holder)
+			at = harness.MonoNow()
+		}
 		if err := syscall.Kill(drvSupervisor(t, holder).PID, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
+	case "sigstop":
+		sup := drvSupervisor(t, holder)
+		if err := syscall.Kill(sup.PID, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = syscall.Kill(sup.PID, syscall.SIGCONT) })
 	case "app-kill":
 		if kind != "docker" {
 			if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
@@ -283,6 +347,22 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 			who = "a replacement allocation" // alloc stop: Nomad's replacement competes for the free lock
 		}
 		notes = append(notes, who+" took over "+harness.Millis(time.Duration(next.Mono-gone))+" after the old app was gone")
+		switch f.name {
+		case "supervisor":
+			// The plugin proves the app dead and releases at once.
+			if tr.Takeover > chaosGateCrashTakeover {
+				t.Errorf("after the gate's supervisor was SIGKILLed the next app started only %s later, want < %s (the plugin kills the gated app and releases)",
+					tr.Takeover, chaosGateCrashTakeover)
+			}
+			chaosGateEventSays(t, a, holder, "Gate's gated tasks: the plugin kills and proves dead itself", "whose gated tasks the plugin killed and proved dead")
+			if decoy != "" {
+				if st := strings.TrimSpace(d.CLI(t, "inspect", "--format", "{{.State.Status}}", decoy)); st != "running" {
+					t.Errorf("the decoy container %s labelled with the holder's allocation ID is %s: the gate killed a container that is not its allocation's", decoy, st)
+				}
+			}
+		case "sigstop":
+			chaosGateWatchdogFired(t, a, holder)
+		}
 		if f.name == "alloc-stop" {
 			// A clean stop is marked in the lock, so the next gate need
 			// not ask Nomad whether the old app is dead; say if it was not.

@@ -18,6 +18,9 @@ const (
 	// holding the lock for a docker task of its group: handover and crash
 	// only.
 	VariantGate = "(d) gate + docker app"
+	// VariantGateRaw is a gate holding the lock for a raw_exec task: crash
+	// only.
+	VariantGateRaw = "(e) gate + raw_exec app"
 	// Baselines: the same workload without any lock.
 	VariantRawExec   = "plain raw_exec job"
 	VariantPlainExec = "plain process"
