@@ -44,9 +44,6 @@ type Gate struct {
 	// left held (Nomad restarted the gate): the gate renews it instead of
 	// acquiring, so its gated tasks, which may run on, never lose cover.
 	Adopt *AdoptLease
-	// Killer builds what kills and proves dead the gated tasks (nil: Nomad
-	// kills them all).
-	Killer GatedTasksFunc
 
 	// killBound is the longest the gated tasks may take to die once the
 	// gate has failed, found at start: the group's shutdown_delay + the
