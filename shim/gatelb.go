@@ -27,9 +27,14 @@ import (
 // signal; it does so for every kill of the task (an allocation stop, and a
 // "sibling failed" kill after the gate failed), and skips the wait only when
 // the stop asked for it (-no-shutdown-delay, DesiredTransition
-// NoShutdownDelay). A group-level shutdown_delay (the group service hook's
-// PreKill) delays only an allocation stop. checkGateJob counts the task's
-// shutdown_delay in the bound on the gated tasks' kill time.
+// NoShutdownDelay). A group-level shutdown_delay delays every kill of the
+// allocation too, before any task is killed: allocRunner.killTasks first
+// runs the allocation's pre-kill hooks, and the group service hook's
+// PreKill (preKillLocked) sleeps the group's shutdown_delay, with or
+// without services, for an allocation stop and for the "sibling failed"
+// kill alike. checkGateJob counts both delays in the bound on the kill
+// time of the gated tasks Nomad kills; those the gate kills itself
+// (gatekill.go) do not wait for either.
 //
 // Every other ending REMOVEs too, before the gate exits: a stop by Nomad, a
 // signal, a failed ADD (the gate then fails, and Nomad kills the gated
