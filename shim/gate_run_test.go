@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -427,9 +428,8 @@ func TestGateKillsDirectly(t *testing.T) {
 		{"signal, the kill fails: lock kept, no longer marked direct", []string{"app", "db"}, errors.New("docker: no answer"), func(r *gateRig) { r.sigs <- syscall.SIGTERM },
 			1, true, false, "Gate could not prove app, db dead"},
 		{"Nomad's stop of the allocation: Nomad's kill, released clean", []string{"app", "db"}, nil, func(r *gateRig) {
+			// Nomad killed the gated tasks before it stopped the gate.
 			r.setAlloc(gateJob{desired: api.AllocDesiredStatusStop, gatedState: "dead", apps: twoApps})
-			r.event("the watch sees the stop", func(Event) bool { return r.srv.Calls(locktest.OpAlloc) >= 3 })
-			time.Sleep(50 * time.Millisecond) // the watch's blocking read returns at once on a change
 			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
 		}, 0, false, true, "Released lock"},
 		{"a restart of the gate: no kill, lock kept for the restarted gate", []string{"app", "db"}, nil, func(r *gateRig) {
@@ -619,6 +619,49 @@ func TestKeepAwaiting(t *testing.T) {
 			var holdOn bool
 			if got := s.keepAwaiting(tc.alloc, tc.prev, gateTask, &holdOn); got != tc.keep || holdOn != tc.keep {
 				t.Errorf("keep %v (holdOn %v), want %v", got, holdOn, tc.keep)
+			}
+		})
+	}
+}
+
+// A gate with a command of its own whose command ends, even with 0: the
+// gate kills its gated tasks, releases clean when it killed them all, and
+// exits non-zero, so that Nomad fails it and kills what is left (a
+// prestart sidecar that exits 0 is done, and its siblings would run on).
+func TestGateCommandEnds(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		direct []string
+		code   int
+		clean  bool
+	}{
+		{"exit 0, all killed directly", []string{"app", "db"}, 1, true},
+		{"exit 0, one left to Nomad", []string{"app"}, 1, false},
+		{"exit 3, no killer", nil, 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newGateRig(t, gateJob{gatedState: "running", apps: twoApps})
+			code := 0
+			if tc.code != 1 {
+				code = tc.code
+			}
+			r.sup.Config.Command = []string{"/bin/sh", "-c", "sleep 0.2; exit " + strconv.Itoa(code)}
+			r.sup.Env = []string{"PATH=/usr/bin:/bin"}
+			var f *fakeGated
+			if tc.direct != nil {
+				f = r.withKiller(tc.direct...)
+			}
+			r.run()
+			if got := r.exit(); got != tc.code {
+				t.Errorf("exit %d, want %d; events:\n%s", got, tc.code, r.eventLog())
+			}
+			if f != nil {
+				if kills, _ := f.calls(); kills == 0 {
+					t.Errorf("the gated tasks were not killed")
+				}
+			}
+			if clean := r.srv.Items()["released_clean"] == "true"; clean != tc.clean || r.srv.Held() == tc.clean {
+				t.Errorf("released clean %v, held %v; want clean %v; events:\n%s", clean, r.srv.Held(), tc.clean, r.eventLog())
 			}
 		})
 	}
