@@ -493,13 +493,18 @@ func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
 //
 // A previous gate that killed its gated tasks itself (Holder.GatedDirect)
 // had them dead by its fence deadline, a TTL before the server could
-// expire its lock (a frozen one's are killed by the plugin's watchdog): a
-// lock that expired (the acquire met the lock delay, Lease.AfterExpiry)
-// is taken at once. A lock released behind that gate's back (by hand, with
-// its lock ID) may be free before the gate has noticed: the wait is then
-// for Nomad to report that gate or its gated tasks dead, at most until
-// its fence deadline and its kill are surely past (its TTL +
-// gateKillAllTimeout + gateKillSlack).
+// expire its lock (a frozen one's are killed by the plugin's watchdog), so
+// the lock's expiry is safe to trust. Nomad's variables do not tell an
+// expiry from a release (both are VarLockRelease, and the lock delay keeps
+// the lock held), and a lock released behind that gate's back (by hand,
+// with its lock ID) may be free before the gate has noticed. So the gate
+// starts at once when Nomad reports that gate or its gated tasks dead, its
+// allocation finished or gone, or its client out of reach (lost or
+// unknown: cut off, it fences itself and kills its gated tasks by its fence
+// deadline); otherwise, while the servers still report that gate running
+// on a client they reach, it waits at most until that gate's fence
+// deadline and kill are surely past (its TTL + gateKillAllTimeout +
+// gateKillSlack).
 //
 // A previous gate that left its gated tasks to Nomad: the wait is for
 // Nomad's client to report them dead (or their allocation complete or
@@ -523,11 +528,6 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 		return true
 	}
 	t := s.Locker.Config().Timing
-	if prev.GatedDirect && lease.AfterExpiry {
-		s.Logger.Info("gate: the previous holder's lock expired, and it killed its gated tasks itself by its fence deadline",
-			"previous_alloc", prev.AllocID)
-		return true
-	}
 	until := time.Now().Add(t.TTL + t.TTL + t.LockDelay)
 	if prev.GatedDirect {
 		prevTTL := t.TTL
@@ -586,7 +586,7 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			until = until.Add(gateNomadServiceWait)
 		}
 		alive := previousGatedAlive(alloc, g.Task)
-		if len(alive) == 0 || prev.GatedDirect && !taskRunning(alloc, g.Task) {
+		if len(alive) == 0 || prev.GatedDirect && (!taskRunning(alloc, g.Task) || clientOutOfReach(alloc)) {
 			if announced {
 				s.Logger.Info("gate: the previous holder's gated tasks are dead", "previous_alloc", prev.AllocID)
 			}
@@ -627,6 +627,12 @@ func (s *Supervisor) keepAwaiting(alloc *api.Allocation, prev lockclient.Holder,
 	}
 	*holdOn = true
 	return true
+}
+
+// clientOutOfReach reports whether the servers have lost touch with the
+// allocation's client (lost, or unknown under a disconnect block).
+func clientOutOfReach(alloc *api.Allocation) bool {
+	return alloc.ClientStatus == api.AllocClientStatusLost || alloc.ClientStatus == api.AllocClientStatusUnknown
 }
 
 // taskRunning reports whether Nomad reports task of alloc anything but
