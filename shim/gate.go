@@ -241,7 +241,11 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 // delay must exceed the group's shutdown_delay + gateRestartSlack (the
 // kill itself, and Nomad noticing that the gate failed), or the task must
 // not restart at all (attempts = 0, mode = "fail"). Mode "delay" restarts,
-// once the attempts are spent, at the end of the interval, however near.
+// once the attempts are spent, at the end of the interval, however near. A
+// group-level service of Nomad's own provider is deregistered in the same
+// pre-kill hook, before the delay, by an RPC to the servers, which on a
+// client cut off from them blocks until it is given up
+// (gateNomadServiceWait): that much more.
 func checkDirectRestart(task *api.Task, tg *api.TaskGroup, groupDelay time.Duration) error {
 	rp := task.RestartPolicy
 	if rp == nil {
@@ -260,16 +264,22 @@ func checkDirectRestart(task *api.Task, tg *api.TaskGroup, groupDelay time.Durat
 		}
 	}
 	need := groupDelay + gateRestartSlack
+	what := fmt.Sprintf("the group's shutdown_delay (%s)", groupDelay)
+	if slices.ContainsFunc(tg.Services, func(s *api.Service) bool { return s != nil && s.Provider == "nomad" }) {
+		need += gateNomadServiceWait
+		what = fmt.Sprintf("the deregistration of the group's Nomad services (up to %s on a client cut off from the servers) "+
+			"and the group's shutdown_delay (%s)", gateNomadServiceWait, groupDelay)
+	}
 	switch {
 	case mode != api.RestartPolicyModeFail:
 		return fmt.Errorf(`task %q: restart mode %q can restart it at any moment once its attempts are spent, and the gate kills it `+
-			`itself when it loses the lock, before Nomad's kill (which cancels a pending restart) begins after the group's shutdown_delay (%s): `+
-			`set restart { mode = "fail" } with attempts = 0, or a delay above %s`, task.Name, mode, groupDelay, need)
+			`itself when it loses the lock, before Nomad's kill (which cancels a pending restart) begins after %s: `+
+			`set restart { mode = "fail" } with attempts = 0, or a delay above %s`, task.Name, mode, what, need)
 	case attempts > 0 && delay <= need:
 		return fmt.Errorf(`task %q: restart delay %s is too short: when the gate loses the lock it kills the task itself, and Nomad `+
 			`would restart it in place after its restart delay, before Nomad's own kill (which cancels a pending restart) begins `+
-			`after the group's shutdown_delay (%s) + %s. Set restart { delay = "%s" } or more, or restart { attempts = 0 }`,
-			task.Name, delay, groupDelay, gateRestartSlack, (need + time.Second).Round(time.Second))
+			`after %s + %s. Set restart { delay = "%s" } or more, or restart { attempts = 0 }`,
+			task.Name, delay, what, gateRestartSlack, (need + time.Second).Round(time.Second))
 	}
 	return nil
 }
