@@ -423,7 +423,7 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 	if chans.Closed(lease.Lost()) {
 		// Never released while the gated tasks may run, even if the
 		// server still holds it for us.
-		killed := s.killDirect(lease.StopDeadline(), lease.Fence, "the lock was lost")
+		killed := s.killDirect(lease, lease.StopDeadline(), "the lock was lost")
 		msg := "Gate lost the lock: it fails now"
 		if g.killer != nil && killed {
 			msg += fmt.Sprintf("; it killed %s itself, proven dead", strings.Join(g.direct, ", "))
