@@ -330,6 +330,18 @@ func TestChaos(t *testing.T) {
 		}
 	})
 
+	// Row 9: Nomad leader elections, on a cluster of three servers.
+	t.Run("election", func(t *testing.T) {
+		t.Parallel()
+		a := harness.StartAgent(t, chaosElectionAgentOptions(t))
+		chaosRunRow(t, chaosRow{ID: "9-leader-election", Variant: chaosBothOf(chaosPlain),
+			Fault: fmt.Sprintf("the Raft leader of three servers SIGKILLed and started again with its data dir, %d times (the next once every "+
+				"holder has renewed again), while the holders renew (TTL 10s, renew every %s), %d probes renew locks of their own every %s, and %d periodic jobs launch every %s", chaosElections, chaosElectionRenew, chaosProbes, chaosProbeEvery, chaosPeriodicJobs, chaosPeriodicEvery),
+			Proves: "a healthy holder keeps its lock across leader elections (one workload start per job, same lock): " +
+				"a renew that the new leader answers 409 before it has restored its lock timers is told apart from a real loss; no overlap"},
+			trials, func(t *testing.T, n int, tr *chaosTrial) { chaosElectionTrial(t, a, n, tr) })
+	})
+
 	// Row 8: the gate, with a docker gated app (and raw_exec where the
 	// fault is the gate's), on a dev agent of its own with a Docker engine.
 	t.Run("gate", func(t *testing.T) {
