@@ -300,11 +300,13 @@ func chaosElectionTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 	chaosCheck(t, tr, drecs, dsum)
 	chaosCheck(t, tr, lrecs, lsum)
 
-	lockLog := chaosLockLog(t, a, l.jobID())
+	// What the holders logged: `lock`'s and the supervisor's stderr.
+	lockLog, drvLog := chaosTaskLog(t, a, l.jobID(), taskName), chaosTaskLog(t, a, d.jobID(), drvTask)
 	renewFailed, conflicts := strings.Count(lockLog, "renew failed"), strings.Count(lockLog, "renew answered 409")
-	for _, line := range strings.Split(lockLog, "\n") {
-		if strings.Contains(line, "409") || strings.Contains(line, "lost") || strings.Contains(line, "fence") {
-			t.Log("lock: " + line)
+	drvFailed, drvConflicts := strings.Count(drvLog, "renew failed"), strings.Count(drvLog, "renew answered 409")
+	for _, line := range strings.Split(lockLog+drvLog, "\n") {
+		if strings.Contains(line, "409") || strings.Contains(line, "lost") {
+			t.Log("holder: " + line)
 		}
 	}
 	st.mu.Lock()
@@ -324,8 +326,8 @@ func chaosElectionTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 	}
 	tr.Recovery = worst
 	tr.Note = fmt.Sprintf("%d elections in %s, worst kill → new leader %s; probes: %d renews OK, %d spurious 409 (lock still ours), %d other errors, %d lost; "+
-		"`lock` holder log: %d failed renews, %d renews answered 409 with the lock still ours",
-		chaosElections, elapsed.Round(time.Second), harness.Millis(worst), st.renews, st.spurious, errs, st.lost, renewFailed, conflicts)
+		"holders' logs (`lock`, driver): %d and %d failed renews, %d and %d renews answered 409 with the lock still ours",
+		chaosElections, elapsed.Round(time.Second), harness.Millis(worst), st.renews, st.spurious, errs, st.lost, renewFailed, drvFailed, conflicts, drvConflicts)
 	harness.Measure(t, "election_worst", worst)
 	harness.Measure(t, "election_probe_spurious_409", st.spurious)
 }
@@ -368,8 +370,8 @@ func chaosWaitLeader(t *testing.T, a *harness.Agent, not *harness.Member) *harne
 	}
 }
 
-// chaosLockLog is the stderr of the job's `lock` tasks on the client.
-func chaosLockLog(t *testing.T, a *harness.Agent, jobID string) string {
+// chaosTaskLog is the stderr of the job's task on the client, all allocations.
+func chaosTaskLog(t *testing.T, a *harness.Agent, jobID, task string) string {
 	allocs, _, err := a.API().Jobs().Allocations(jobID, true, nil)
 	if err != nil {
 		t.Logf("list allocations of %s: %v", jobID, err)
@@ -377,7 +379,7 @@ func chaosLockLog(t *testing.T, a *harness.Agent, jobID string) string {
 	}
 	var b strings.Builder
 	for _, al := range allocs {
-		files, _ := filepath.Glob(filepath.Join(a.Client().AllocDir(), al.ID, "alloc", "logs", taskName+".stderr.*"))
+		files, _ := filepath.Glob(filepath.Join(a.Client().AllocDir(), al.ID, "alloc", "logs", task+".stderr.*"))
 		for _, f := range files {
 			if data, err := os.ReadFile(f); err == nil {
 				b.Write(data)

@@ -1078,7 +1078,7 @@ func chaosReport(trials int, took time.Duration, load string) string {
 		"NOMAD_LOCK_FENCE; a sampler scans /proc every few ms. **Overlaps** counts overlapping pairs of run intervals (at least 1 "+
 		"if the sampler saw two allocations' workloads alive at once); **fence violations** counts handovers where the fence did not strictly "+
 		"increase (harness.FenceViolations). **Takeover** is fault → first record of the next holder's workload "+
-		"(median, min–max). **Recovery** is fault → plugin relaunched / agent ready / LB converged, for rows without failover.",
+		"(median, min–max). **Recovery** is fault → plugin relaunched / agent ready / LB converged / new Raft leader (row 9: the slowest of the trial's elections), for rows without failover.",
 		drvTTL, drvDelay)
 	p("")
 	p("| Row | Fault | Variant | Trials (failed) | Overlaps | Fence violations | Takeover median (min–max) | Recovery median | LB state lost | What it proves |")
