@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -304,6 +305,13 @@ func chaosElectionTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 	lockLog, drvLog := chaosTaskLog(t, a, l.jobID(), taskName), chaosTaskLog(t, a, d.jobID(), drvTask)
 	renewFailed, conflicts := strings.Count(lockLog, "renew failed"), strings.Count(lockLog, "renew answered 409")
 	drvFailed, drvConflicts := strings.Count(drvLog, "renew failed"), strings.Count(drvLog, "renew answered 409")
+	// The least time to its fence deadline a holder logged on a failed renew.
+	closest := time.Duration(-1)
+	for _, m := range regexp.MustCompile(`fence_deadline_in=(\S+)`).FindAllStringSubmatch(lockLog+drvLog, -1) {
+		if d, err := time.ParseDuration(m[1]); err == nil && (closest < 0 || d < closest) {
+			closest = d
+		}
+	}
 	for _, line := range strings.Split(lockLog+drvLog, "\n") {
 		if strings.Contains(line, "409") || strings.Contains(line, "lost") {
 			t.Log("holder: " + line)
@@ -326,8 +334,9 @@ func chaosElectionTrial(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 	}
 	tr.Recovery = worst
 	tr.Note = fmt.Sprintf("%d elections in %s, worst kill → new leader %s; probes: %d renews OK, %d spurious 409 (lock still ours), %d other errors, %d lost; "+
-		"holders' logs (`lock`, driver): %d and %d failed renews, %d and %d renews answered 409 with the lock still ours",
-		chaosElections, elapsed.Round(time.Second), harness.Millis(worst), st.renews, st.spurious, errs, st.lost, renewFailed, drvFailed, conflicts, drvConflicts)
+		"holders' logs (`lock`, driver): %d and %d failed renews, %d and %d renews answered 409 with the lock still ours; "+
+		"closest to a fence deadline on a failed renew: %s",
+		chaosElections, elapsed.Round(time.Second), harness.Millis(worst), st.renews, st.spurious, errs, st.lost, renewFailed, drvFailed, conflicts, drvConflicts, closest)
 	harness.Measure(t, "election_worst", worst)
 	harness.Measure(t, "election_probe_spurious_409", st.spurious)
 }
