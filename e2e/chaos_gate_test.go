@@ -56,6 +56,11 @@ var chaosGateFaults = []chaosGateFault{
 	{name: "lock-lost", abbrev: "ll", kinds: []string{"docker", "raw_exec"}, failover: true,
 		fault:  "the lock released behind the holder's back (by hand, with its lock ID)",
 		proves: "the holder's gate sees the loss, kills its app itself (docker: paused, then SIGKILLed; raw_exec: its cgroup killed), proves it dead and fails; the next gate holds the lock but starts its app only once Nomad reports the old gate or app dead (the release was by hand, not an expiry)"},
+	{name: "group-delay-lock-lost", abbrev: "gd", kinds: []string{"raw_exec"}, failover: true,
+		fault: "the lock released behind the holder's back, in a group with `shutdown_delay = \"40s\"` (4×TTL) and the app's " +
+			"`restart { attempts = 0 }`",
+		proves: "Nomad sleeps the group's shutdown_delay before it kills any task, also after the gate failed; the gate kills its app " +
+			"itself at once instead, so the next gate's app never runs beside it (before: 31.9 s of two apps)"},
 	{name: "app-restart", abbrev: "ar", kinds: []string{"docker"},
 		fault:  "restart of the gated task (`nomad alloc restart <alloc> app`)",
 		proves: "the app stops (kill_timeout, SIGKILL) and starts again in place; the gate keeps the lock (same lock ID), the standby never starts its app"},
@@ -249,6 +254,10 @@ func chaosGateNeverStarted(t *testing.T, a *harness.Agent, jobID string, allowed
 // kind.
 func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records string, f chaosGateFault, kind string, n int, tr *chaosTrial) {
 	j := newChaosGateJob(t, kind, records, fmt.Sprintf("cg%s-%s%d", f.abbrev, kind[:1], n), d)
+	if f.name == "group-delay-lock-lost" {
+		j.groupExtra = "\n    shutdown_delay = \"40s\""
+		j.appRestart = "attempts = 0\n        mode     = \"fail\""
+	}
 	smp, first := chaosGateRun(t, a, j)
 	holder := first.AllocID
 	standby := j.standby(t, a, holder)
@@ -297,7 +306,7 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 			t.Fatalf("no running app container in %s: %+v", drvShort(holder), cs)
 		}
 		d.CLI(t, "kill", cs[0].ID)
-	case "lock-lost":
+	case "lock-lost", "group-delay-lock-lost":
 		if _, _, err := a.API().Variables().ReleaseLock(&api.Variable{Path: j.lockPath(), Lock: &api.VariableLock{ID: lockID}}, nil); err != nil {
 			t.Fatalf("release %s behind the holder's back: %v", j.lockPath(), err)
 		}
@@ -362,6 +371,10 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 			}
 		case "sigstop":
 			chaosGateWatchdogFired(t, a, holder)
+		case "lock-lost", "group-delay-lock-lost":
+			// The gate killed its app itself, not Nomad after the
+			// group's shutdown_delay.
+			chaosGateEventSays(t, a, holder, "itself (the lock was lost): proven dead")
 		}
 		if f.name == "alloc-stop" {
 			// A clean stop is marked in the lock, so the next gate need

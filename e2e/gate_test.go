@@ -66,8 +66,10 @@ type gateJob struct {
 	example    string
 	record     string // on the host
 	taskRecord string // as the gated task sees it
-	// gateExtra is added to the gate task; appExtra to the gated task.
-	gateExtra, appExtra string
+	// gateExtra is added to the gate task; appExtra to the gated task;
+	// groupExtra to the group; appRestart, when set, is the body of the
+	// gated task's restart block (built job only).
+	gateExtra, appExtra, groupExtra, appRestart string
 	// gateRestart and appKill override the gate's restart block and the
 	// gated task's kill_timeout.
 	gateRestart, appKill string
@@ -179,7 +181,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 	return harness.Jobspec("gate", struct {
 		ID, Group, Update, Driver, GateRestart, Command, TTL, Delay string
 		GateExtra, App, Kind, Image, AppCommand                     string
-		AppKill, Service, AppExtra                                  string
+		AppKill, Service, AppExtra, GroupExtra, AppRestart          string
 		Count                                                       int
 		GateArgs, Args, Volumes                                     []string
 		LB                                                          *lbSpec
@@ -187,7 +189,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 		ID: j.id, Group: j.group, Update: j.update, Driver: harness.PluginDriverName, GateRestart: j.gateRestart,
 		Command: command, TTL: drvTTLHCL, Delay: drvDelayHCL,
 		LB: j.lb, GateExtra: j.gateExtra, App: j.app, Kind: j.kind, Image: j.image, AppCommand: appCommand,
-		AppKill: j.appKill, Service: service, AppExtra: j.appExtra,
+		AppKill: j.appKill, Service: service, AppExtra: j.appExtra, GroupExtra: j.groupExtra, AppRestart: j.appRestart,
 		Count: cmp.Or(j.count, 2), GateArgs: gateArgs, Args: j.appArgs("${NOMAD_PORT_http}"), Volumes: volumes,
 	})
 }
