@@ -26,7 +26,7 @@ const (
 	// released, the plugin kills again whatever of its gated tasks runs: a
 	// task Nomad was starting when the gate crashed, or one it restarted
 	// before its kill began.
-	gatedReapEvery = 250 * time.Millisecond
+	gatedReapEvery = 100 * time.Millisecond
 	// gatedReapMin is the shortest such reaping.
 	gatedReapMin = time.Minute
 )
