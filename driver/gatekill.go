@@ -39,9 +39,6 @@ func gatedEnvOf(spec supervisorSpec) gatedEnv {
 	}
 	if spec.CgroupPath != "" {
 		env.CgroupMode, env.GateCgroup = cgroupslib.Mode(spec.CgroupMode), spec.CgroupPath
-	} else if m := cgroupslib.GetMode(); m == cgroupslib.CG1 {
-		// v1 paths do not depend on the gate's own cgroup.
-		env.CgroupMode = m
 	}
 	return env
 }
