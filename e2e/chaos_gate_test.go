@@ -55,7 +55,7 @@ var chaosGateFaults = []chaosGateFault{
 		proves: "Nomad restarts the app in place; the gate keeps the lock (same lock ID), the standby keeps waiting and never starts its app"},
 	{name: "lock-lost", abbrev: "ll", kinds: []string{"docker", "raw_exec"}, failover: true,
 		fault:  "the lock released behind the holder's back (by hand, with its lock ID)",
-		proves: "the holder's gate sees the loss and fails, Nomad kills its app; the next gate holds the lock but starts its app only once Nomad reports the old app dead (the release was not clean)"},
+		proves: "the holder's gate sees the loss, kills its app itself (docker: paused, then SIGKILLed; raw_exec: its cgroup killed), proves it dead and fails; the next gate holds the lock but starts its app only once Nomad reports the old gate or app dead (the release was by hand, not an expiry)"},
 	{name: "app-restart", abbrev: "ar", kinds: []string{"docker"},
 		fault:  "restart of the gated task (`nomad alloc restart <alloc> app`)",
 		proves: "the app stops (kill_timeout, SIGKILL) and starts again in place; the gate keeps the lock (same lock ID), the standby never starts its app"},

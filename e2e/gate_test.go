@@ -563,8 +563,9 @@ func waitDeployment(t *testing.T, a *harness.Agent, jobID string, version uint64
 }
 
 // testGateWorkloadKilled: a gate with a command of its own whose process is
-// SIGKILLed. The gate fails without releasing (its gated app may still run);
-// Nomad kills the app, and the standby takes over once the lock expires.
+// SIGKILLed. The gate kills its gated raw_exec app itself, proves it dead,
+// releases clean and fails (so Nomad kills what is left); the standby takes
+// over at once.
 func testGateWorkloadKilled(t *testing.T, a *harness.Agent, records string) {
 	j := newGateJob(t, "raw_exec", records)
 	j.id, j.svc = "gate-cmd", "gate-cmd-app"
@@ -592,7 +593,7 @@ func testGateWorkloadKilled(t *testing.T, a *harness.Agent, records string) {
 	}
 	next := j.start(t, first.AllocID, t0, 90*time.Second)
 	t.Logf("MEASURE gate_raw_exec gate_workload_killed_takeover=%s (alloc %s -> %s)", harness.Millis(time.Duration(next.Mono-t0)), drvShort(first.AllocID), drvShort(next.AllocID))
-	gateWaitEvent(t, a, j.id, 30*time.Second, "Lock kept: the gate stopped by itself")
+	gateWaitEvent(t, a, j.id, 30*time.Second, "itself (the gate stopped: workload exited): proven dead")
 	if err := a.Purge(j.id); err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,11 @@ type Lease struct {
 	// Previous is the holder recorded in the variable before we acquired it
 	// (zero if none). The LB hook removes its upstream.
 	Previous Holder
+	// AfterExpiry is true when an acquire was refused while the lock was
+	// free just before ours was granted: the server's lock delay, which
+	// follows only the expiry of the previous holder's lock, not a release.
+	// False says nothing (a release, or a wait that began after the delay).
+	AfterExpiry bool
 
 	locker *Locker
 	id     string
