@@ -491,7 +491,7 @@ func chaosGatePartitionTrial(t *testing.T, a *harness.Agent, d *harness.Docker, 
 		}
 	}
 	chaosGateOnlyIn(t, j.records(t), []string{first.AllocID, next.AllocID}, []int64{0, at})
-	tr.Note = fmt.Sprintf("old app gone %s after the cut (gate self-fenced, app killed by its client), next app %s after that; node ready %s after the heal",
+	tr.Note = fmt.Sprintf("old app gone %s after the cut (gate self-fenced and killed it), next app %s after that; node ready %s after the heal",
 		harness.Millis(time.Duration(gone-at)), harness.Millis(time.Duration(next.Mono-gone)), harness.Millis(tr.Recovery))
 	chaosGateFinish(t, a, j, smp, tr, known...)
 }

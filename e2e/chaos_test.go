@@ -303,15 +303,16 @@ func TestChaos(t *testing.T) {
 			{chaosRow{ID: "8-gate-partition-docker", Variant: chaosGateKindName("docker"),
 				Fault: fault + "no disconnect block; the gate's containers run in the host's network namespace (network_mode host) " +
 					"and their client reaches dockerd by its socket, which the cut leaves alone; healed once the replacement holds",
-				Proves: "the cut-off gate self-fences (fails once its lock is lost) and its client kills the app (kill_timeout, SIGKILL) " +
-					"before the server can expire the lock; the replacement on the second client starts its app only after that; " +
+				Proves: "the cut-off gate self-fences at its fence deadline and kills its app itself (paused, SIGKILLed, proven gone) " +
+					"before the server can expire the lock; the replacement on the second client starts its app once the lock has " +
+					"expired and the servers have lost the first client, without waiting for Nomad's report of the old app; " +
 					"after the heal the replacement stays the one holder"},
 				func(t *testing.T, n int, tr *chaosTrial) { chaosGatePartitionTrial(t, a, d, records, false, n, tr) }},
 			{chaosRow{ID: "8-gate-partition-docker-nomad-service", Variant: chaosGateKindName("docker") + ", with a Nomad service (provider \"nomad\")",
 				Fault: fault + "no disconnect block; as 8-gate-partition-docker, but the gated app registers a Nomad service; healed once the replacement holds",
-				Proves: "the same as 8-gate-partition-docker: the cut-off client must kill the app before the server can expire the lock. " +
-					"Nomad runs a task's pre-kill hooks before it kills it, and the Nomad service deregistration there is an RPC to the " +
-					"servers that the cut-off client cannot reach: it blocks until the connection fails"},
+				Proves: "the same as 8-gate-partition-docker, as fast: Nomad runs a task's pre-kill hooks before it kills it, and the " +
+					"Nomad service deregistration there is an RPC to the servers that the cut-off client cannot reach (it blocks until " +
+					"the connection fails), but the gate kills the app itself, without Nomad's client"},
 				func(t *testing.T, n int, tr *chaosTrial) { chaosGatePartitionTrial(t, a, d, records, true, n, tr) }},
 		}...)
 		if skip := chaosPartitionSkip(); skip != "" {
@@ -328,6 +329,18 @@ func TestChaos(t *testing.T) {
 		for _, r := range rows {
 			chaosRunRow(t, r.row, trials, r.trial)
 		}
+	})
+
+	// Row 9: Nomad leader elections, on a cluster of three servers.
+	t.Run("election", func(t *testing.T) {
+		t.Parallel()
+		a := harness.StartAgent(t, chaosElectionAgentOptions(t))
+		chaosRunRow(t, chaosRow{ID: "9-leader-election", Variant: chaosBothOf(chaosPlain),
+			Fault: fmt.Sprintf("the Raft leader of three servers SIGKILLed and started again with its data dir, %d times (the next once every "+
+				"holder has renewed again), while the holders renew (TTL 10s, renew every %s), %d probes renew locks of their own every %s, and %d periodic jobs launch every %s", chaosElections, chaosElectionRenew, chaosProbes, chaosProbeEvery, chaosPeriodicJobs, chaosPeriodicEvery),
+			Proves: "a healthy holder keeps its lock across leader elections (one workload start per job, same lock): " +
+				"a renew that the new leader answers 409 before it has restored its lock timers is told apart from a real loss; no overlap"},
+			trials, func(t *testing.T, n int, tr *chaosTrial) { chaosElectionTrial(t, a, n, tr) })
 	})
 
 	// Row 8: the gate, with a docker gated app (and raw_exec where the
@@ -1072,7 +1085,7 @@ func chaosReport(trials int, took time.Duration, load string) string {
 		"NOMAD_LOCK_FENCE; a sampler scans /proc every few ms. **Overlaps** counts overlapping pairs of run intervals (at least 1 "+
 		"if the sampler saw two allocations' workloads alive at once); **fence violations** counts handovers where the fence did not strictly "+
 		"increase (harness.FenceViolations). **Takeover** is fault → first record of the next holder's workload "+
-		"(median, min–max). **Recovery** is fault → plugin relaunched / agent ready / LB converged, for rows without failover.",
+		"(median, min–max). **Recovery** is fault → plugin relaunched / agent ready / LB converged / new Raft leader (row 9: the slowest of the trial's elections), for rows without failover.",
 		drvTTL, drvDelay)
 	p("")
 	p("## The matrix")

@@ -206,10 +206,6 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 	bo := l.newBackoff()
 	failures := 0
 	var reported Holder
-	// inDelay: since the lock was last seen held, an acquire was refused
-	// while it was free: the server's lock delay, which follows only an
-	// expiry (Nomad's lock.DelayTimer), never a release.
-	inDelay := false
 	retryAfter := func(err error) error {
 		failures++
 		if l.cfg.MaxRetry > 0 && failures >= l.cfg.MaxRetry {
@@ -235,18 +231,11 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 			continue
 		}
 
-		if current.v != nil && current.v.Lock != nil {
-			inDelay = false
-		}
 		lease, err := l.tryAcquire(ctx, current, opts)
 		switch {
 		case err == nil:
-			lease.AfterExpiry = inDelay
 			return lease, nil
 		case errors.Is(err, ErrNotAcquired):
-			if current.v == nil || current.v.Lock == nil {
-				inDelay = true
-			}
 			failures = 0
 			bo.Reset()
 			holder := holderFromItems(current.items())

@@ -241,7 +241,11 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 // delay must exceed the group's shutdown_delay + gateRestartSlack (the
 // kill itself, and Nomad noticing that the gate failed), or the task must
 // not restart at all (attempts = 0, mode = "fail"). Mode "delay" restarts,
-// once the attempts are spent, at the end of the interval, however near.
+// once the attempts are spent, at the end of the interval, however near. A
+// group-level service of Nomad's own provider is deregistered in the same
+// pre-kill hook, before the delay, by an RPC to the servers, which on a
+// client cut off from them blocks until it is given up
+// (gateNomadServiceWait): that much more.
 func checkDirectRestart(task *api.Task, tg *api.TaskGroup, groupDelay time.Duration) error {
 	rp := task.RestartPolicy
 	if rp == nil {
@@ -260,16 +264,22 @@ func checkDirectRestart(task *api.Task, tg *api.TaskGroup, groupDelay time.Durat
 		}
 	}
 	need := groupDelay + gateRestartSlack
+	what := fmt.Sprintf("the group's shutdown_delay (%s)", groupDelay)
+	if slices.ContainsFunc(tg.Services, func(s *api.Service) bool { return s != nil && s.Provider == "nomad" }) {
+		need += gateNomadServiceWait
+		what = fmt.Sprintf("the deregistration of the group's Nomad services (up to %s on a client cut off from the servers) "+
+			"and the group's shutdown_delay (%s)", gateNomadServiceWait, groupDelay)
+	}
 	switch {
 	case mode != api.RestartPolicyModeFail:
 		return fmt.Errorf(`task %q: restart mode %q can restart it at any moment once its attempts are spent, and the gate kills it `+
-			`itself when it loses the lock, before Nomad's kill (which cancels a pending restart) begins after the group's shutdown_delay (%s): `+
-			`set restart { mode = "fail" } with attempts = 0, or a delay above %s`, task.Name, mode, groupDelay, need)
+			`itself when it loses the lock, before Nomad's kill (which cancels a pending restart) begins after %s: `+
+			`set restart { mode = "fail" } with attempts = 0, or a delay above %s`, task.Name, mode, what, need)
 	case attempts > 0 && delay <= need:
 		return fmt.Errorf(`task %q: restart delay %s is too short: when the gate loses the lock it kills the task itself, and Nomad `+
 			`would restart it in place after its restart delay, before Nomad's own kill (which cancels a pending restart) begins `+
-			`after the group's shutdown_delay (%s) + %s. Set restart { delay = "%s" } or more, or restart { attempts = 0 }`,
-			task.Name, delay, groupDelay, gateRestartSlack, (need + time.Second).Round(time.Second))
+			`after %s + %s. Set restart { delay = "%s" } or more, or restart { attempts = 0 }`,
+			task.Name, delay, what, gateRestartSlack, (need + time.Second).Round(time.Second))
 	}
 	return nil
 }
@@ -413,7 +423,7 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 	if chans.Closed(lease.Lost()) {
 		// Never released while the gated tasks may run, even if the
 		// server still holds it for us.
-		killed := s.killDirect(lease.StopDeadline(), lease.Fence, "the lock was lost")
+		killed := s.killDirect(lease, lease.StopDeadline(), "the lock was lost")
 		msg := "Gate lost the lock: it fails now"
 		if g.killer != nil && killed {
 			msg += fmt.Sprintf("; it killed %s itself, proven dead", strings.Join(g.direct, ", "))
@@ -493,13 +503,18 @@ func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
 //
 // A previous gate that killed its gated tasks itself (Holder.GatedDirect)
 // had them dead by its fence deadline, a TTL before the server could
-// expire its lock (a frozen one's are killed by the plugin's watchdog): a
-// lock that expired (the acquire met the lock delay, Lease.AfterExpiry)
-// is taken at once. A lock released behind that gate's back (by hand, with
-// its lock ID) may be free before the gate has noticed: the wait is then
-// for Nomad to report that gate or its gated tasks dead, at most until
-// its fence deadline and its kill are surely past (its TTL +
-// gateKillAllTimeout + gateKillSlack).
+// expire its lock (a frozen one's are killed by the plugin's watchdog), so
+// the lock's expiry is safe to trust. Nomad's variables do not tell an
+// expiry from a release (both are VarLockRelease, and the lock delay keeps
+// the lock held), and a lock released behind that gate's back (by hand,
+// with its lock ID) may be free before the gate has noticed. So the gate
+// starts at once when Nomad reports that gate or its gated tasks dead, its
+// allocation finished or gone, or its client out of reach (lost or
+// unknown: cut off, it fences itself and kills its gated tasks by its fence
+// deadline); otherwise, while the servers still report that gate running
+// on a client they reach, it waits at most until that gate's fence
+// deadline and kill are surely past (its TTL + gateKillAllTimeout +
+// gateKillSlack).
 //
 // A previous gate that left its gated tasks to Nomad: the wait is for
 // Nomad's client to report them dead (or their allocation complete or
@@ -523,11 +538,6 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 		return true
 	}
 	t := s.Locker.Config().Timing
-	if prev.GatedDirect && lease.AfterExpiry {
-		s.Logger.Info("gate: the previous holder's lock expired, and it killed its gated tasks itself by its fence deadline",
-			"previous_alloc", prev.AllocID)
-		return true
-	}
 	until := time.Now().Add(t.TTL + t.TTL + t.LockDelay)
 	if prev.GatedDirect {
 		prevTTL := t.TTL
@@ -586,7 +596,7 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			until = until.Add(gateNomadServiceWait)
 		}
 		alive := previousGatedAlive(alloc, g.Task)
-		if len(alive) == 0 || prev.GatedDirect && !taskRunning(alloc, g.Task) {
+		if len(alive) == 0 || prev.GatedDirect && (!taskRunning(alloc, g.Task) || clientOutOfReach(alloc)) {
 			if announced {
 				s.Logger.Info("gate: the previous holder's gated tasks are dead", "previous_alloc", prev.AllocID)
 			}
@@ -627,6 +637,12 @@ func (s *Supervisor) keepAwaiting(alloc *api.Allocation, prev lockclient.Holder,
 	}
 	*holdOn = true
 	return true
+}
+
+// clientOutOfReach reports whether the servers have lost touch with the
+// allocation's client (lost, or unknown under a disconnect block).
+func clientOutOfReach(alloc *api.Allocation) bool {
+	return alloc.ClientStatus == api.AllocClientStatusLost || alloc.ClientStatus == api.AllocClientStatusUnknown
 }
 
 // taskRunning reports whether Nomad reports task of alloc anything but

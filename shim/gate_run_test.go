@@ -559,24 +559,29 @@ func TestGateStopRacingAllocationStop(t *testing.T) {
 }
 
 // The next holder trusts the lock's expiry when the previous gate killed
-// its gated tasks itself; after a release behind that gate's back it waits
-// for Nomad to report that gate or its tasks dead.
+// its gated tasks itself: it starts at once when that gate's client is out
+// of the servers' reach (cut off, it fenced itself and killed them); while
+// the servers report that gate running on a client they reach (a release
+// behind its back), it waits for Nomad to report that gate or its tasks
+// dead.
 func TestGateAwaitPreviousDirect(t *testing.T) {
 	items := map[string]string{"holder_alloc_id": locktest.OtherAlloc, "holder_node": locktest.OtherNode, "gated_direct": "true"}
 	running := gateJob{id: locktest.OtherAlloc, gatedState: "running", gateRunning: true}.alloc()
-	t.Run("expired: at once", func(t *testing.T) {
-		r := newGateRig(t, gateJob{})
-		r.srv.SetAllocation(running)
-		r.srv.TakeOver(300 * time.Millisecond)
-		r.srv.SetItems(items)
-		r.run()
-		r.event("waiting on the other holder", func(ev Event) bool { return ev.State == StateWaiting && ev.Holder.AllocID == locktest.OtherAlloc })
-		r.srv.Expire()
-		r.holding()
-		if r.message("waiting until Nomad reports them dead") {
-			t.Errorf("the gate waited after an expiry; events:\n%s", r.eventLog())
-		}
-	})
+	for _, cs := range []string{api.AllocClientStatusLost, api.AllocClientStatusUnknown} {
+		t.Run("its client out of reach ("+cs+"): at once", func(t *testing.T) {
+			r := newGateRig(t, gateJob{})
+			r.srv.SetAllocation(gateJob{id: locktest.OtherAlloc, gatedState: "running", gateRunning: true, clientStatus: cs}.alloc())
+			r.srv.TakeOver(300 * time.Millisecond)
+			r.srv.SetItems(items)
+			r.run()
+			r.event("waiting on the other holder", func(ev Event) bool { return ev.State == StateWaiting && ev.Holder.AllocID == locktest.OtherAlloc })
+			r.srv.Expire()
+			r.holding()
+			if r.message("waiting until Nomad reports them dead") {
+				t.Errorf("the gate waited; events:\n%s", r.eventLog())
+			}
+		})
+	}
 	t.Run("released behind its back: until that gate is reported dead", func(t *testing.T) {
 		r := newGateRig(t, gateJob{})
 		r.srv.SetAllocation(running)

@@ -125,6 +125,11 @@ func TestCheckGateJobBounds(t *testing.T) {
 			`restart delay 5s is too short`, 0},
 		{"gate kills, restart delay above group delay + slack", group(10*time.Second,
 			app(&api.RestartPolicy{Attempts: num(2), Delay: dur(20 * time.Second), Mode: str("fail")})), true, "", gateKillAllTimeout},
+		{"gate kills, a group Nomad service counts its deregistration", func() *api.Allocation {
+			a := group(0, app(nil))
+			a.Job.TaskGroups[0].Services = []*api.Service{{Name: "web", Provider: "nomad"}}
+			return a
+		}(), true, `restart { delay = "1m8s" } or more`, 0},
 		{"gate kills, restart mode delay", group(0,
 			app(&api.RestartPolicy{Attempts: num(0), Delay: dur(time.Minute), Mode: str("delay")})), true, `restart mode "delay"`, 0},
 	} {

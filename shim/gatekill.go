@@ -118,7 +118,7 @@ func (g *Gate) killerMessage(t lockclient.Timing) string {
 // killDirect kills and proves dead the gated tasks the gate kills itself,
 // retrying until they are proven dead or until is reached. It reports
 // whether they are all proven dead (true when there are none).
-func (s *Supervisor) killDirect(until time.Time, fence uint64, why string) bool {
+func (s *Supervisor) killDirect(lease *lockclient.Lease, until time.Time, why string) bool {
 	g := s.Config.Gate
 	if g.killer == nil {
 		return true
@@ -131,8 +131,7 @@ func (s *Supervisor) killDirect(until time.Time, fence uint64, why string) bool 
 		cancel()
 		if err == nil {
 			s.Logger.Info("gate: the gated tasks are proven dead", "tasks", strings.Join(g.direct, ","))
-			s.emit(Event{State: StateStopping, Fence: fence, Message: fmt.Sprintf("Gate killed %s itself (%s): proven dead",
-				strings.Join(g.direct, ", "), why)})
+			s.emit(stoppingEvent(lease, fmt.Sprintf("Gate killed %s itself (%s): proven dead", strings.Join(g.direct, ", "), why)))
 			return true
 		}
 		s.Logger.Error("gate: cannot prove the gated tasks dead", "error", err, "attempt", attempt+1)
@@ -141,9 +140,16 @@ func (s *Supervisor) killDirect(until time.Time, fence uint64, why string) bool 
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	s.emit(Event{State: StateStopping, Fence: fence, Message: fmt.Sprintf("Gate could not prove %s dead (%v): the lock is not released; "+
-		"Nomad kills them once the gate has failed, and the next holder waits for Nomad to report them dead", strings.Join(g.direct, ", "), err)})
+	s.emit(stoppingEvent(lease, fmt.Sprintf("Gate could not prove %s dead (%v): the lock is not released; "+
+		"Nomad kills them once the gate has failed, and the next holder waits for Nomad to report them dead", strings.Join(g.direct, ", "), err)))
 	return false
+}
+
+// stoppingEvent is a stopping event with the lease's deadlines, which the
+// plugin's watchdog and crash release read.
+func stoppingEvent(lease *lockclient.Lease, msg string) Event {
+	return Event{State: StateStopping, Fence: lease.Fence, Message: msg,
+		FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline()}
 }
 
 // gateKillRetryFor bounds the retries of a kill that fails while the lease
@@ -156,7 +162,7 @@ var gateKillRetryFor = 2 * gateKillAllTimeout
 // of them instead of trusting the lock's expiry), and the lease is left to
 // expire.
 func (s *Supervisor) killDirectHeld(lease *lockclient.Lease, why string) bool {
-	if s.killDirect(earliest(time.Now().Add(gateKillRetryFor), lease.StopDeadline()), lease.Fence, why) {
+	if s.killDirect(lease, earliest(time.Now().Add(gateKillRetryFor), lease.StopDeadline()), why) {
 		return true
 	}
 	if s.Config.Gate.allDirect() {
