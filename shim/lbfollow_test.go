@@ -291,7 +291,7 @@ func (r *followRig) stop(alloc string) error {
 // acquire writes alloc's holder record as its lock would, and returns the fence.
 func (r *followRig) acquire(alloc string, previous string, n int) uint64 {
 	return r.lock.Write(map[string]string{"holder_alloc_id": alloc, "holder_pid": "1",
-		"acquired_at": time.Unix(int64(n), 0).UTC().Format(time.RFC3339Nano),
+		"acquired_at":     time.Unix(int64(n), 0).UTC().Format(time.RFC3339Nano),
 		"holder_upstream": r.addr[alloc], "previous_upstream": previous})
 }
 
