@@ -401,6 +401,7 @@ func (r *followRun) do(ctx context.Context, s step) error {
 		prev = []lbhook.UpstreamInfo{{Upstream: s.previous, Group: r.f.LB.Group}}
 	}
 	attempt := r.nextAttempt(lbhook.KindAdd, s.fence)
+	wasListed, wasFence := r.v.listed, r.v.listedFence
 	r.v.listed, r.v.listedFence = true, s.fence
 	began := time.Now()
 	resp, err := hook.AddAt(ctx, r.self, prev, attempt)
@@ -410,7 +411,9 @@ func (r *followRun) do(ctx context.Context, s step) error {
 		}
 		var oe *lbhook.OutcomeError
 		if errors.As(err, &oe) || errors.Is(err, lbhook.ErrNeverReached) {
-			r.v.listed = false // Baragon applied nothing, or never saw it
+			// Baragon applied nothing, or never saw it: we are listed as
+			// we were before it.
+			r.v.listed, r.v.listedFence = wasListed, wasFence
 			return fmt.Errorf("%w: %s", ErrLBFollowADD, lbhook.Diagnose(err, r.f.Client.Config()).String())
 		}
 		r.f.Logger.Warn("lb add did not finish; following the LB's state", "error", err)
