@@ -49,10 +49,11 @@ type LBFollower struct {
 var ErrLBFollowADD = errors.New("the load balancer refused the ADD")
 
 // Run follows the lock until ctx ends (the sidecar's kill signal), then
-// removes its upstream if it may be registered. It returns nil then; an
-// error when the lock cannot be read for good (an ACL) or an ADD ended
-// FAILED, CANCELED or INVALID_REQUEST_NOOP (its upstream removed first, if
-// it was listed before).
+// removes its upstream if it may be registered, and returns that REMOVE's
+// error (nil when it succeeded or was not needed). It returns earlier,
+// with an error, when the lock cannot be read for good (an ACL) or an ADD
+// ended FAILED, CANCELED or INVALID_REQUEST_NOOP (its upstream removed
+// first, if it was listed before).
 func (f *LBFollower) Run(ctx context.Context) error {
 	r := newFollowRun(f)
 	defer r.stopHealth()
@@ -64,6 +65,9 @@ func (f *LBFollower) Run(ctx context.Context) error {
 	defer recheck.Stop()
 	var err error
 	for err == nil {
+		if ctx.Err() != nil {
+			return r.shutdown()
+		}
 		if s := r.v.next(); s.kind != stepNone {
 			err = r.do(ctx, s)
 			continue

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -190,6 +191,7 @@ type followRig struct {
 	lock   *locktest.Server
 	lb     *lbapi.Server
 	uri    string
+	ts     *httptest.Server
 	addr   map[string]string
 	lis    map[string]net.Listener
 	cancel map[string]context.CancelFunc
@@ -210,7 +212,7 @@ func newFollowRig(t *testing.T) *followRig {
 		ts.Close()
 		_ = lb.Close()
 	})
-	r := &followRig{t: t, lock: locktest.New(), lb: lb, uri: lb.RequestURL(ts.URL),
+	r := &followRig{t: t, lock: locktest.New(), lb: lb, uri: lb.RequestURL(ts.URL), ts: ts,
 		addr: map[string]string{}, lis: map[string]net.Listener{},
 		cancel: map[string]context.CancelFunc{}, done: map[string]chan error{}, logs: &proctest.SyncBuffer{}}
 	t.Cleanup(func() {
@@ -256,7 +258,7 @@ func (r *followRig) follow(alloc string) {
 	r.t.Helper()
 	lb := &LoadBalancer{Config: lbhook.Config{URI: r.uri, ServiceID: followService, BasePath: "/web",
 		Groups: []string{lbapi.DefaultGroup}, PortLabel: "http", RequestTimeout: time.Second,
-		PollInterval: 5 * time.Millisecond, AddDeadline: 5 * time.Second, RemoveDeadline: 5 * time.Second}.WithDefaults(),
+		PollInterval: 5 * time.Millisecond, AddDeadline: 5 * time.Second, RemoveDeadline: 2 * time.Second}.WithDefaults(),
 		Upstream: r.addr[alloc], Recheck: time.Second,
 		Health: &HealthCheck{Type: "tcp", Address: r.addr[alloc], Interval: 50 * time.Millisecond, Timeout: 200 * time.Millisecond}}
 	client, err := lbhook.NewClient(lb.Config, lbhook.ClientOptions{})
@@ -380,4 +382,26 @@ func TestLBFollowerFollowsEachTenure(t *testing.T) {
 		t.Errorf("a's follower: %v", err)
 	}
 	r.waitListed("a's follower stopped: it removes its upstream")
+}
+
+// TestLBFollowerStopsWithTheLBGone: a follower whose REMOVEs cannot reach
+// the LB API (its health check failed, then its kill signal came) still
+// returns within its REMOVE's deadline, with an error that says so.
+func TestLBFollowerStopsWithTheLBGone(t *testing.T) {
+	r := newFollowRig(t)
+	a := "alloc-a"
+	f := r.acquire(a, "", 1)
+	r.waitADD(a, f, "")
+	r.ts.CloseClientConnections()
+	r.ts.Close()
+	r.kill(a) // the health check fails: a REMOVE that cannot get through
+	time.Sleep(300 * time.Millisecond)
+	began := time.Now()
+	err := r.stop(a)
+	if err == nil || !strings.Contains(err.Error(), "lb remove of "+r.addr[a]) {
+		t.Errorf("Run = %v, want the REMOVE's failure", err)
+	}
+	if took := time.Since(began); took > 4*time.Second {
+		t.Errorf("the follower took %s to stop with the LB gone, want within its remove deadline (2s) and a request timeout", took)
+	}
 }
