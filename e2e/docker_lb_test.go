@@ -104,6 +104,7 @@ func TestDockerLockLBHooks(t *testing.T) {
 		}
 		up := lbUpstreamOf(t, a, holder.AllocID)
 		since = map[string]time.Time{holder.AllocID: time.Now()}
+		killing := harness.MonoNow()
 		d.CLI(t, "kill", cs[0].ID)
 		killed := harness.MonoNow()
 		next := waitMainStart(t, s.record, 3*time.Minute, func(r harness.Record) bool { return r.Mono > killed })
@@ -112,8 +113,10 @@ func TestDockerLockLBHooks(t *testing.T) {
 		}
 		scenario := fmt.Sprintf("kill_%d", i)
 		harness.Measure(t, "docker_lb_takeover_"+scenario, time.Duration(next.Mono-killed))
-		if gone := live.firstWithout(up, killed); gone > 0 {
-			harness.Measure(t, "docker_lb_dead_upstream_listed_"+scenario, time.Duration(gone-killed))
+		// From before the kill: the sidecar may see the container dead
+		// before `docker kill` returns.
+		if gone := live.firstWithout(up, killing); gone > 0 {
+			harness.Measure(t, "docker_lb_dead_upstream_listed_"+scenario, time.Duration(gone-killing))
 		}
 		settle(scenario, next)
 		checkAddRemoved(t, lb, service, next.AllocID, up)
