@@ -44,6 +44,48 @@ const (
 )
 
 func TestDockerLockLBHooks(t *testing.T) {
+	d := harness.StartDocker(t)
+	a := harness.StartAgent(t, harness.AgentOptions{Dev: true, Docker: d})
+	testDockerLBFollow(t, a, d, dockerLBKills)
+}
+
+// TestDockerLockLBHooksUnderACLs: the same under ACLs, with the least
+// privilege docs/lock-lb.md describes: the lock policy on the task that
+// takes the lock alone, and the read-only policy on the sidecar alone. The
+// sidecar's workload identity then reads the holder record and nothing else
+// (not even the Lock field), and still follows every tenure.
+func TestDockerLockLBHooksUnderACLs(t *testing.T) {
+	d := harness.StartDocker(t)
+	a := harness.StartAgent(t, harness.AgentOptions{ACLs: true, Docker: d})
+	applyTaskPolicy(t, a, "singleton-lock.policy.hcl", "api", "nomad/jobs/api/lock")
+	applyTaskPolicy(t, a, "singleton-lock-read.policy.hcl", "lb", "nomad/jobs/api/lock")
+	testDockerLBFollow(t, a, d, 2)
+}
+
+// applyTaskPolicy applies examples/acl/<example> for the lock at path to
+// task alone, of job api, group api (the example's).
+func applyTaskPolicy(t *testing.T, a *harness.Agent, example, task, path string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := strings.ReplaceAll(string(b), `"nomad/jobs/web/lock"`, fmt.Sprintf("%q", path))
+	if policy == string(b) {
+		t.Fatalf("examples/acl/%s no longer has path \"nomad/jobs/web/lock\"", example)
+	}
+	f := filepath.Join(t.TempDir(), "policy.hcl")
+	if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", "api", "-group", "api", "-task", task,
+		strings.TrimSuffix(example, ".policy.hcl")+"-"+task, f)
+}
+
+// testDockerLBFollow runs the example on a and moves the lock by a graceful
+// stop, a restart of the holder's task and `kills` docker kills of the
+// holder; see the file's comment for what it checks.
+func testDockerLBFollow(t *testing.T, a *harness.Agent, d *harness.Docker, kills int) {
 	const key = "e2e-docker-lb-key"
 	lb := harness.StartLB(t, lbapi.Options{
 		Groups:         []lbapi.Group{{Name: "prod-lb"}},
@@ -54,9 +96,6 @@ func TestDockerLockLBHooks(t *testing.T) {
 	if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := harness.StartDocker(t)
-	a := harness.StartAgent(t, harness.AgentOptions{Dev: true, Docker: d})
-
 	s := newDockerScenario(t, "lb")
 	s.job = "api" // the example's lock path is nomad/jobs/api/lock
 	const service, lockPath = "api", "nomad/jobs/api/lock"
@@ -96,7 +135,7 @@ func TestDockerLockLBHooks(t *testing.T) {
 	// killed holder's sidecar takes its upstream out on the failed check;
 	// the next holder's sidecar adds it when it wins the lock (back).
 	moves := 0
-	for i := 1; i <= dockerLBKills; i++ {
+	for i := 1; i <= kills; i++ {
 		waitAPITasksRunning(t, a, s.job, since)
 		cs := d.TaskContainers(t, holder.AllocID, "api")
 		if len(cs) == 0 || cs[0].State != "running" {
@@ -122,9 +161,9 @@ func TestDockerLockLBHooks(t *testing.T) {
 		checkAddRemoved(t, lb, service, next.AllocID, up)
 		holder = next
 	}
-	if moves < dockerLBKills {
+	if moves < kills {
 		t.Errorf("the lock moved between the allocations %d times in %d kills, want every time (the restart delay should keep the killed allocation out)",
-			moves, dockerLBKills)
+			moves, kills)
 	}
 	harness.Measure(t, "docker_lb_moves_between_allocs", moves)
 

@@ -14,9 +14,10 @@
 # the allocation later wins the lock back its poststart does not run again:
 # the LB would list a dead upstream and not the holder. A sidecar lives as
 # long as the allocation, across restarts of the main task, and sees each
-# tenure in the lock's holder record. It only reads the lock (the workload
-# identity's implicit policy reads nomad/jobs/<job>/*) and only ever removes
-# its own allocation's upstream, or the previous holder's as recorded.
+# tenure in the lock's holder record. It only reads the lock (read on the lock
+# path: examples/acl/singleton-lock.policy.hcl applied to the job gives it, or
+# singleton-lock-read.policy.hcl applied to this task alone) and only ever
+# removes its own allocation's upstream, or the previous holder's as recorded.
 # Why the health check: a killed holder keeps its lock until the server
 # expires it (2×TTL + delay, about 21 s here), but its sidecar sees the check
 # fail and takes it out of the LB within about one check interval.

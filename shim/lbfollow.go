@@ -21,9 +21,9 @@ import (
 // entrypoint), which outlives the holder's restarts, so that it sees every
 // tenure of its allocation, the first and every one won back.
 //
-// It reads only the lock variable (a blocking query: the workload
-// identity's implicit read of nomad/jobs/<job>/*) and its own upstream's
-// health, and it sends only requests of its own allocation: the ADD of a
+// It reads only the lock variable (blocking queries: read on the lock path
+// is all its token needs) and its own upstream's health, and it sends only
+// requests of its own allocation: the ADD of a
 // tenure (`<allocID>-ADD-<fence>`, which also removes the previous holder's
 // upstream as recorded in the lock) and the REMOVE of its own upstream.
 //

@@ -232,15 +232,21 @@ func (c *lbCmd) follow(ctx context.Context, allocID string) int {
 		fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
 		return shim.ExitLBFailed
 	}
-	fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
 	var pe *lockclient.PermissionError
 	var ce *lockclient.ConfigError
+	job := cmp.Or(os.Getenv("NOMAD_JOB_ID"), "<job>")
 	switch {
 	case errors.As(err, &pe):
-		fmt.Fprintf(c.stderr, "lock lb follow only reads the lock: the workload identity's implicit policy reads nomad/jobs/%s/*; "+
-			"keep the lock path under it, or grant \"read\" on %s\n", cmp.Or(os.Getenv("NOMAD_JOB_ID"), "<job>"), c.args[0])
+		// Not pe's own text: it names the write policy of a lock holder.
+		fmt.Fprintf(c.stderr, "lock lb follow: read %s: permission denied (HTTP 403).\n", c.args[0])
+		fmt.Fprintf(c.stderr, "lock lb follow only reads the lock, but its token needs \"read\" on %s, which the implicit "+
+			"workload-identity policy does not grant: apply examples/acl/singleton-lock.policy.hcl to the job (-job %s), "+
+			"or examples/acl/singleton-lock-read.policy.hcl to this task alone (-job %s -group %s -task %s)\n",
+			c.args[0], job, job, cmp.Or(os.Getenv("NOMAD_GROUP_NAME"), "<group>"), cmp.Or(os.Getenv("NOMAD_TASK_NAME"), "<task>"))
 		return shim.ExitPermission
-	case errors.As(err, &ce):
+	}
+	fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
+	if errors.As(err, &ce) {
 		return shim.ExitConfig
 	}
 	return shim.ExitInfra
