@@ -224,11 +224,15 @@ func (c *lbCmd) follow(ctx context.Context, allocID string) int {
 	defer stop()
 	c.log.Info("following the lock's holder record", "path", c.args[0], "alloc_id", allocID, "upstream", c.lb.Upstream)
 	f := &shim.LBFollower{LB: c.lb, Client: c.client, Locker: locker, AllocID: allocID, Logger: c.log}
-	err := f.Run(ctx)
-	switch {
-	case err == nil:
-		return 0
-	case errors.Is(err, shim.ErrLBFollowADD):
+	if err := f.Run(ctx); err != nil {
+		return c.followFailed(err)
+	}
+	return 0
+}
+
+// followFailed reports why `lock lb follow` ended, and returns its exit code.
+func (c *lbCmd) followFailed(err error) int {
+	if errors.Is(err, shim.ErrLBFollowADD) {
 		fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
 		return shim.ExitLBFailed
 	}
