@@ -43,17 +43,24 @@ const (
 // kill, the watchdog) gets the crash clean-up: REMOVE, then release.
 func (d *Driver) cleanUpAfterExit(h *taskHandle) {
 	crashed := !wroteExitStatus(h.dir)
+	removed := func(time.Duration) bool { return true }
 	if crashed {
-		d.removeAfterCrash(h)
+		removed = d.removeAfterCrash(h)
 	}
-	d.releaseAfterCrash(h, crashed)
+	d.releaseAfterCrash(h, crashed, removed)
 }
 
 // releaseAfterCrash runs when a supervisor has exited. It does nothing if
 // the supervisor released (or tried to release, or never held) the lock:
 // after a normal exit the record is left only when the supervisor could not
 // prove its workload dead, and the plugin's cgroup may still prove it.
-func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
+//
+// lbRemoved waits for a crashed gate's LB REMOVE (removeAfterCrash): the
+// plugin kills the gated tasks once their upstream is out of the load
+// balancer (or its REMOVE has failed), and releases only if the REMOVE is
+// over, so that no REMOVE of it can reach the LB after the lock is free.
+// The wait leaves time for the kill before the server may expire the lock.
+func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(within time.Duration) bool) {
 	var held heldLease
 	if err := readJSON(h.dir, leaseFile, &held); err != nil {
 		return
@@ -78,11 +85,15 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 		// A crashed gate's lock covers its gated tasks: the plugin kills
 		// them and proves them dead itself, if it can (see gatedtasks.go),
 		// and then releases at once.
+		st := h.lastStatus()
+		removed := lbRemoved(time.Duration(st.StopDeadlineMono-monoNow()) - 2*confirmDeadWithin)
 		all, kerr := d.killGated(h, spec, confirmDeadWithin)
 		switch {
 		case kerr != nil:
 			log.Error("crashed gate's gated tasks not proven dead", "error", kerr)
 			whose += fmt.Sprintf(" (its gated tasks are not proven dead: %v)", kerr)
+		case !removed:
+			whose += " (its load balancer REMOVE is still under way)"
 		case !all:
 			whose += " (some gated tasks are left to Nomad's kill)"
 		default:
@@ -240,19 +251,23 @@ func (h *taskHandle) killRemains(within time.Duration) error {
 //
 // A gate's upstream is its gated task's, and the gate's failure is what
 // makes Nomad kill that task: the plugin reports it at once and sends the
-// REMOVE beside it, so that the kill is not held up (the gated tasks must be
-// dead before the server can expire the lock, see shim.checkGateJob). The
-// REMOVE must be over by the gate's stop deadline, which comes before the
-// lock can expire: no next holder can have registered the same host:port.
-func (d *Driver) removeAfterCrash(h *taskHandle) {
+// REMOVE beside it, so that Nomad's kill is not held up (the gated tasks
+// must be dead before the server can expire the lock, see
+// shim.checkGateJob). The REMOVE must be over by the gate's stop deadline,
+// which comes before the lock can expire: no next holder can have
+// registered the same host:port. The returned func waits for it, at most
+// within, and says whether it is over: the plugin's own kill of the gated
+// tasks comes after, and its release only once the REMOVE is over.
+func (d *Driver) removeAfterCrash(h *taskHandle) (wait func(within time.Duration) bool) {
+	wait = func(time.Duration) bool { return true }
 	var reg lbRegistration
 	if err := readJSON(h.dir, lbFile, &reg); err != nil {
-		return
+		return wait
 	}
 	var spec supervisorSpec
 	if readJSON(h.dir, specFile, &spec) != nil || spec.Gate == nil {
 		d.removeCrashedUpstream(h, reg, reg.Config.WithDefaults().RemoveDeadline+crashReleaseTimeout, true)
-		return
+		return wait
 	}
 	st := h.lastStatus()
 	left := time.Duration(st.StopDeadlineMono - monoNow())
@@ -261,11 +276,25 @@ func (d *Driver) removeAfterCrash(h *taskHandle) {
 		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after the gate's crash skipped: its stop deadline has passed, so the lock may be free; "+
 			"%s stays in load balancer service %s until the next holder's ADD replaces it", reg.Upstream.Upstream, reg.Config.ServiceID),
 			map[string]string{"upstream": reg.Upstream.Upstream})
-		return
+		return wait
 	}
 	// The state dir may be gone by the time the REMOVE is over.
 	_ = h.dir.Remove(lbFile)
-	go d.removeCrashedUpstream(h, reg, left, false)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.removeCrashedUpstream(h, reg, left, false)
+	}()
+	return func(within time.Duration) bool {
+		t := time.NewTimer(max(within, 0))
+		defer t.Stop()
+		select {
+		case <-done:
+			return true
+		case <-t.C:
+			return false
+		}
+	}
 }
 
 // removeCrashedUpstream sends the REMOVE of a crashed supervisor's

@@ -22,7 +22,7 @@ func (d *Driver) waitGateHolding(h *taskHandle, root *securefs.Dir, path string)
 		map[string]string{"lock_state": string(shim.StateWaiting)})
 	select {
 	case <-h.holding:
-		go d.announceGated(h)
+		go d.recordGated(h)
 		return nil
 	case <-h.done:
 	case <-d.ctx.Done():

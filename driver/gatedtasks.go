@@ -73,8 +73,10 @@ const nomadAllocLabel = "com.hashicorp.nomad.alloc_id"
 type gatedEnv struct {
 	DockerEndpoint string
 	CgroupMode     cgroupslib.Mode
-	// GateCgroup is the gate's own task cgroup (v2), whose grandparent is
-	// the Nomad cgroup parent.
+	// GateCgroup is the gate's own task cgroup, which the plugin made its
+	// limits in, where Nomad's layout puts it: v1 its freezer cgroup (the
+	// gated tasks' are its siblings), v2 its unified cgroup, whose
+	// grandparent is the Nomad cgroup parent.
 	GateCgroup string
 }
 
@@ -91,8 +93,10 @@ func planGated(allocID string, tasks []shim.GatedTask, alloc *api.Allocation, en
 			r.Direct = true
 		case slices.Contains(cgroupDrivers, t.Driver) && env.CgroupMode == cgroupslib.OFF:
 			r.Why = "cgroups are disabled on this client"
-		case slices.Contains(cgroupDrivers, t.Driver) && env.CgroupMode == cgroupslib.CG2 && env.GateCgroup == "":
-			r.Why = "the gate has no task cgroup to find the Nomad cgroup parent from"
+		case slices.Contains(cgroupDrivers, t.Driver) && env.GateCgroup == "":
+			// The gate's own cgroup, made where Nomad's layout puts it, is
+			// what shows the layout holds on this client.
+			r.Why = "the gate has no task cgroup of its own, so the layout of the task cgroups is unproven"
 		case slices.Contains(cgroupDrivers, t.Driver):
 			if alloc == nil {
 				r.Why = "its task config could not be read"
@@ -286,7 +290,7 @@ func (k *gatedKiller) killOneContainer(ctx context.Context, id, name string) err
 // taskCgroupOf is the cgroup Nomad's executor puts a task of the allocation in.
 func (k *gatedKiller) taskCgroupOf(task string) []*taskCgroup {
 	if k.env.CgroupMode == cgroupslib.CG1 {
-		return []*taskCgroup{{mode: cgroupslib.CG1, path: cgroupslib.PathCG1(k.rec.AllocID, task, "freezer")}}
+		return []*taskCgroup{{mode: cgroupslib.CG1, path: filepath.Join(filepath.Dir(k.env.GateCgroup), cgroupslib.ScopeCG1(k.rec.AllocID, task))}}
 	}
 	parent := filepath.Dir(filepath.Dir(k.env.GateCgroup))
 	scope := cgroupslib.ScopeCG1(k.rec.AllocID, task) + ".scope"

@@ -41,18 +41,20 @@ func TestPlanGatedKillsOnlyWhatItCanFind(t *testing.T) {
 	if got := strings.Join(names, ","); got != "web,worker,pinned,vm" {
 		t.Fatalf("gated tasks = %s, want web,worker,pinned,vm (not the gate, not poststop)", got)
 	}
+	const v1gate = "/sys/fs/cgroup/freezer/nomad/a1.gate"
 	for _, tc := range []struct {
 		name   string
 		env    gatedEnv
 		alloc  *api.Allocation
 		direct string
 	}{
-		{"docker endpoint and cgroups v1", gatedEnv{DockerEndpoint: "unix:///run/docker.sock", CgroupMode: cgroupslib.CG1}, alloc, "web,worker"},
-		{"no docker endpoint", gatedEnv{CgroupMode: cgroupslib.CG1}, alloc, "worker"},
+		{"docker endpoint and cgroups v1", gatedEnv{DockerEndpoint: "unix:///run/docker.sock", CgroupMode: cgroupslib.CG1, GateCgroup: v1gate}, alloc, "web,worker"},
+		{"no docker endpoint", gatedEnv{CgroupMode: cgroupslib.CG1, GateCgroup: v1gate}, alloc, "worker"},
+		{"v1 without the gate's cgroup", gatedEnv{CgroupMode: cgroupslib.CG1}, alloc, ""},
 		{"cgroups off", gatedEnv{DockerEndpoint: "unix:///run/docker.sock", CgroupMode: cgroupslib.OFF}, alloc, "web"},
 		{"v2 without the gate's cgroup", gatedEnv{CgroupMode: cgroupslib.CG2}, alloc, ""},
 		{"v2", gatedEnv{CgroupMode: cgroupslib.CG2, GateCgroup: "/sys/fs/cgroup/nomad.slice/share.slice/a1.gate.scope"}, alloc, "worker"},
-		{"task configs unread: exec tasks left to Nomad", gatedEnv{DockerEndpoint: "unix:///run/docker.sock", CgroupMode: cgroupslib.CG1}, nil, "web"},
+		{"task configs unread: exec tasks left to Nomad", gatedEnv{DockerEndpoint: "unix:///run/docker.sock", CgroupMode: cgroupslib.CG1, GateCgroup: v1gate}, nil, "web"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := planGated("a1", tasks, tc.alloc, tc.env)
@@ -139,7 +141,7 @@ func cgroupWithDaemon(t *testing.T) (allocID string, cg *taskCgroup) {
 // a setsid daemon that ignores SIGTERM included.
 func TestGatedKillerKillsARealCgroup(t *testing.T) {
 	alloc, cg := cgroupWithDaemon(t)
-	env := gatedEnv{CgroupMode: cgroupslib.CG1}
+	env := gatedEnv{CgroupMode: cgroupslib.CG1, GateCgroup: cgroupslib.PathCG1(alloc, "gate", "freezer")}
 	rec := planGated(alloc, []shim.GatedTask{{Name: "app", Driver: "raw_exec"}}, gatedAlloc(&api.Task{Name: "app", Driver: "raw_exec"}), env)
 	k, err := newGatedKiller(rec, env)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -26,7 +25,7 @@ const (
 	// released, the plugin kills again whatever of its gated tasks runs: a
 	// task Nomad was starting when the gate crashed, or one it restarted
 	// before its kill began.
-	gatedReapEvery = 250 * time.Millisecond
+	gatedReapEvery = 100 * time.Millisecond
 	// gatedReapMin is the shortest such reaping.
 	gatedReapMin = time.Minute
 )
@@ -39,9 +38,6 @@ func gatedEnvOf(spec supervisorSpec) gatedEnv {
 	}
 	if spec.CgroupPath != "" {
 		env.CgroupMode, env.GateCgroup = cgroupslib.Mode(spec.CgroupMode), spec.CgroupPath
-	} else if m := cgroupslib.GetMode(); m == cgroupslib.CG1 {
-		// v1 paths do not depend on the gate's own cgroup.
-		env.CgroupMode = m
 	}
 	return env
 }
@@ -99,10 +95,11 @@ func (d *Driver) gatedKillerOf(h *taskHandle, spec supervisorSpec) (*gatedKiller
 	return newGatedKiller(rec, env)
 }
 
-// announceGated runs once a gate holds its lock: it finds (and records)
-// its gated tasks, so that a crash needs no read of Nomad, and says in a
-// task event which it kills itself and which it leaves to Nomad.
-func (d *Driver) announceGated(h *taskHandle) {
+// recordGated runs once a gate holds its lock: unless the gate's
+// supervisor recorded its gated tasks (its Killer does, at start), the
+// plugin finds and records them now, so that a crash needs no read of
+// Nomad. The supervisor's task event says which it kills itself.
+func (d *Driver) recordGated(h *taskHandle) {
 	var spec supervisorSpec
 	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.Gate == nil {
 		return
@@ -112,15 +109,7 @@ func (d *Driver) announceGated(h *taskHandle) {
 		h.logger.Warn("gate: cannot find its gated tasks yet; a crash will read them then", "error", err)
 		return
 	}
-	defer k.close()
-	var parts []string
-	if direct := k.Direct(); len(direct) > 0 {
-		parts = append(parts, "kills and proves dead itself, should the gate fail: "+strings.Join(direct, ", "))
-	}
-	if left := k.LeftToNomad(); len(left) > 0 {
-		parts = append(parts, "leaves to Nomad's kill, bounded by the lock's expiry: "+strings.Join(left, ", "))
-	}
-	d.emitEvent(h.cfg, "Gate's gated tasks: the plugin "+strings.Join(parts, "; the plugin "), nil)
+	k.close()
 }
 
 // killGated kills and proves dead every gated task of gate h. all is true

@@ -151,7 +151,7 @@ func (d *Driver) watchdog(h *taskHandle) {
 			why = fmt.Sprintf("workload still running %s past its stop deadline", time.Duration(now-st.StopDeadlineMono).Round(time.Millisecond))
 		}
 	}
-	if why == "" {
+	if why == "" || (!gate && !h.workloadAlive(st.WorkloadPGID)) {
 		return
 	}
 	h.mu.Lock()
@@ -164,9 +164,6 @@ func (d *Driver) watchdog(h *taskHandle) {
 		if first {
 			go d.gateWatchdog(h, why)
 		}
-		return
-	}
-	if !h.workloadAlive(st.WorkloadPGID) {
 		return
 	}
 	h.logger.Error("watchdog: killing the task", "why", why)

@@ -363,7 +363,7 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 				t.Errorf("after the gate's supervisor was SIGKILLed the next app started only %s later, want < %s (the plugin kills the gated app and releases)",
 					tr.Takeover, chaosGateCrashTakeover)
 			}
-			chaosGateEventSays(t, a, holder, "Gate's gated tasks: the plugin kills and proves dead itself", "whose gated tasks the plugin killed and proved dead")
+			chaosGateEventSays(t, a, holder, "Gate kills and proves dead itself", "whose gated tasks the plugin killed and proved dead")
 			if decoy != "" {
 				if st := strings.TrimSpace(d.CLI(t, "inspect", "--format", "{{.State.Status}}", decoy)); st != "running" {
 					t.Errorf("the decoy container %s labelled with the holder's allocation ID is %s: the gate killed a container that is not its allocation's", decoy, st)

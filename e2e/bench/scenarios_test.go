@@ -44,9 +44,10 @@ var (
 				"Were the plugin gone too (node down), the server bound of (b) would apply."
 		}
 		if isGate(v) {
-			return AtMost(1, Seconds, "the plugin: once the gate's supervisor is gone it kills the gated app itself "+
+			return MedianAtMost(1, Seconds, "the plugin: once the gate's supervisor is gone it kills the gated app itself "+
 				"(docker: paused, then SIGKILLed; raw_exec: its cgroup frozen and killed), proves it dead, marks the "+
-				"release clean and releases, so the standby's gate starts its app at once.")
+				"release clean and releases, so the standby's gate starts its app at once; then Nomad starts the app "+
+				"(a docker container's create and start take a few hundred ms, more on a busy machine).")
 		}
 		return AtMost((2*TTL + LockDelay + 500*time.Millisecond).Seconds(), Seconds, bound)
 	}
