@@ -81,7 +81,7 @@ func removeTaskState(root *securefs.Dir, cfg *drivers.TaskConfig) error {
 // prepareStateDir empties the task's state dir (a restarted task may reuse
 // it) and writes the spec.
 func prepareStateDir(dir *securefs.Dir, spec supervisorSpec) error {
-	for _, f := range []string{statusFile, eventsFile, offsetFile, exitFile, stopFile, leaseFile, lbFile} {
+	for _, f := range []string{statusFile, eventsFile, offsetFile, exitFile, stopFile, leaseFile, lbFile, gatedFile} {
 		if err := dir.Remove(f); err != nil {
 			return err
 		}
@@ -313,4 +313,7 @@ type gateSpec struct {
 	// Adopt is the lease the gate's previous run in this allocation left
 	// held (see gateLeases).
 	Adopt *shim.AdoptLease `json:",omitempty"`
+	// DockerEndpoint is the plugin config's docker_endpoint, through which
+	// the gate kills its gated docker tasks ("" leaves them to Nomad).
+	DockerEndpoint string `json:",omitempty"`
 }

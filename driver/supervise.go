@@ -93,6 +93,10 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 		return shim.ExitConfig, err.Error()
 	}
 
+	if cfg.Gate != nil {
+		cfg.Gate.Killer = gatedTasksFunc(dir, spec, locker, log)
+	}
+
 	starter, err := newTaskStarter(spec, log)
 	if err != nil {
 		log.Error("find the cgroups to start the workload in", "error", err)

@@ -303,15 +303,16 @@ func TestChaos(t *testing.T) {
 			{chaosRow{ID: "8-gate-partition-docker", Variant: chaosGateKindName("docker"),
 				Fault: fault + "no disconnect block; the gate's containers run in the host's network namespace (network_mode host) " +
 					"and their client reaches dockerd by its socket, which the cut leaves alone; healed once the replacement holds",
-				Proves: "the cut-off gate self-fences (fails once its lock is lost) and its client kills the app (kill_timeout, SIGKILL) " +
-					"before the server can expire the lock; the replacement on the second client starts its app only after that; " +
+				Proves: "the cut-off gate self-fences at its fence deadline and kills its app itself (paused, SIGKILLed, proven gone) " +
+					"before the server can expire the lock; the replacement on the second client starts its app once the lock has " +
+					"expired and the servers have lost the first client, without waiting for Nomad's report of the old app; " +
 					"after the heal the replacement stays the one holder"},
 				func(t *testing.T, n int, tr *chaosTrial) { chaosGatePartitionTrial(t, a, d, records, false, n, tr) }},
 			{chaosRow{ID: "8-gate-partition-docker-nomad-service", Variant: chaosGateKindName("docker") + ", with a Nomad service (provider \"nomad\")",
 				Fault: fault + "no disconnect block; as 8-gate-partition-docker, but the gated app registers a Nomad service; healed once the replacement holds",
-				Proves: "the same as 8-gate-partition-docker: the cut-off client must kill the app before the server can expire the lock. " +
-					"Nomad runs a task's pre-kill hooks before it kills it, and the Nomad service deregistration there is an RPC to the " +
-					"servers that the cut-off client cannot reach: it blocks until the connection fails"},
+				Proves: "the same as 8-gate-partition-docker, as fast: Nomad runs a task's pre-kill hooks before it kills it, and the " +
+					"Nomad service deregistration there is an RPC to the servers that the cut-off client cannot reach (it blocks until " +
+					"the connection fails), but the gate kills the app itself, without Nomad's client"},
 				func(t *testing.T, n int, tr *chaosTrial) { chaosGatePartitionTrial(t, a, d, records, true, n, tr) }},
 		}...)
 		if skip := chaosPartitionSkip(); skip != "" {

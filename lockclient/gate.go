@@ -30,7 +30,10 @@ func (l *Locker) Allocation(ctx context.Context, id, namespace string, index uin
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	alloc, meta, err := l.api.Allocations().Info(id, q.WithContext(rctx))
+	if l.allocs == nil {
+		return nil, 0, fmt.Errorf("read allocation %s: this locker has no Nomad client", id)
+	}
+	alloc, meta, err := l.allocs.Info(id, q.WithContext(rctx))
 	if err != nil {
 		switch statusCode(err) {
 		case http.StatusForbidden:
@@ -157,10 +160,28 @@ func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
 	return ls.locker.MarkReleasedCleanID(ctx, ls.id)
 }
 
+// MarkNotGatedDirect removes, under the lease's lock ID, the holder's
+// claim that its gate kills its gated tasks itself (Holder.GatedDirect):
+// a gate that could not prove them dead makes the next holder wait for
+// Nomad's report of them instead of trusting the lock's expiry. It ends
+// the renewing, as MarkReleasedClean does (a renew after a write would
+// expire the lock at once): the lock then expires on the server, 2×TTL
+// after the last renew.
+func (ls *Lease) MarkNotGatedDirect(ctx context.Context) error {
+	ls.stopRenewing()
+	return ls.locker.writeItem(ctx, ls.id, itemDirect, "")
+}
+
 // MarkReleasedCleanID is MarkReleasedClean for the lock held under lock ID
 // id by a holder that no longer renews it: the driver's plugin uses it for a
 // gate whose identity no longer authenticates (see Lease.MarkReleasedClean).
 func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string) error {
+	return l.writeItem(ctx, id, itemClean, "true")
+}
+
+// writeItem sets (or, with value "", deletes) one item of the variable
+// held under lock ID id.
+func (l *Locker) writeItem(ctx context.Context, id, key, value string) error {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
 	defer cancel()
 	cur, _, err := l.vars.Peek(l.cfg.Path, (&api.QueryOptions{Namespace: l.cfg.Namespace}).WithContext(rctx))
@@ -173,7 +194,11 @@ func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string) error {
 			items[k] = v
 		}
 	}
-	items[itemClean] = "true"
+	if value == "" {
+		delete(items, key)
+	} else {
+		items[key] = value
+	}
 	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items, Lock: &api.VariableLock{ID: id}}
 	if _, _, err := l.vars.Update(v, l.writeOptions(rctx)); err != nil {
 		return l.classify("mark released", err)
