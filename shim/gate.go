@@ -512,9 +512,12 @@ func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
 // allocation finished or gone, or its client out of reach (lost or
 // unknown: cut off, it fences itself and kills its gated tasks by its fence
 // deadline); otherwise, while the servers still report that gate running
-// on a client they reach, it waits at most until that gate's fence
-// deadline and kill are surely past (its TTL + gateKillAllTimeout +
-// gateKillSlack).
+// on a client they reach, it waits until that gate's fence deadline and
+// kill are surely past (its TTL + gateKillAllTimeout + gateKillSlack), and
+// on past that for as long as they report that gate running (see
+// keepAwaiting): a frozen gate's plugin may be down, or its kill may have
+// failed, and then nothing but Nomad's own kill, once that gate is dead,
+// ends its gated tasks.
 //
 // A previous gate that left its gated tasks to Nomad: the wait is for
 // Nomad's client to report them dead (or their allocation complete or
@@ -620,11 +623,13 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 
 // keepAwaiting is asked when the wait for a previous holder's gated tasks
 // is up: it reports whether to wait on, because Nomad, still in touch with
-// that holder's client, reports its gate running (a gate that left its
-// gated tasks to Nomad, frozen or stuck: they die once it is killed).
+// that holder's client, reports its gate running (a gate frozen or stuck,
+// whose plugin did not kill it and its gated tasks: they die once it is
+// killed). This holds for a gate that kills its gated tasks itself too:
+// its record says it can, not that it did.
 // holdOn is set once it says so.
 func (s *Supervisor) keepAwaiting(alloc *api.Allocation, prev lockclient.Holder, gate string, holdOn *bool) bool {
-	if prev.GatedDirect || alloc == nil || alloc.ClientStatus != api.AllocClientStatusRunning || !taskRunning(alloc, gate) {
+	if alloc == nil || alloc.ClientStatus != api.AllocClientStatusRunning || !taskRunning(alloc, gate) {
 		s.Logger.Warn("gate: the previous holder's gated tasks are not reported dead; their time is up", "previous_alloc", prev.AllocID)
 		return false
 	}

@@ -600,9 +600,10 @@ func TestGateAwaitPreviousDirect(t *testing.T) {
 	})
 }
 
-// keepAwaiting: past its bound, the wait for a previous gate that left its
-// tasks to Nomad goes on only while the servers, in touch with its client,
-// report that gate running.
+// keepAwaiting: past its bound, the wait for a previous gate goes on only
+// while the servers, in touch with its client, report that gate running;
+// also for a gate that kills its gated tasks itself (its plugin may be
+// down, or its kill may have failed).
 func TestKeepAwaiting(t *testing.T) {
 	prev := lockclient.Holder{AllocID: locktest.OtherAlloc}
 	s := &Supervisor{Logger: nil}
@@ -617,7 +618,8 @@ func TestKeepAwaiting(t *testing.T) {
 		{"client lost", gateJob{id: "p", gateRunning: true, gatedState: "running", clientStatus: api.AllocClientStatusLost}.alloc(), prev, false},
 		{"client unknown", gateJob{id: "p", gateRunning: true, gatedState: "running", clientStatus: "unknown"}.alloc(), prev, false},
 		{"gate dead", gateJob{id: "p", gatedState: "running"}.alloc(), prev, false},
-		{"previous gate killed directly", gateJob{id: "p", gateRunning: true}.alloc(), lockclient.Holder{AllocID: "p", GatedDirect: true}, false},
+		{"previous gate kills directly, still running", gateJob{id: "p", gateRunning: true}.alloc(), lockclient.Holder{AllocID: "p", GatedDirect: true}, true},
+		{"previous gate kills directly, dead", gateJob{id: "p"}.alloc(), lockclient.Holder{AllocID: "p", GatedDirect: true}, false},
 		{"no answer", nil, prev, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
