@@ -91,6 +91,10 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 		d.emitEvent(h.cfg, fmt.Sprintf("Released lock on behalf of %s (fence %d)%s", whose, held.Fence, via), ann)
 	case errors.Is(err, lockclient.ErrLost):
 		log.Info("the supervisor's lock was already gone", "reason", err)
+	case errors.Is(err, lockclient.ErrLeftToExpire):
+		log.Warn("not releasing the supervisor's lock: left to expire", "reason", err)
+		ann["lock_state"] = string(shim.StateStopping)
+		d.emitEvent(h.cfg, fmt.Sprintf("Lock of %s not released on its behalf (fence %d): %s", whose, held.Fence, shim.LeftToExpireMessage(err)), ann)
 	default:
 		log.Error("could not release the supervisor's lock; it expires on the server", "error", err)
 		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay (%s)",
@@ -110,8 +114,13 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 // gate), and marks the release clean first so that the next gate need not
 // wait (see shim.gateAwaitPrevious).
 func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, log hclog.Logger) (via string, err error) {
+	st := h.lastStatus()
+	if fresh := (supervisorStatus{}); readJSON(h.dir, statusFile, &fresh) == nil && fresh.LastRenewBoot > st.LastRenewBoot {
+		st = fresh
+	}
+	renewed := lastRenew(held, st)
 	if !held.IdentityRejected {
-		err = d.releaseWith(h.taskEndpoint(), held, gate, log)
+		err = d.releaseWith(h.taskEndpoint(), held, renewed, gate, log)
 		if !errors.Is(err, lockclient.ErrIdentityRejected) {
 			return "", err
 		}
@@ -120,12 +129,16 @@ func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, log 
 	if oerr != nil {
 		return "", fmt.Errorf("the task's workload identity no longer authenticates (`nomad job stop -purge` removes it with the allocation), and %w", oerr)
 	}
-	return ", with the plugin's release_token_file", d.releaseWith(ep, held, gate, log)
+	return ", with the plugin's release_token_file", d.releaseWith(ep, held, renewed, gate, log)
 }
 
 // releaseWith releases held's lock through ep; a gate's only once its
-// allocation is stopped or gone, and marked clean.
-func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, gate *gateSpec, log hclog.Logger) error {
+// allocation is stopped or gone, and marked clean. Neither is sent from
+// the lease's release cutoff on (lockclient.Timing.ReleaseCutoff of
+// lastRenew, the send time of its last acknowledged renew, which the
+// supervisor recorded): the server may then be expiring the lock, and its
+// expiry would clear the next holder's.
+func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew time.Time, gate *gateSpec, log hclog.Logger) error {
 	locker, err := lockclient.New(lockclient.Config{
 		Endpoint:  ep,
 		Namespace: held.Namespace,
@@ -136,17 +149,20 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, gate *gateS
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(d.ctx, crashReleaseTimeout)
+	if err := locker.Config().MayRelease(lastRenew, lockclient.BootNow()); err != nil {
+		return err
+	}
+	ctx, cancel := lockclient.WithBootTimeout(d.ctx, crashReleaseTimeout)
 	defer cancel()
 	if gate != nil {
 		if err := gateAllocStopped(ctx, locker, gate); err != nil {
 			return err
 		}
-		if err := locker.MarkReleasedCleanID(ctx, held.LockID); err != nil {
+		if err := locker.MarkReleasedCleanID(ctx, held.LockID, lastRenew); err != nil {
 			log.Warn("cannot mark the gate's release clean; the next gate waits for Nomad's report", "error", err)
 		}
 	}
-	return locker.ReleaseID(ctx, held.LockID)
+	return locker.ReleaseID(ctx, held.LockID, lastRenew)
 }
 
 // gateAllocStopped returns nil once Nomad says the gate's allocation is
@@ -212,8 +228,8 @@ func (d *Driver) removeAfterCrash(h *taskHandle) {
 		return
 	}
 	st := h.lastStatus()
-	left := time.Duration(st.StopDeadlineMono - monoNow())
-	if st.StopDeadlineMono == 0 || left <= 0 {
+	left := time.Duration(st.StopDeadlineBoot - bootNow())
+	if st.StopDeadlineBoot == 0 || left <= 0 {
 		h.logger.Warn("crashed gate's upstream not removed from the load balancer: its stop deadline has passed", "upstream", reg.Upstream.Upstream)
 		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after the gate's crash skipped: its stop deadline has passed, so the lock may be free; "+
 			"%s stays in load balancer service %s until the next holder's ADD replaces it", reg.Upstream.Upstream, reg.Config.ServiceID),

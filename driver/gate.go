@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -45,9 +46,11 @@ func (d *Driver) waitGateHolding(h *taskHandle, root *securefs.Dir, path string)
 // the first run left held. Nomad restarts a gate that `nomad alloc restart`
 // restarted (whatever its restart policy) while its gated tasks run on: the
 // new run must take the lease over, not wait for a lock that could expire
-// into another allocation's hands meanwhile. A kept lease is good until the
-// server would have expired it; the plugin forgets it then (and on restart:
-// the gate then waits for its lock like any other, see shim.Gate).
+// into another allocation's hands meanwhile. A kept lease is good until its
+// release cutoff (lockclient.Timing.ReleaseCutoff), from which the server
+// may be expiring it and no one may renew, write or release it; the plugin
+// forgets it then (and on restart: the gate then waits for its lock like
+// any other, see shim.Gate).
 type gateLeases struct {
 	mu   sync.Mutex
 	kept map[string]keptLease
@@ -55,7 +58,7 @@ type gateLeases struct {
 
 type keptLease struct {
 	lease shim.AdoptLease
-	until time.Time
+	until time.Time // on lockclient's clock (CLOCK_BOOTTIME)
 }
 
 func gateKey(cfg *drivers.TaskConfig) string { return cfg.AllocID + "/" + cfg.Name }
@@ -76,9 +79,15 @@ func (g *gateLeases) keep(h *taskHandle) {
 	if g.kept == nil {
 		g.kept = map[string]keptLease{}
 	}
+	var st supervisorStatus
+	_ = readJSON(h.dir, statusFile, &st)
+	renewed := lastRenew(held, st)
+	if renewed.IsZero() {
+		return
+	}
 	g.kept[gateKey(h.cfg)] = keptLease{
 		lease: shim.AdoptLease{LockID: held.LockID, Fence: held.Fence},
-		until: time.Now().Add(2*held.TTL + held.LockDelay),
+		until: lockclient.Timing{TTL: held.TTL, LockDelay: held.LockDelay}.ReleaseCutoff(renewed),
 	}
 	h.logger.Info("gate ended holding its lock: kept for a restart in this allocation", "fence", held.Fence)
 }
@@ -97,9 +106,9 @@ func (g *gateLeases) take(cfg *drivers.TaskConfig) *shim.AdoptLease {
 }
 
 func (g *gateLeases) expireLocked() {
-	now := time.Now()
+	now := lockclient.BootNow()
 	for key, k := range g.kept {
-		if now.After(k.until) {
+		if !now.Before(k.until) {
 			delete(g.kept, key)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 )
@@ -123,7 +124,7 @@ func (l *Locker) NewAllocPermissionError(id, namespace string, err error) *Alloc
 // under id wraps ErrLost.
 func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, error) {
 	sent := l.clock.Now()
-	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
+	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
 	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: id}}
 	_, _, err := l.vars.RenewLock(v, l.writeOptions(rctx))
@@ -151,17 +152,24 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 // TTL or delay ("variable should not contain lock definition"), and keeps
 // the lock as written, without them; a renew after such a write would set
 // the server's timer to 2 × 0 and expire the lock. So the renew loop stops
-// first, and nothing renews between this write and the release.
+// first, and nothing renews between this write and the release. Past the
+// release cutoff nothing is written (ErrLeftToExpire), as nothing is
+// released.
 func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
 	ls.stopRenewing()
-	return ls.locker.MarkReleasedCleanID(ctx, ls.id)
+	return ls.locker.MarkReleasedCleanID(ctx, ls.id, ls.LastRenew())
 }
 
 // MarkReleasedCleanID is MarkReleasedClean for the lock held under lock ID
 // id by a holder that no longer renews it: the driver's plugin uses it for a
 // gate whose identity no longer authenticates (see Lease.MarkReleasedClean).
-func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string) error {
-	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
+// lastRenew is as for ReleaseID: from the release cutoff on nothing is
+// written.
+func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string, lastRenew time.Time) error {
+	if err := l.mayRelease("mark released", lastRenew); err != nil {
+		return err
+	}
+	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
 	cur, _, err := l.vars.Peek(l.cfg.Path, (&api.QueryOptions{Namespace: l.cfg.Namespace}).WithContext(rctx))
 	if err != nil {

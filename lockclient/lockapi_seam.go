@@ -22,5 +22,5 @@ func NewWithLockAPI(key testkey.Key, cfg Config, vars lockAPI) (*Locker, error) 
 	if err != nil {
 		return nil, err
 	}
-	return newLocker(cfg, nil, vars, realClock{}), nil
+	return newLocker(cfg, nil, vars, theBootClock), nil
 }

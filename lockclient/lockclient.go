@@ -144,7 +144,7 @@ func New(cfg Config) (*Locker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nomad client for %s: %w", cfg.Endpoint, err)
 	}
-	return newLocker(cfg, client, client.Variables(), realClock{}), nil
+	return newLocker(cfg, client, client.Variables(), theBootClock), nil
 }
 
 // prepared validates cfg and fills in its defaults.

@@ -322,7 +322,7 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease) bool {
 func (s *Supervisor) holdGate(lease *lockclient.Lease, sigs <-chan os.Signal) int {
 	held := func(state State, msg string) Event {
 		return Event{State: state, Fence: lease.Fence, Message: msg,
-			FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline()}
+			FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline(), LastRenew: lease.LastRenew()}
 	}
 	msg := fmt.Sprintf("Acquired lock (fence %d): the group's other tasks may start", lease.Fence)
 	if s.Config.Gate.Adopt != nil {
