@@ -29,14 +29,16 @@ const (
 	expiryDelay = 10 * time.Second
 )
 
-// TestLockExpiryWindow runs the expiry scenarios on one dev agent.
+// TestLockExpiryWindow runs the expiry scenarios on one dev agent with the
+// driver.
 func TestLockExpiryWindow(t *testing.T) {
 	t.Parallel()
 	harness.BuildTestWorkload(t)
-	a := harness.StartAgent(t, harness.AgentOptions{Dev: true})
+	a := harness.StartAgent(t, drvAgentOptions(t, true))
 	runConcurrently(t, []subtest{
 		{"upstream_release_inside_expiry_clears_next_holder", func(t *testing.T) { testUpstreamExpiryClearsNextHolder(t, a) }},
 		{"frozen_holder_thawed_inside_lock_delay", func(t *testing.T) { testFrozenHolderThawedInsideLockDelay(t, a) }},
+		{"frozen_driver_thawed_inside_lock_delay", func(t *testing.T) { testFrozenSupervisorAndPluginThawedInsideLockDelay(t, a) }},
 	})
 }
 
@@ -99,56 +101,136 @@ func testUpstreamExpiryClearsNextHolder(t *testing.T, a *harness.Agent) {
 		bAcquired.Sub(aAnswered).Round(time.Millisecond), clearedAt.Sub(bAcquired).Round(time.Millisecond))
 }
 
-// testFrozenHolderThawedInsideLockDelay is the issue's scenario: three
-// `lock` processes on one path (-ttl 10s -delay 10s), workloads that take
-// seconds to stop after SIGTERM. The holder's `lock` is frozen (SIGSTOP)
-// just after a renew and thawed about 23s later, inside [2×TTL, 2×TTL +
-// delay] after that renew. Its process-group guard has killed its workload
-// meanwhile. On thaw it must not release (it says it leaves the lock to
-// expire): the next holder then gets the lock from the expiry itself, with
-// nothing pending behind it, and no two workloads ever run together.
+// testFrozenHolderThawedInsideLockDelay is the issue's scenario with `lock`
+// (see expiryFrozenTrial).
 func testFrozenHolderThawedInsideLockDelay(t *testing.T, a *harness.Agent) {
-	s := newScenario(t, "expiry-frozen")
-	args := append([]string{"-ttl", expiryTTL.String(), "-delay", expiryDelay.String(), s.path},
-		s.workloadArgv(t, "-stop-after", "3s")...)
-	a.RunJobHCL(t, jobHCL(s.job, "service", group{count: 3, command: harness.LockBin(t), args: args}))
-	t.Cleanup(func() { _ = a.Purge(s.job) })
-	a.WaitAllocs(t, s.job, 3, api.AllocClientStatusRunning, 60*time.Second)
+	expiryFrozenTrial(t, a, "lock", "expiry-frozen", &chaosTrial{})
+}
 
+// testFrozenSupervisorAndPluginThawedInsideLockDelay is the scenario with the
+// driver (see expiryFrozenTrial).
+func testFrozenSupervisorAndPluginThawedInsideLockDelay(t *testing.T, a *harness.Agent) {
+	expiryFrozenTrial(t, a, "driver", "expiry-frozen", &chaosTrial{})
+}
+
+// expirySubject is the job of expiryFrozenTrial: three allocations on one
+// lock (ttl 10s, delay 10s) whose workloads take 3s to stop after SIGTERM.
+type expirySubject struct {
+	a       *harness.Agent
+	sc      scenario // lock
+	drv     *drvJob  // driver
+	marker  string
+	record  string
+	logHint string // where the holder says it left the lock to expire
+}
+
+func startExpirySubject(t *testing.T, a *harness.Agent, variant, name string) *expirySubject {
+	s := &expirySubject{a: a}
+	workload := []string{"-stop-after", "3s"}
+	if variant == "driver" {
+		s.drv = newDrvJob(t, name, 3)
+		s.drv.args = workload
+		s.drv.lockBlock = fmt.Sprintf("ttl = %q\n          delay = %q", expiryTTL, expiryDelay)
+		s.drv.run(t, a)
+		s.marker, s.record = s.drv.marker, s.drv.record
+		a.WaitAllocs(t, s.drv.id, 3, api.AllocClientStatusRunning, 90*time.Second)
+		return s
+	}
+	s.sc = newScenario(t, name)
+	args := append([]string{"-ttl", expiryTTL.String(), "-delay", expiryDelay.String(), s.sc.path}, s.sc.workloadArgv(t, workload...)...)
+	a.RunJobHCL(t, jobHCL(s.sc.job, "service", group{count: 3, command: harness.LockBin(t), args: args}))
+	t.Cleanup(func() { _ = a.Purge(s.sc.job) })
+	s.marker, s.record = s.sc.marker, s.sc.record
+	a.WaitAllocs(t, s.sc.job, 3, api.AllocClientStatusRunning, 90*time.Second)
+	return s
+}
+
+// holderSays is what the holder's allocation said: the `lock` task's stderr,
+// or the driver's task events.
+func (s *expirySubject) holderSays(t *testing.T, allocID string) string {
+	if s.drv != nil {
+		var b strings.Builder
+		for _, ev := range drvEvents(t, s.a, allocID) {
+			b.WriteString(drvEventText(ev) + "\n")
+		}
+		return b.String()
+	}
+	return s.a.AllocLogs(t, allocID, taskName, "stderr")
+}
+
+// expiryFrozenTrial is the issue's scenario: three holders on one lock
+// (ttl 10s, delay 10s), workloads that take 3s to stop after SIGTERM. The
+// holder is frozen (SIGSTOP) just after a renew and thawed about 22s later,
+// inside [2×TTL, 2×TTL + delay] after that renew, when the server's expiry
+// is pending. Its process-group guard kills its workload meanwhile.
+//
+//   - lock: the `lock` process is frozen; on thaw it must not release.
+//   - driver: the supervisor and the plugin are frozen (the plugin's
+//     watchdog would otherwise kill the task and release long before the
+//     window); the plugin is thawed first: its watchdog kills the frozen
+//     supervisor and its crash release must not release either, judging
+//     by the last renew that the supervisor recorded in its state dir.
+//
+// Either says it left the lock to expire: the next holder then gets the
+// lock from the expiry itself, with nothing pending behind it, and no two
+// workloads ever run together. A release instead frees the lock at once,
+// and the pending expiry clears the next holder's lock while its workload
+// runs: a third holder starts beside it as it stops (3s).
+func expiryFrozenTrial(t *testing.T, a *harness.Agent, variant, name string, tr *chaosTrial) {
+	s := startExpirySubject(t, a, variant, name)
 	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker, Filter: harness.Proc.IsMainWorkload, Interval: 25 * time.Millisecond})
-	first := waitMainStart(t, s.record, 60*time.Second, nil)
+	first := waitMainStart(t, s.record, 90*time.Second, nil)
 	holder := first.AllocID
-	lockProc, _ := lockOf(t, s.marker, first.PID)
 
-	// Renews go out every TTL/2 from the acquire, just before the start
-	// record: freeze 1.5s after one, so the last acknowledged renew was
-	// sent 1.5s (give or take the renews' round trips) before the freeze.
-	renew := expiryTTL / 2
-	startedWall := first.Wall
-	freezeAt := startedWall.Add(renew + 1500*time.Millisecond)
-	for time.Until(freezeAt) < time.Second {
-		freezeAt = freezeAt.Add(renew)
+	var frozen time.Time
+	var thaw []int // in order
+	if s.drv != nil {
+		sup := drvSupervisor(t, holder).PID
+		plugin := drvPlugin(t, a.Client().PID(), 0, 10*time.Second).PID
+		drvSIGCONTCleanup(t, sup)
+		drvSIGCONTCleanup(t, plugin)
+		drvWaitRenew(t, a, holder, 2*expiryTTL) // the status shows a renew just acknowledged
+		for _, pid := range []int{plugin, sup} {
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+		}
+		frozen, thaw = time.Now(), []int{plugin, sup}
+		// The last acknowledged renew was sent just before the freeze.
+		time.Sleep(time.Until(frozen.Add(2*expiryTTL + 2*time.Second)))
+	} else {
+		lockProc, _ := lockOf(t, s.marker, first.PID)
+		t.Cleanup(func() { _ = syscall.Kill(lockProc.PID, syscall.SIGCONT) })
+		// Renews go out every TTL/2 from the acquire, just before the
+		// start record: freeze 1.5s after one, so the last acknowledged
+		// renew was sent 1.5s (give or take the renews' round trips)
+		// before the freeze.
+		freezeAt := first.Wall.Add(expiryTTL/2 + 1500*time.Millisecond)
+		for time.Until(freezeAt) < time.Second {
+			freezeAt = freezeAt.Add(expiryTTL / 2)
+		}
+		time.Sleep(time.Until(freezeAt))
+		if err := syscall.Kill(lockProc.PID, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		frozen, thaw = time.Now(), []int{lockProc.PID}
+		time.Sleep(time.Until(frozen.Add(2*expiryTTL + 1500*time.Millisecond)))
 	}
-	time.Sleep(time.Until(freezeAt))
-	if err := syscall.Kill(lockProc.PID, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	for _, pid := range thaw {
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil && err != syscall.ESRCH {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second) // the plugin's watchdog acts first
 	}
-	frozen := time.Now()
-	t.Cleanup(func() { _ = syscall.Kill(lockProc.PID, syscall.SIGCONT) })
-	// Thaw ~23s after the last renew: past 2×TTL (20s), inside the delay.
-	time.Sleep(time.Until(frozen.Add(2*expiryTTL + 1500*time.Millisecond)))
-	if err := syscall.Kill(lockProc.PID, syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	thawed := time.Now()
-	t.Logf("froze the holder's lock (pid %d, alloc %s) at +%s after its start, thawed %s later",
-		lockProc.PID, holder[:8], frozen.Sub(startedWall).Round(time.Millisecond), thawed.Sub(frozen).Round(time.Millisecond))
+	t.Logf("froze the holder (alloc %s, %v) at +%s after its start, thawed %s later",
+		holder[:8], thaw, frozen.Sub(first.Wall).Round(time.Millisecond), time.Since(frozen).Round(time.Millisecond))
 
 	// The next holder starts once the server's expiry freed the lock. Then
 	// watch past the moment the pending expiry of an early release would
 	// have hit it (≤ 2×TTL + delay after the freeze), and one stop more.
 	next := waitMainStart(t, s.record, 2*expiryTTL+expiryDelay+30*time.Second, func(r harness.Record) bool { return r.AllocID != holder })
-	harness.Measure(t, "expiry_frozen_takeover_after_freeze", next.Wall.Sub(frozen))
+	tr.Takeover = next.Wall.Sub(frozen)
+	harness.Measure(t, "expiry_frozen_"+variant+"_takeover_after_freeze", tr.Takeover)
 	watchUntil := frozen.Add(2*expiryTTL + expiryDelay + 15*time.Second)
 	if w := next.Wall.Add(15 * time.Second); w.After(watchUntil) {
 		watchUntil = w
@@ -156,38 +238,40 @@ func testFrozenHolderThawedInsideLockDelay(t *testing.T, a *harness.Agent) {
 	time.Sleep(time.Until(watchUntil))
 	sum := smp.Stop()
 	recs := readRecords(t, s.record)
-	ivs := harness.CheckNoOverlap(t, recs, sum)
+	ivs := chaosCheck(t, tr, recs, sum)
 	overlap := time.Duration(0)
-	for _, o := range harness.Overlaps(harness.Intervals(recs, sum.GoneByPID())) {
+	for _, o := range harness.Overlaps(ivs) {
 		overlap += o.For
 	}
-	harness.Measure(t, "expiry_frozen_overlap", overlap)
+	harness.Measure(t, "expiry_frozen_"+variant+"_overlap", overlap)
 	starts := 0
 	for _, iv := range ivs {
 		if iv.AllocID != holder {
 			starts++
 		}
 	}
-	// The thawed holder said it left the lock to expire, and never
-	// released it.
-	log := a.AllocLogs(t, holder, taskName, "stderr")
-	before, _, said := strings.Cut(log, "left to expire")
-	if !said || strings.Contains(before, "lock released") {
-		t.Errorf("the thawed holder did not leave its lock to expire (it must not release it):\n%s", log)
+	if starts != 1 {
+		t.Errorf("want exactly one takeover after the frozen holder, got %d starts: %s", starts, describeIntervals(ivs))
 	}
-	if m := regexp.MustCompile(`last acknowledged renew was sent ([0-9.]+m?s) ago`).FindStringSubmatch(log); m != nil {
+
+	// The thawed holder (or the plugin for it) said it left the lock to
+	// expire, and never released it.
+	said := s.holderSays(t, holder)
+	before, _, left := strings.Cut(said, "left to expire")
+	if !left || strings.Contains(before, "lock released") || strings.Contains(before, "Released lock") {
+		t.Errorf("the thawed holder did not leave its lock to expire (it must not release it):\n%s", said)
+	}
+	if m := regexp.MustCompile(`last acknowledged renew was sent ([0-9.]+m?s) ago`).FindStringSubmatch(said); m != nil {
 		since, _ := time.ParseDuration(m[1])
-		harness.Measure(t, "expiry_frozen_thawed_after_last_renew", since)
+		harness.Measure(t, "expiry_frozen_"+variant+"_thawed_after_last_renew", since)
+		tr.Note = fmt.Sprintf("thawed %s after the last renew, left to expire; next holder %s after the freeze",
+			since.Round(100*time.Millisecond), tr.Takeover.Round(100*time.Millisecond))
 		if since < 2*expiryTTL || since > 2*expiryTTL+expiryDelay {
 			t.Errorf("the holder thawed %s after its last renew, outside [2×TTL, 2×TTL + delay] = [%s, %s]: the scenario missed its window",
 				since, 2*expiryTTL, 2*expiryTTL+expiryDelay)
 		}
-	} else if said {
-		t.Errorf("the holder's log does not say when its last renew was sent:\n%s", log)
-	}
-
-	if starts != 1 {
-		t.Errorf("want exactly one takeover after the frozen holder, got %d starts: %s", starts, describeIntervals(ivs))
+	} else if left {
+		t.Errorf("the holder does not say when its last renew was sent:\n%s", said)
 	}
 }
 
