@@ -306,7 +306,7 @@ func (l *Locker) read(ctx context.Context, index uint64) (snapshot, uint64, erro
 func (l *Locker) tryAcquire(ctx context.Context, current snapshot) (*Lease, error) {
 	holder := l.cfg.Holder
 	holder.PreviousUpstream = holderFromItems(current.items()).Upstream
-	holder.AcquiredAt = l.clock.Now()
+	holder.AcquiredAt = time.Now() // the wall clock: read by people and other hosts, never a deadline
 	holder.TTL = l.cfg.TTL
 	holder.LockDelay = l.cfg.LockDelay
 	v := &api.Variable{
