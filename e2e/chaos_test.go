@@ -284,6 +284,16 @@ func TestChaos(t *testing.T) {
 			func(t *testing.T, n int, tr *chaosTrial) {
 				expiryFrozenTrial(t, a, "driver", chaosName("exp", "driver", n), tr)
 			}})
+		rows = append(rows, chaosRowTrial{chaosRow{ID: "2-sigstop-in-delay-driver-plugin-restart",
+			Variant: chaosVariantName("driver") + ", count = 3, ttl 10s, delay 10s, workloads that take 3s to stop",
+			Fault: "SIGSTOP of the holder's supervisor and of the plugin just after a renew; the plugin SIGKILLed inside [2×TTL, 2×TTL + delay] " +
+				"after it, while the server's expiry is pending: Nomad relaunches it",
+			Proves: "the relaunched plugin recovers the task from its state dir, its watchdog kills the frozen supervisor, and its crash release, " +
+				"judging by the last renew recorded there (CLOCK_BOOTTIME, shared by every process), leaves the lock to expire; " +
+				"the next holder takes over at the expiry (docs/expiry.md)"},
+			func(t *testing.T, n int, tr *chaosTrial) {
+				expiryFrozenTrial(t, a, "driver-restart", chaosName("exr", "driver", n), tr)
+			}})
 		for _, r := range rows {
 			chaosRunRow(t, r.row, trials, r.trial)
 		}

@@ -127,7 +127,7 @@ type expirySubject struct {
 func startExpirySubject(t *testing.T, a *harness.Agent, variant, name string) *expirySubject {
 	s := &expirySubject{a: a}
 	workload := []string{"-stop-after", "3s"}
-	if variant == "driver" {
+	if variant != "lock" {
 		s.drv = newDrvJob(t, name, 3)
 		s.drv.args = workload
 		s.drv.lockBlock = fmt.Sprintf("ttl = %q\n          delay = %q", expiryTTL, expiryDelay)
@@ -170,6 +170,9 @@ func (s *expirySubject) holderSays(t *testing.T, allocID string) string {
 //     window); the plugin is thawed first: its watchdog kills the frozen
 //     supervisor and its crash release must not release either, judging
 //     by the last renew that the supervisor recorded in its state dir.
+//   - driver-restart: as driver, but the frozen plugin is SIGKILLed
+//     instead of thawed; Nomad relaunches it, and the new plugin, which
+//     knows the lease only from the state dir, must not release.
 //
 // Either says it left the lock to expire: the next holder then gets the
 // lock from the expiry itself, with nothing pending behind it, and no two
@@ -184,9 +187,10 @@ func expiryFrozenTrial(t *testing.T, a *harness.Agent, variant, name string, tr 
 
 	var frozen time.Time
 	var thaw []int // in order
+	var sup, plugin int
 	if s.drv != nil {
-		sup := drvSupervisor(t, holder).PID
-		plugin := drvPlugin(t, a.Client().PID(), 0, 10*time.Second).PID
+		sup = drvSupervisor(t, holder).PID
+		plugin = drvPlugin(t, a.Client().PID(), 0, 10*time.Second).PID
 		drvSIGCONTCleanup(t, sup)
 		drvSIGCONTCleanup(t, plugin)
 		drvWaitRenew(t, a, holder, 2*expiryTTL) // the status shows a renew just acknowledged
@@ -215,6 +219,18 @@ func expiryFrozenTrial(t *testing.T, a *harness.Agent, variant, name string, tr 
 		}
 		frozen, thaw = time.Now(), []int{lockProc.PID}
 		time.Sleep(time.Until(frozen.Add(2*expiryTTL + 1500*time.Millisecond)))
+	}
+	if variant == "driver-restart" {
+		// The plugin dies instead of thawing: Nomad relaunches it, and
+		// the new plugin recovers the task from its state dir, finds the
+		// frozen supervisor past its deadlines and kills it.
+		if err := syscall.Kill(plugin, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		relaunched := drvPlugin(t, a.Client().PID(), plugin, 90*time.Second)
+		drvWaitGone(t, sup, 60*time.Second)
+		t.Logf("plugin relaunched (pid %d) and its watchdog killed the frozen supervisor %s after the freeze", relaunched.PID, time.Since(frozen).Round(time.Millisecond))
+		thaw = []int{sup}
 	}
 	for _, pid := range thaw {
 		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil && err != syscall.ESRCH {
