@@ -1,7 +1,6 @@
 package driver
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,9 +26,6 @@ const (
 	confirmDeadWithin = 5 * time.Second
 	// crashReleaseTimeout bounds the release request, retries included.
 	crashReleaseTimeout = 10 * time.Second
-	// gateReleaseSlack is kept between the end of a crashed gate's release
-	// and the earliest moment the server may expire its lock.
-	gateReleaseSlack = time.Second
 )
 
 // cleanUpAfterExit runs once a supervisor has exited, before Nomad hears of
@@ -86,7 +82,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 		// them and proves them dead itself, if it can (see gatedtasks.go),
 		// and then releases at once.
 		st := h.lastStatus()
-		removed := lbRemoved(time.Duration(st.StopDeadlineMono-monoNow()) - 2*confirmDeadWithin)
+		removed := lbRemoved(time.Duration(st.StopDeadlineBoot-bootNow()) - 2*confirmDeadWithin)
 		all, kerr := d.killGated(h, spec, confirmDeadWithin)
 		switch {
 		case kerr != nil:
@@ -100,19 +96,8 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 			gatedDead = true
 		}
 	}
-	// The server may begin to expire the lock at the gate's stop deadline
-	// (last renew + 2×TTL - margin); a release racing that expiry could
-	// let the expiry clear the next holder's lock. So the release must be
-	// over before then.
-	var budget time.Duration
-	if gatedDead {
-		st := h.lastStatus()
-		budget = time.Duration(st.StopDeadlineMono-monoNow()) - gateReleaseSlack
-		if st.StopDeadlineMono == 0 || budget <= 0 {
-			gatedDead = false
-			whose += " (its gated tasks are dead, but the server may already be expiring the lock)"
-		}
-	}
+	// The release that follows is sent only before the lease's release
+	// cutoff (see releaseWith): past it the server may be expiring the lock.
 	if err != nil || (spec.Gate != nil && !held.IdentityRejected && !gatedDead) {
 		// A gate's lock covers its gated tasks, which run in other task
 		// cgroups, under other drivers: unless the plugin proved them dead
@@ -135,13 +120,17 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay", whose, err), ann)
 		return
 	}
-	via, err := d.releaseHeld(h, held, spec.Gate, gatedDead, budget, log)
+	via, err := d.releaseHeld(h, held, spec.Gate, gatedDead, log)
 	switch {
 	case err == nil:
 		log.Info("released the lock on behalf of the supervisor", "via", via)
 		d.emitEvent(h.cfg, fmt.Sprintf("Released lock on behalf of %s (fence %d)%s", whose, held.Fence, via), ann)
 	case errors.Is(err, lockclient.ErrLost):
 		log.Info("the supervisor's lock was already gone", "reason", err)
+	case errors.Is(err, lockclient.ErrLeftToExpire):
+		log.Warn("not releasing the supervisor's lock: left to expire", "reason", err)
+		ann["lock_state"] = string(shim.StateStopping)
+		d.emitEvent(h.cfg, fmt.Sprintf("Lock of %s not released on its behalf (fence %d): %s", whose, held.Fence, shim.LeftToExpireMessage(err)), ann)
 	default:
 		log.Error("could not release the supervisor's lock; it expires on the server", "error", err)
 		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay (%s)",
@@ -160,9 +149,14 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 // stopped or gone (its client kills the gated tasks before it stops the
 // gate), and marks the release clean first so that the next gate need not
 // wait (see shim.gateAwaitPrevious).
-func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, gatedDead bool, budget time.Duration, log hclog.Logger) (via string, err error) {
+func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, gatedDead bool, log hclog.Logger) (via string, err error) {
+	st := h.lastStatus()
+	if fresh := (supervisorStatus{}); readJSON(h.dir, statusFile, &fresh) == nil && fresh.LastRenewBoot > st.LastRenewBoot {
+		st = fresh
+	}
+	renewed := lastRenew(held, st)
 	if !held.IdentityRejected {
-		err = d.releaseWith(h.taskEndpoint(), held, gate, gatedDead, budget, log)
+		err = d.releaseWith(h.taskEndpoint(), held, renewed, gate, gatedDead, log)
 		if !errors.Is(err, lockclient.ErrIdentityRejected) {
 			return "", err
 		}
@@ -171,13 +165,17 @@ func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, gate
 	if oerr != nil {
 		return "", fmt.Errorf("the task's workload identity no longer authenticates (`nomad job stop -purge` removes it with the allocation), and %w", oerr)
 	}
-	return ", with the plugin's release_token_file", d.releaseWith(ep, held, gate, gatedDead, budget, log)
+	return ", with the plugin's release_token_file", d.releaseWith(ep, held, renewed, gate, gatedDead, log)
 }
 
 // releaseWith releases held's lock through ep; a gate's only once its
 // gated tasks are dead (gatedDead: the plugin proved it) or its allocation
-// is stopped or gone, and marked clean; within budget, if set.
-func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, gate *gateSpec, gatedDead bool, budget time.Duration, log hclog.Logger) error {
+// is stopped or gone, and marked clean. Neither is sent from the lease's
+// release cutoff on (lockclient.Timing.ReleaseCutoff of lastRenew, the send
+// time of its last acknowledged renew, which the supervisor recorded): the
+// server may then be expiring the lock, and its expiry would clear the
+// next holder's.
+func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew time.Time, gate *gateSpec, gatedDead bool, log hclog.Logger) error {
 	locker, err := lockclient.New(lockclient.Config{
 		Endpoint:  ep,
 		Namespace: held.Namespace,
@@ -188,7 +186,10 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, gate *gateS
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(d.ctx, cmp.Or(min(budget, crashReleaseTimeout), crashReleaseTimeout))
+	if err := locker.Config().MayRelease(lastRenew, lockclient.BootNow()); err != nil {
+		return err
+	}
+	ctx, cancel := lockclient.WithBootTimeout(d.ctx, crashReleaseTimeout)
 	defer cancel()
 	if gate != nil {
 		if !gatedDead {
@@ -196,11 +197,11 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, gate *gateS
 				return err
 			}
 		}
-		if err := locker.MarkReleasedCleanID(ctx, held.LockID); err != nil {
+		if err := locker.MarkReleasedCleanID(ctx, held.LockID, lastRenew); err != nil {
 			log.Warn("cannot mark the gate's release clean; the next gate waits for Nomad's report", "error", err)
 		}
 	}
-	return locker.ReleaseID(ctx, held.LockID)
+	return locker.ReleaseID(ctx, held.LockID, lastRenew)
 }
 
 // gateAllocStopped returns nil once Nomad says the gate's allocation is
@@ -270,8 +271,8 @@ func (d *Driver) removeAfterCrash(h *taskHandle) (wait func(within time.Duration
 		return wait
 	}
 	st := h.lastStatus()
-	left := time.Duration(st.StopDeadlineMono - monoNow())
-	if st.StopDeadlineMono == 0 || left <= 0 {
+	left := time.Duration(st.StopDeadlineBoot - bootNow())
+	if st.StopDeadlineBoot == 0 || left <= 0 {
 		h.logger.Warn("crashed gate's upstream not removed from the load balancer: its stop deadline has passed", "upstream", reg.Upstream.Upstream)
 		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after the gate's crash skipped: its stop deadline has passed, so the lock may be free; "+
 			"%s stays in load balancer service %s until the next holder's ADD replaces it", reg.Upstream.Upstream, reg.Config.ServiceID),

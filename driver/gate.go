@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -47,13 +48,14 @@ func (d *Driver) waitGateHolding(h *taskHandle, root *securefs.Dir, path string)
 // the first run left held. Nomad restarts a gate that `nomad alloc restart`
 // restarted (whatever its restart policy) while its gated tasks run on: the
 // new run must take the lease over, not wait for a lock that could expire
-// into another allocation's hands meanwhile. A kept lease is good until the
-// server would have expired it; the plugin forgets it then. It is kept in
-// the allocation's root-only state dir (keptFile), so that a restart of the
-// plugin or the agent between the two runs does not lose it. The new run
-// renews it before it reports itself running, so a lease that the server
-// has expired meanwhile (a wall-clock step) fails the gate, never two
-// holders.
+// into another allocation's hands meanwhile. A kept lease is good until its
+// release cutoff (lockclient.Timing.ReleaseCutoff), from which the server
+// may be expiring it and no one may renew, write or release it; the plugin
+// forgets it then. It is kept in the allocation's root-only state dir
+// (keptFile), so that a restart of the plugin or the agent between the two
+// runs does not lose it. The new run renews it before it reports itself
+// running, so a lease that the server has expired meanwhile fails the gate,
+// never two holders.
 type gateLeases struct {
 	mu sync.Mutex
 }
@@ -61,8 +63,10 @@ type gateLeases struct {
 // keptLease is a kept gate lease on disk.
 type keptLease struct {
 	Lease shim.AdoptLease
-	// Until is the wall-clock time past which the server may have expired it.
-	Until time.Time
+	// UntilBoot is its release cutoff, in CLOCK_BOOTTIME nanoseconds
+	// (lockclient.BootNanos), which count suspended time and are the same
+	// for every process of the host.
+	UntilBoot int64
 }
 
 // keptFile names a gate's kept lease in its allocation's state dir (beside
@@ -87,7 +91,14 @@ func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 		return
 	}
 	defer alloc.Close()
-	k := keptLease{Lease: shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}, Until: time.Now().Add(2*held.TTL + held.LockDelay)}
+	var st supervisorStatus
+	_ = readJSON(h.dir, statusFile, &st)
+	renewed := lastRenew(held, st)
+	if renewed.IsZero() {
+		return
+	}
+	until := lockclient.Timing{TTL: held.TTL, LockDelay: held.LockDelay}.ReleaseCutoff(renewed)
+	k := keptLease{Lease: shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}, UntilBoot: lockclient.BootNanos(until)}
 	if err := writeJSON(alloc, keptFile(h.cfg), k); err != nil {
 		h.logger.Error("gate ended holding its lock, which cannot be kept for a restart", "error", err)
 		return
@@ -95,7 +106,7 @@ func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 	h.logger.Info("gate ended holding its lock: kept for a restart in this allocation", "fence", held.Fence)
 	// Forgotten once the server may have expired it (if not taken first).
 	cfg := h.cfg
-	time.AfterFunc(time.Until(k.Until)+time.Second, func() { _ = g.take(cfg, root) })
+	time.AfterFunc(lockclient.BootUntil(until)+time.Second, func() { _ = g.take(cfg, root) })
 }
 
 // take returns (and forgets) the lease kept for the task's gate, or nil.
@@ -114,7 +125,7 @@ func (g *gateLeases) take(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.Ado
 	_ = alloc.Remove(keptFile(cfg))
 	alloc.Close()
 	_ = root.RemoveEmptySub(cfg.AllocID)
-	if err != nil || k.Lease.LockID == "" || time.Now().After(k.Until) {
+	if err != nil || k.Lease.LockID == "" || lockclient.BootNanos(lockclient.BootNow()) >= k.UntilBoot {
 		return nil
 	}
 	return &k.Lease

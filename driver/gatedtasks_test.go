@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/nomad/client/lib/cgroupslib"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -199,7 +200,8 @@ func TestKeptGateLeaseOutlivesThePlugin(t *testing.T) {
 		v    any
 	}{
 		{specFile, supervisorSpec{Gate: &gateSpec{AllocID: cfg.AllocID, Task: cfg.Name}}},
-		{leaseFile, heldLease{LockID: "lock-1", Fence: 7, TTL: 10 * time.Second, LockDelay: time.Second}},
+		{leaseFile, heldLease{LockID: "lock-1", Fence: 7, TTL: 10 * time.Second, LockDelay: time.Second,
+			LastRenewBoot: lockclient.BootNanos(lockclient.BootNow())}},
 	} {
 		if err := writeJSON(dir, f.name, f.v); err != nil {
 			t.Fatal(err)

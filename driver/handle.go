@@ -139,16 +139,16 @@ func (d *Driver) watchdog(h *taskHandle) {
 	if st.WorkloadPGID == 0 && !gate && h.cgroup == nil {
 		return
 	}
-	now, grace := monoNow(), int64(watchdogGrace)
+	now, grace := bootNow(), int64(watchdogGrace)
 	var why string
 	switch state := shim.State(st.State); {
 	case state.Holds():
-		if st.FenceDeadlineMono > 0 && now > st.FenceDeadlineMono+grace {
-			why = fmt.Sprintf("supervisor unresponsive %s past its fence deadline", time.Duration(now-st.FenceDeadlineMono).Round(time.Millisecond))
+		if st.FenceDeadlineBoot > 0 && now > st.FenceDeadlineBoot+grace {
+			why = fmt.Sprintf("supervisor unresponsive %s past its fence deadline", time.Duration(now-st.FenceDeadlineBoot).Round(time.Millisecond))
 		}
 	case state == shim.StateLost || state == shim.StateStopping:
-		if st.StopDeadlineMono > 0 && now > st.StopDeadlineMono+grace {
-			why = fmt.Sprintf("workload still running %s past its stop deadline", time.Duration(now-st.StopDeadlineMono).Round(time.Millisecond))
+		if st.StopDeadlineBoot > 0 && now > st.StopDeadlineBoot+grace {
+			why = fmt.Sprintf("workload still running %s past its stop deadline", time.Duration(now-st.StopDeadlineBoot).Round(time.Millisecond))
 		}
 	}
 	if why == "" || (!gate && !h.workloadAlive(st.WorkloadPGID)) {

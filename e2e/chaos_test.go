@@ -229,6 +229,13 @@ func TestChaos(t *testing.T) {
 			}
 			add(row, func(t *testing.T, n int, tr *chaosTrial) { chaosStopTrial(t, a, v, n, tr) })
 		}
+		add(chaosRow{ID: "2-sigstop-in-delay-lock", Variant: chaosVariantName("lock") + ", count = 3, ttl 10s, delay 10s, workloads that take 3s to stop",
+			Fault: "SIGSTOP of the holder's `lock` just after a renew, SIGCONT inside [2×TTL, 2×TTL + delay] after it, while the server's expiry is pending",
+			Proves: "the thawed holder leaves its lock to expire instead of releasing it (a release would let the pending expiry clear the next holder's lock, " +
+				"and a third holder start beside it: 2.8s of overlap measured without the rule); the next holder takes over at the expiry (docs/expiry.md)"},
+			func(t *testing.T, n int, tr *chaosTrial) {
+				expiryFrozenTrial(t, a, "lock", chaosName("exp", "lock", n), tr)
+			})
 		for _, f := range chaosLBFaults {
 			row := chaosRow{ID: "7-lb-" + f.name, Variant: chaosVariantName("driver") + " + LB",
 				Fault:  "LB API " + f.desc + " during ADD and during REMOVE",
@@ -267,6 +274,26 @@ func TestChaos(t *testing.T) {
 		} {
 			rows = append(rows, spec.rows()...)
 		}
+		rows = append(rows, chaosRowTrial{chaosRow{ID: "2-sigstop-in-delay-driver",
+			Variant: chaosVariantName("driver") + ", count = 3, ttl 10s, delay 10s, workloads that take 3s to stop",
+			Fault: "SIGSTOP of the holder's supervisor and of the plugin just after a renew; the plugin thawed inside [2×TTL, 2×TTL + delay] " +
+				"after it, while the server's expiry is pending, then the supervisor",
+			Proves: "the plugin's watchdog kills the frozen supervisor, and its crash release, judging by the last renew the supervisor recorded, " +
+				"leaves the lock to expire (a release would let the pending expiry clear the next holder's lock: 2.9s of overlap measured without the rule); " +
+				"the next holder takes over at the expiry (docs/expiry.md)"},
+			func(t *testing.T, n int, tr *chaosTrial) {
+				expiryFrozenTrial(t, a, "driver", chaosName("exp", "driver", n), tr)
+			}})
+		rows = append(rows, chaosRowTrial{chaosRow{ID: "2-sigstop-in-delay-driver-plugin-restart",
+			Variant: chaosVariantName("driver") + ", count = 3, ttl 10s, delay 10s, workloads that take 3s to stop",
+			Fault: "SIGSTOP of the holder's supervisor and of the plugin just after a renew; the plugin SIGKILLed inside [2×TTL, 2×TTL + delay] " +
+				"after it, while the server's expiry is pending: Nomad relaunches it",
+			Proves: "the relaunched plugin recovers the task from its state dir, its watchdog kills the frozen supervisor, and its crash release, " +
+				"judging by the last renew recorded there (CLOCK_BOOTTIME, shared by every process), leaves the lock to expire; " +
+				"the next holder takes over at the expiry (docs/expiry.md)"},
+			func(t *testing.T, n int, tr *chaosTrial) {
+				expiryFrozenTrial(t, a, "driver-restart", chaosName("exr", "driver", n), tr)
+			}})
 		for _, r := range rows {
 			chaosRunRow(t, r.row, trials, r.trial)
 		}

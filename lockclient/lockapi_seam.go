@@ -23,7 +23,7 @@ func NewWithLockAPI(key testkey.Key, cfg Config, vars lockAPI) (*Locker, error) 
 	if err != nil {
 		return nil, err
 	}
-	l := newLocker(cfg, nil, vars, realClock{})
+	l := newLocker(cfg, nil, vars, theBootClock)
 	if a, ok := vars.(allocAPI); ok {
 		l.allocs = a
 	}

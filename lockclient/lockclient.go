@@ -149,7 +149,7 @@ func New(cfg Config) (*Locker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nomad client for %s: %w", cfg.Endpoint, err)
 	}
-	return newLocker(cfg, client, client.Variables(), realClock{}), nil
+	return newLocker(cfg, client, client.Variables(), theBootClock), nil
 }
 
 // prepared validates cfg and fills in its defaults.
@@ -315,7 +315,7 @@ func (l *Locker) tryAcquire(ctx context.Context, current snapshot, opts AcquireO
 	holder := l.cfg.Holder
 	holder.GatedDirect = opts.GatedDirect
 	holder.PreviousUpstream = holderFromItems(current.items()).Upstream
-	holder.AcquiredAt = l.clock.Now()
+	holder.AcquiredAt = time.Now() // the wall clock: read by people and other hosts, never a deadline
 	holder.TTL = l.cfg.TTL
 	holder.LockDelay = l.cfg.LockDelay
 	v := &api.Variable{

@@ -49,23 +49,6 @@ type timer interface {
 	Stop() bool
 }
 
-// realClock is the clock of production: package time.
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-
-func (realClock) NewTimer(d time.Duration) timer { return realTimer{t: time.NewTimer(d)} }
-
-func (realClock) WithDeadline(ctx context.Context, t time.Time) (context.Context, context.CancelFunc) {
-	return context.WithDeadline(ctx, t)
-}
-
-type realTimer struct{ t *time.Timer }
-
-func (r realTimer) C() <-chan time.Time        { return r.t.C }
-func (r realTimer) Reset(d time.Duration) bool { return r.t.Reset(d) }
-func (r realTimer) Stop() bool                 { return r.t.Stop() }
-
 // withTimeout is context.WithTimeout on c.
 func withTimeout(ctx context.Context, c clock, d time.Duration) (context.Context, context.CancelFunc) {
 	return c.WithDeadline(ctx, c.Now().Add(d))

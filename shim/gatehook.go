@@ -141,7 +141,7 @@ func (h *gateHook) capRemoveBudget(lease *lockclient.Lease, budget time.Duration
 	if !chans.Closed(lease.Lost()) {
 		return budget
 	}
-	return min(budget, time.Until(lease.StopDeadline())-h.g.killBound-gateKillSlack-h.s.lbCheckTime())
+	return min(budget, lockclient.BootUntil(lease.StopDeadline())-h.g.killBound-gateKillSlack-h.s.lbCheckTime())
 }
 
 func (h *gateHook) stoppingMessage(end ending) string {

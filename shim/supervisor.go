@@ -58,8 +58,13 @@ type Event struct {
 	// if the supervisor has not acted on them.
 	FenceDeadline time.Time
 	StopDeadline  time.Time
-	WorkloadPID   int
-	WorkloadPGID  int
+	// LastRenew is when the last renew the server acknowledged (or the
+	// acquire) was sent: the plugin, releasing for a crashed supervisor,
+	// leaves the lock to expire from its release cutoff on. Like the
+	// deadlines it is on CLOCK_BOOTTIME (lockclient.BootNanos).
+	LastRenew    time.Time
+	WorkloadPID  int
+	WorkloadPGID int
 }
 
 // StopRequest asks the supervisor to stop the workload with Signal and give
@@ -162,7 +167,7 @@ func (s *Supervisor) removeBudget(lease *lockclient.Lease) time.Duration {
 	}
 	budget := s.Config.LB.WithDefaults().RemoveDeadline
 	if chans.Closed(lease.Lost()) {
-		budget = min(budget, time.Until(lease.StopDeadline())/2)
+		budget = min(budget, lockclient.BootUntil(lease.StopDeadline())/2)
 	}
 	for _, h := range hooksOf[budgetHook](s) {
 		budget = h.capRemoveBudget(lease, budget)
@@ -365,7 +370,7 @@ func (s *Supervisor) holdingMessage(lease *lockclient.Lease) string {
 // the workload's PID and group, which the driver's watchdog reads.
 func (r *heldRun) held(state State, msg string) Event {
 	ev := Event{State: state, Fence: r.lease.Fence, Message: msg,
-		FenceDeadline: r.lease.FenceDeadline(), StopDeadline: r.lease.StopDeadline()}
+		FenceDeadline: r.lease.FenceDeadline(), StopDeadline: r.lease.StopDeadline(), LastRenew: r.lease.LastRenew()}
 	if r.cmd != nil {
 		ev.WorkloadPID, ev.WorkloadPGID = r.cmd.Process.Pid, r.g.pgid
 	}
@@ -388,7 +393,7 @@ func (r *heldRun) shutdown(sig syscall.Signal, timeout time.Duration, end ending
 	r.end = end
 	// The loop no longer re-arms the guard: give it the whole stop
 	// (LB remove, then the grace), still capped by the stop deadline.
-	until := time.Now().Add(s.removeBudget(lease) + s.lbCheckTime() + timeout + 2*time.Second)
+	until := lockclient.BootNow().Add(s.removeBudget(lease) + s.lbCheckTime() + timeout + 2*time.Second)
 	g.arm(earliest(until, lease.StopDeadline()))
 	s.deregister(r.lb, s.removeBudget(lease), r.held, lease.Renewed(), func() {
 		g.arm(earliest(until, lease.StopDeadline()))
@@ -518,7 +523,7 @@ func (r *heldRun) lbAddFailed(err error) int {
 func (r *heldRun) lost() int {
 	s, lease := r.s, r.lease
 	why := lease.Err()
-	r.log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", time.Until(lease.StopDeadline()).Round(time.Millisecond))
+	r.log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", lockclient.BootUntil(lease.StopDeadline()).Round(time.Millisecond))
 	s.emit(r.held(StateLost, "Lock lost: "+strings.TrimPrefix(why.Error(), "lock lost: ")))
 	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, endLost)
 	return ExitLost
@@ -715,24 +720,24 @@ func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struc
 			s.Logger.Warn("signal the workload's process tree", "signal", sig, "error", err)
 		}
 	}
-	deadline := time.Now().Add(timeout)
+	deadline := lockclient.BootNow().Add(timeout)
 	if chans.Closed(lease.Lost()) {
 		deadline = earliest(deadline, lease.StopDeadline())
 	}
 	poll := time.NewTicker(20 * time.Millisecond)
 	defer poll.Stop()
-	grace := time.NewTimer(time.Until(deadline))
+	grace := lockclient.NewBootTimer(lockclient.BootUntil(deadline))
 	defer grace.Stop()
 	lost := lease.Lost()
 	for {
 		select {
-		case <-grace.C:
+		case <-grace.C():
 			s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", timeout)
 			return
 		case <-lost:
 			lost = nil
 			deadline = earliest(deadline, lease.StopDeadline())
-			grace.Reset(time.Until(deadline))
+			grace.Reset(lockclient.BootUntil(deadline))
 		case <-lease.Renewed():
 			// Still ours: keep the guard, and the driver's watchdog (which
 			// reads the deadlines this event publishes), from cutting a long
@@ -827,12 +832,13 @@ func (s *Supervisor) guardDeadline(lease *lockclient.Lease) time.Time {
 
 func (s *Supervisor) release(lease *lockclient.Lease) {
 	timeout := s.Locker.Config().RequestTimeout + time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := lockclient.WithBootTimeout(context.Background(), timeout)
 	defer cancel()
 	err := lease.Release(ctx)
 	if s.OnReleaseTried != nil {
 		tried := err
-		if errors.Is(err, lockclient.ErrLost) {
+		if errors.Is(err, lockclient.ErrLost) || errors.Is(err, lockclient.ErrLeftToExpire) {
+			// Nothing for anyone to release: gone, or left to expire.
 			tried = nil
 		}
 		defer s.OnReleaseTried(tried)
@@ -842,10 +848,19 @@ func (s *Supervisor) release(lease *lockclient.Lease) {
 		s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: "Released lock"})
 	case errors.Is(err, lockclient.ErrLost):
 		s.Logger.Info("nothing to release: the lock was already gone", "reason", err)
+	case errors.Is(err, lockclient.ErrLeftToExpire):
+		s.Logger.Warn("not releasing the lock: left to expire", "reason", err)
+		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: LeftToExpireMessage(err)})
 	default:
 		s.Logger.Warn("release failed; the lock expires on its own", "error", err)
 		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config(), s.PluginReleases)})
 	}
+}
+
+// LeftToExpireMessage is the event of a lock left to expire (see
+// lockclient.ErrLeftToExpire): not released, and why.
+func LeftToExpireMessage(err error) string {
+	return "Lock left to expire, not released: " + strings.TrimPrefix(err.Error(), "release ")
 }
 
 // releaseFailedMessage says that the lock was not released, when it will be
