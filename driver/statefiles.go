@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/textclip"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 	"golang.org/x/sys/unix"
@@ -160,6 +161,17 @@ type supervisorStatus struct {
 }
 
 // taskEventLine is one line of events.jsonl.
+// maxEventMessage bounds the message of every task event and of the
+// status and exit files: task events are stored in Nomad's Raft log, and the
+// plugin reads those files with a cap (maxFileSize); a status it cannot read
+// would leave the watchdog acting on stale deadlines. The LB's text is
+// bounded where it enters (lbhook.MaxLBText); this is the backstop for
+// whatever else a message carries.
+const maxEventMessage = 2048
+
+// eventMessage is msg bounded to maxEventMessage, its cut marked.
+func eventMessage(msg string) string { return textclip.Clip(msg, maxEventMessage) }
+
 type taskEventLine struct {
 	Time    time.Time
 	State   string

@@ -53,7 +53,7 @@ func runSupervisor(path string) int {
 		return shim.ExitConfig
 	}
 	code, msg := superviseTask(dir, spec, log)
-	es := exitStatus{ExitCode: code, Message: msg}
+	es := exitStatus{ExitCode: code, Message: eventMessage(msg)}
 	if spec.CgroupPath != "" {
 		tree := &taskCgroup{mode: cgroupslib.Mode(spec.CgroupMode), path: spec.CgroupPath}
 		es.OOMKilled = tree.oomKilledSince(spec.OOMKillsAtStart)
@@ -268,7 +268,7 @@ type publisher struct {
 
 // note appends a task event that is not a state change.
 func (p *publisher) note(msg string) {
-	if err := appendJSONLine(p.dir, eventsFile, taskEventLine{Time: time.Now(), Message: msg}); err != nil {
+	if err := appendJSONLine(p.dir, eventsFile, taskEventLine{Time: time.Now(), Message: eventMessage(msg)}); err != nil {
 		p.log.Warn("write event", "error", err)
 	}
 }
@@ -281,7 +281,7 @@ func (p *publisher) observe(ev shim.Event) {
 		return
 	}
 	st := supervisorStatus{
-		State: string(ev.State), Message: ev.Message, Path: p.path, Fence: ev.Fence,
+		State: string(ev.State), Message: eventMessage(ev.Message), Path: p.path, Fence: ev.Fence,
 		FenceDeadlineMono: monoAt(ev.FenceDeadline), StopDeadlineMono: monoAt(ev.StopDeadline),
 		WorkloadPID: ev.WorkloadPID, WorkloadPGID: ev.WorkloadPGID,
 		SupervisorPID: os.Getpid(), UpdatedMono: monoNow(),
@@ -301,7 +301,7 @@ func (p *publisher) observe(ev shim.Event) {
 
 // appendEvent adds ev to events.jsonl, which the plugin turns into a task event.
 func (p *publisher) appendEvent(ev shim.Event) {
-	line := taskEventLine{Time: ev.Time, State: string(ev.State), Message: ev.Message, Fence: ev.Fence}
+	line := taskEventLine{Time: ev.Time, State: string(ev.State), Message: eventMessage(ev.Message), Fence: ev.Fence}
 	if !ev.Holder.IsZero() {
 		line.Holder = ev.Holder.AllocID
 	}
