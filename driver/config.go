@@ -77,6 +77,9 @@ func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
 	if err := shim.ParseDuration("plugin config default_delay", pc.DefaultDelay, "10s", &delay); err != nil {
 		return 0, 0, err
 	}
+	if err := shim.LockSettings.CheckMin("delay", delay, "plugin config default_delay"); err != nil {
+		return 0, 0, err
+	}
 	t := lockclient.Timing{TTL: ttl, LockDelay: delay}
 	if err := t.Validate(); err != nil {
 		return 0, 0, fmt.Errorf("plugin config: %w", err)

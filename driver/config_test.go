@@ -121,6 +121,10 @@ func TestPluginConfigDefaults(t *testing.T) {
 		!strings.Contains(err.Error(), "default_ttl") {
 		t.Fatalf("want the field named, got %v", err)
 	}
+	if _, _, err := (PluginConfig{DefaultDelay: "1ns"}).defaults(); err == nil ||
+		!strings.Contains(err.Error(), "plugin config default_delay = 1ns is below its minimum of 100ms") {
+		t.Fatalf("want the minimum named, got %v", err)
+	}
 	ttl, delay, err := PluginConfig{}.defaults()
 	if err != nil || ttl != 15*time.Second || delay != 5*time.Second {
 		t.Fatalf("empty plugin config: %s %s %v", ttl, delay, err)
@@ -394,5 +398,49 @@ func TestLockBlockDecodes(t *testing.T) {
 	}
 	if _, diags, _ := hclutils.ParseHclInterface(job.TaskGroups[0].Tasks[0].Config, spec, nil); !diags.HasErrors() {
 		t.Error("config.lock.backoff (a flag of lock only) was accepted")
+	}
+}
+
+// A jobspec that sets a duration to 1ns would make the root supervisor
+// spin against the LB, the health-checked port or Nomad: each is refused,
+// naming its field and minimum.
+func TestJobspecDurationsBelowTheirMinimum(t *testing.T) {
+	tc := decodeJobspecConfig(t, `
+      config {
+        command = "/bin/true"
+        lock { renew = "1ns" }
+        load_balancer {
+          uri              = "http://127.0.0.1:1/baragon/v2/request"
+          service_id       = "web"
+          base_path        = "/web"
+          groups           = ["prod-lb"]
+          port             = "http"
+          request_timeout  = "1ns"
+          poll_interval    = "1ns"
+          add_deadline     = "1ns"
+          remove_deadline  = "1ns"
+          recheck_interval = "1ns"
+        }
+        health_check {
+          type     = "tcp"
+          interval = "1ns"
+          timeout  = "1ns"
+        }
+      }`)
+	cfg := &drivers.TaskConfig{ID: "a/t/1", JobID: "j", JobName: "j", TaskGroupName: "g", Name: "t", Env: map[string]string{"NOMAD_HOST_ADDR_http": "127.0.0.1:8080"}}
+	_, err := tc.shimConfig(cfg, 10*time.Second, time.Second)
+	for _, want := range []string{
+		"config.lock.renew = 1ns is below its minimum of 1s",
+		"request_timeout = 1ns is below its minimum of 100ms",
+		"poll_interval = 1ns is below its minimum of 100ms",
+		"add_deadline = 1ns is below its minimum of 100ms",
+		"remove_deadline = 1ns is below its minimum of 100ms",
+		"load_balancer.recheck_interval = 1ns is below its minimum of 1s",
+		"health_check.interval = 1ns is below its minimum of 100ms",
+		"health_check.timeout = 1ns is below its minimum of 100ms",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v\nwant it to say %q", err, want)
+		}
 	}
 }
