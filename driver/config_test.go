@@ -444,3 +444,26 @@ func TestJobspecDurationsBelowTheirMinimum(t *testing.T) {
 		}
 	}
 }
+
+// The holder record names the task as Nomad's task config does. A job's env
+// block may set NOMAD_ALLOC_ID and the like in the task environment, where
+// the supervisor runs; the record must not follow it (the next gate waits
+// for the allocation it names, and the LB request ids are made of it).
+func TestHolderRecordComesFromTheTaskConfig(t *testing.T) {
+	for k, v := range map[string]string{"NOMAD_ALLOC_ID": "forged-alloc", "NOMAD_JOB_ID": "forged-job",
+		"NOMAD_JOB_PARENT_ID": "forged-parent", "NOMAD_GROUP_NAME": "forged-group", "NOMAD_TASK_NAME": "forged-task",
+		"NOMAD_NODE_NAME": "forged-node"} {
+		t.Setenv(k, v)
+	}
+	cfg := &drivers.TaskConfig{ID: "0b0e7c52-2a3b-4c5d-8e9f-0a1b2c3d4e5f/t/1", AllocID: "0b0e7c52-2a3b-4c5d-8e9f-0a1b2c3d4e5f",
+		JobID: "web/dispatch-1", ParentJobID: "web", TaskGroupName: "g", Name: "t", NodeName: "node-1",
+		Env: map[string]string{"NOMAD_ALLOC_ID": "forged-alloc"}}
+	h := supervisorSpec{Holder: taskHolder(cfg)}.holder()
+	if h.AllocID != cfg.AllocID || h.JobID != "web" || h.Group != "g" || h.Task != "t" || h.Node != "node-1" || h.PID != os.Getpid() {
+		t.Errorf("holder %+v, want alloc %s, job web (the parent), group g, task t, node node-1 and this PID", h, cfg.AllocID)
+	}
+	cfg.ParentJobID, cfg.NodeName = "", ""
+	if h := (supervisorSpec{Holder: taskHolder(cfg)}).holder(); h.JobID != cfg.JobID || h.Node == "" || h.Node == "forged-node" {
+		t.Errorf("holder %+v, want job %s and the host name for the node", h, cfg.JobID)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/textclip"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 	"golang.org/x/sys/unix"
 )
@@ -127,6 +128,12 @@ type supervisorSpec struct {
 	UID    *uint32
 	GID    uint32
 	Groups []uint32
+	// Holder names the task in the lock's holder record (allocation, job,
+	// group, task, node), from Nomad's task config: never from the task
+	// environment, whose NOMAD_ALLOC_ID and the like the job's env block
+	// can override. The next gate waits for the allocation it names, and
+	// the LB request ids are made of it.
+	Holder lockclient.Holder
 	// SecretsDir is the task's secrets dir, from the plugin (never from the
 	// task environment, which a job can set): where the Task API socket is.
 	SecretsDir string
@@ -160,7 +167,6 @@ type supervisorStatus struct {
 	UpdatedMono       int64
 }
 
-// taskEventLine is one line of events.jsonl.
 // maxEventMessage bounds the message of every task event and of the
 // status and exit files: task events are stored in Nomad's Raft log, and the
 // plugin reads those files with a cap (maxFileSize); a status it cannot read
@@ -172,6 +178,7 @@ const maxEventMessage = 2048
 // eventMessage is msg bounded to maxEventMessage, its cut marked.
 func eventMessage(msg string) string { return textclip.Clip(msg, maxEventMessage) }
 
+// taskEventLine is one line of events.jsonl.
 type taskEventLine struct {
 	Time    time.Time
 	State   string

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -86,7 +87,7 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 	}
 	cfg.LB = lb
 
-	holder := lockclient.HolderFromEnv(os.Getenv)
+	holder := spec.holder()
 	locker, err := shim.NewLocker(cfg, log, holder)
 	if err != nil {
 		log.Error("cannot set up the lock", "error", err)
@@ -153,6 +154,16 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 	go routeSignals(dir, log, forward, stops)
 
 	return sup.Run(context.Background(), forward), ""
+}
+
+// holder is the lock's holder record: the task as the plugin named it in
+// the spec (see supervisorSpec.Holder), this host and this process.
+func (spec supervisorSpec) holder() lockclient.Holder {
+	h := spec.Holder
+	h.Hostname, _ = os.Hostname()
+	h.Node = cmp.Or(h.Node, h.Hostname)
+	h.PID = os.Getpid()
+	return h
 }
 
 // shimConfig is the supervisor's config for spec, before its load balancer.
