@@ -1,7 +1,7 @@
 package e2e
 
-// What an operator reads when the load balancer fails (README "When the
-// load balancer fails"): the singleton driver on a real agent against the
+// What an operator reads when the load balancer fails (docs/load-balancer.md,
+// "When the load balancer fails"): the singleton driver on a real agent against the
 // reference LB API that is down, answers FAILED, or is slow. Each scenario
 // asserts the task events a user sees in `nomad alloc status`.
 //

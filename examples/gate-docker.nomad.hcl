@@ -13,8 +13,8 @@
 # "api" at once. In every other case (the gate's lock lost, its supervisor
 # killed, a gated task that fails for good) the gate fails, Nomad kills "api",
 # and the lock is left to expire on the server (2×TTL + delay), which the gate
-# checks at start to outlast api's kill_timeout. README "Gating other tasks"
-# has the rule and its bound.
+# checks at start to outlast api's kill_timeout. docs/gate.md has the rule
+# and its bound.
 #
 # With ACLs, the identity needs write on the lock path and read-job on the
 # namespace (acl/singleton-gate.policy.hcl):
@@ -56,7 +56,7 @@ job "web" {
 
     # With standbys, a rolling deployment cannot become healthy (a standby
     # never runs its app): update the whole group at once instead. With
-    # count = 1 a normal rolling update works (README "Gating other tasks").
+    # count = 1 a normal rolling update works (docs/gate.md, Deployments).
     update {
       max_parallel = 0
     }

@@ -2,8 +2,8 @@
 # owns the files in its data volume), with a warm standby. The "gate" task
 # holds the lock for its allocation; Nomad starts "worker" in the holder's
 # allocation alone, and stops it, and waits for it, before the gate releases.
-# See examples/gate-docker.nomad.hcl for the whole story, and README "Gating
-# other tasks" for the rule and its bound.
+# See examples/gate-docker.nomad.hcl for the whole story, and docs/gate.md
+# for the rule and its bound.
 #
 # The client needs two host volumes: the worker's binary, and its data.
 #

@@ -14,6 +14,10 @@
 // LockDelay and we give up at TTL - FenceMargin, a holder whose process stops
 // short of that still has a full TTL to stop its workload before anyone else
 // can hold the lock.
+//
+// The whole argument for "never two at once" (deadlines, partitions, proving
+// every process dead before a release, what the driver and the gate add) is
+// in docs/design.md.
 package lockclient
 
 import (

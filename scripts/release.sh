@@ -28,7 +28,7 @@ trap 'rm -rf "$stage"' EXIT
 ldflags="-s -w -buildid= -X github.com/nomad-driver-singleton/nomad-driver-singleton/shim.Version=$version"
 # No cgo: static binaries, and no C toolchain in the build's inputs. The
 # plugin then resolves task users from /etc/passwd and /etc/group only
-# (Go's own os/user), not through NSS (see README, Install).
+# (Go's own os/user), not through NSS (see docs/driver.md, Install).
 build() { # goos goarch pkg output
 	(cd "$root" && CGO_ENABLED=0 GOOS=$1 GOARCH=$2 GOFLAGS=-mod=readonly \
 		go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$4" "$3")

@@ -10,7 +10,7 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
-// Defaults. Where they differ from `nomad var lock` the README says why.
+// Defaults. Where they differ from `nomad var lock` docs/cli.md says why.
 const (
 	DefaultTTL         = 15 * time.Second
 	DefaultLockDelay   = 5 * time.Second

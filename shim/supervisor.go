@@ -74,7 +74,7 @@ type StopRequest struct {
 // unchanged; death by signal N becomes 128+N, as in a shell.
 const (
 	ExitConfig      = 64  // bad flag, config file, TTL, path or command
-	ExitInfra       = 69  // Nomad unreachable, no socket or token, too many API errors
+	ExitInfra       = 69  // Nomad unreachable or failing, too many API errors (no socket or token is ExitConfig)
 	ExitWaitTimeout = 75  // the lock was not acquired within -wait
 	ExitLost        = 76  // the lock was lost while held; the workload was stopped
 	ExitPermission  = 77  // HTTP 403: the token lacks write on the lock path

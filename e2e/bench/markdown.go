@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Scenario titles: the table's section headings, in order.
@@ -406,7 +407,7 @@ func (rep *Report) Markdown(images []string) string {
 	}
 	p("")
 	p("</details>")
-	return b.String()
+	return withTOC(b.String())
 }
 
 func joinInts(ns []int) string {
@@ -422,3 +423,50 @@ func secondsOf(ns int64) float64 { return float64(ns) / 1e9 }
 
 // nan is a run that could not measure.
 var nan = math.NaN()
+
+// withTOC puts a table of contents of md's "## " and "### " headings before
+// its first "## " heading, linked by the anchors GitHub gives them.
+func withTOC(md string) string {
+	lines := strings.Split(md, "\n")
+	var toc []string
+	first := -1
+	inFence := false
+	for i, l := range lines {
+		if strings.HasPrefix(l, "```") {
+			inFence = !inFence
+		}
+		level, text, ok := strings.Cut(l, " ")
+		if inFence || !ok || (level != "##" && level != "###") {
+			continue
+		}
+		if first < 0 {
+			first = i
+		}
+		indent := ""
+		if level == "###" {
+			indent = "  "
+		}
+		toc = append(toc, fmt.Sprintf("%s- [%s](#%s)", indent, text, headingAnchor(text)))
+	}
+	if first < 0 {
+		return md
+	}
+	out := append(append(append([]string{}, lines[:first]...), toc...), "")
+	return strings.Join(append(out, lines[first:]...), "\n")
+}
+
+// headingAnchor is the anchor GitHub gives a heading of plain text and code
+// spans: lower case, letters, digits, '-' and '_' kept, spaces turned into
+// '-', the rest dropped.
+func headingAnchor(text string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(text) {
+		switch {
+		case unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_':
+			b.WriteRune(r)
+		case r == ' ':
+			b.WriteRune('-')
+		}
+	}
+	return b.String()
+}

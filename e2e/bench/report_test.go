@@ -123,7 +123,8 @@ func TestTextAndMarkdown(t *testing.T) {
 	}
 	md := rep.Markdown([]string{TimelineImage, RatiosImage})
 	for _, want := range []string{"make bench RUNS=3", "![Timeline", "(" + TimelineImage + ")", `not yet: x \| y`,
-		"## Machine", "Nomad v1.11.2", "- a note", "| (c) singleton driver |"} {
+		"## Machine", "Nomad v1.11.2", "- a note", "| (c) singleton driver |",
+		"\n- [Goals](#goals)\n", "\n- [Machine](#machine)\n"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q", want)
 		}

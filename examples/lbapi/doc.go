@@ -35,7 +35,7 @@
 // Step (with Options.ManualWorker) hold or drive the worker.
 //
 // What it deliberately does not implement, because neither our client nor
-// a test, the demo or the README reaches it:
+// a test, the demo or the docs reach it:
 //   - the actions DELETE, RELOAD, REVERT, GET_RENDERED_CONFIG and
 //     PURGE_CACHE, replaceUpstreams and replaceServiceId: such a request is
 //     refused before queueing (200 FAILED, not stored, the message naming

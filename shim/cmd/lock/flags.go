@@ -83,7 +83,7 @@ func newRunFlags(stderr io.Writer) *runFlags {
 	}
 	fs.BoolVar(&cli.Shell, "shell", false, "run the command with $SHELL -c; nomad var lock's default is true")
 	fs.BoolVar(&cli.Verbose, "verbose", false, verboseUsage)
-	fs.StringVar(&rf.configFile, "config", "", "HCL `file` with the settings of the flags (see the README); flags override it")
+	fs.StringVar(&rf.configFile, "config", "", "HCL `file` with the settings of the flags (see docs/cli.md); flags override it")
 	fs.StringVar(&cli.Address, "address", "", addressUsage)
 	fs.StringVar(&rf.token, "token", "", "refused: a `token` in argv is visible to every user in /proc; "+
 		"use NOMAD_TOKEN or $NOMAD_SECRETS_DIR/nomad_token")

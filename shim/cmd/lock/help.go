@@ -19,7 +19,7 @@ const (
 Runs <command> (no shell, arguments exact) only while it holds a TTL lock on the
 Nomad Variable <path>, taken through the Task API socket. The command runs in its
 own process group and is stopped the moment the lock is lost. It takes the flags
-of nomad var lock, with the same meaning (some defaults differ: see the README).
+of nomad var lock, with the same meaning (some defaults differ: see docs/cli.md).
 `
 	runHelpTail = `
 The token comes from NOMAD_TOKEN or $NOMAD_SECRETS_DIR/nomad_token, never from argv.

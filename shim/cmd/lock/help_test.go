@@ -10,9 +10,10 @@ import (
 	"testing"
 )
 
-var updateREADME = flag.Bool("update-readme", false, "rewrite the README's help blocks from the real help")
+var updateREADME = flag.Bool("update-readme", false, "rewrite the help blocks of docs/cli.md from the real help")
 
-const readmePath = "../../../README.md"
+// cliDocPath is the CLI reference, which shows the help verbatim.
+const cliDocPath = "../../../docs/cli.md"
 
 // helpOf is what `lock <args>` prints as its help.
 func helpOf(args ...string) string {
@@ -21,11 +22,12 @@ func helpOf(args ...string) string {
 	return stderr.String()
 }
 
-// TestREADMEHelp: the README's CLI reference shows what lock and lock status
-// print for -h, and names no flag that lock or lock lb lacks. A flag added, renamed
-// or reworded fails it until the README is regenerated with -update-readme.
+// TestREADMEHelp: the CLI reference, docs/cli.md, shows what lock and lock
+// status print for -h, and names no flag that lock or lock lb lacks. A flag
+// added, renamed or reworded fails it until the page is regenerated with
+// -update-readme.
 func TestREADMEHelp(t *testing.T) {
-	readme, err := os.ReadFile(readmePath)
+	readme, err := os.ReadFile(cliDocPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,33 +39,31 @@ func TestREADMEHelp(t *testing.T) {
 		i := strings.Index(text, begin)
 		j := strings.Index(text, end)
 		if i < 0 || j < i {
-			t.Errorf("the README has no %q block", begin+end)
+			t.Errorf("%s has no %q block", cliDocPath, begin+end)
 			continue
 		}
 		want := helpOf(args...)
 		if got := text[i+len(begin) : j]; got != want {
 			if !*updateREADME {
-				t.Errorf("the README's %q block is not what %s prints; run go test -run TestREADMEHelp -update-readme\n"+
-					"README:\n%s\nhelp:\n%s", name, name, got, want)
+				t.Errorf("the %q block of %s is not what %s prints; run go test -run TestREADMEHelp -update-readme\n"+
+					"docs/cli.md:\n%s\nhelp:\n%s", name, cliDocPath, name, got, want)
 			}
 			text = text[:i+len(begin)] + want + text[j:]
 		}
 	}
 	if *updateREADME && text != string(readme) {
-		if err := os.WriteFile(readmePath, []byte(text), 0o644); err != nil {
+		if err := os.WriteFile(cliDocPath, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	section := text[strings.Index(text, "## CLI reference"):]
-	section = section[:strings.Index(section[1:], "\n## ")+1]
 	known := map[string]bool{}
 	for _, fs := range []*flag.FlagSet{newRunFlags(io.Discard).fs, newLBFlags("lock lb", &lbCmd{}, io.Discard).fs} {
 		fs.VisitAll(func(f *flag.Flag) { known[f.Name] = true })
 	}
-	for _, m := range regexp.MustCompile("`-([a-z][a-z-]*)").FindAllStringSubmatch(section, -1) {
+	for _, m := range regexp.MustCompile("`-([a-z][a-z-]*)").FindAllStringSubmatch(text, -1) {
 		if !known[m[1]] {
-			t.Errorf("the README's CLI reference names -%s, which lock has not", m[1])
+			t.Errorf("%s names -%s, which lock has not", cliDocPath, m[1])
 		}
 	}
 }

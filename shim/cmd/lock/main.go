@@ -1,7 +1,7 @@
 // Command lock runs a command only while it holds a Nomad Variable lock.
 // It is package shim's supervisor behind a command line: this package parses
 // the flags and the -config file, prints the help, and holds the status and
-// lb subcommands. See the README for flags and exit codes.
+// lb subcommands. See docs/cli.md for flags and exit codes.
 package main
 
 import (
