@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"cmp"
 	"errors"
 	"strings"
 	"syscall"
@@ -42,19 +43,25 @@ func TestGracefulStopKeepsItsKillTimeout(t *testing.T) {
 		retries     bool // the loss says the lock is renewed again
 		code        int
 		cutSays     string // the SIGKILL event names the cause ("" for none)
+		// timeout and flush, when set, replace the 25 s and 21 s.
+		timeout, flush time.Duration
 	}{
 		{"renews time out, then Nomad answers again: the whole kill_timeout",
 			func(s *locktest.Server) { s.FailRenew(errors.New("context deadline exceeded")) },
-			func(s *locktest.Server) { s.FailRenew(nil) }, true, 0, ""},
+			func(s *locktest.Server) { s.FailRenew(nil) }, true, 0, "", 0, 0},
 		{"renews keep failing: cut at the stop deadline, saying why",
 			func(s *locktest.Server) { s.FailRenew(errors.New("context deadline exceeded")) }, nil, true,
-			128 + int(syscall.SIGKILL), "no successful renew before the fence deadline"},
+			128 + int(syscall.SIGKILL), "no successful renew before the fence deadline", 0, 0},
 		{"Nomad says the lock is another's: cut at the fence deadline, saying why",
 			func(s *locktest.Server) { s.TakeOver(time.Second) }, nil, false,
-			128 + int(syscall.SIGKILL), "the lock is no longer ours"},
+			128 + int(syscall.SIGKILL), "the lock is no longer ours", 0, 0},
+		{"renews fail, but the kill_timeout ends before the stop deadline: not cut",
+			func(s *locktest.Server) { s.FailRenew(errors.New("context deadline exceeded")) }, nil, true,
+			0, "", 14 * time.Second, 11 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			timeout, flush := cmp.Or(tc.timeout, timeout), cmp.Or(tc.flush, flush)
 			r := newRunRig(t, flusher(flush), time.Second)
 			r.run()
 			r.holding()
@@ -67,10 +74,13 @@ func TestGracefulStopKeepsItsKillTimeout(t *testing.T) {
 			if got := strings.Contains(lost.Message, "renewing it again"); got != tc.retries {
 				t.Errorf("loss event %q: says it renews again %v, want %v", lost.Message, got, tc.retries)
 			}
+			if notCut := strings.Contains(lost.Message, "its grace is not cut"); notCut != (tc.code == 0 && tc.heal == nil) {
+				t.Errorf("loss event %q: says the grace is not cut %v", lost.Message, notCut)
+			}
 			if tc.heal != nil {
 				tc.heal(r.srv)
 				r.eventWithin("the lock renewed again", wait, func(ev Event) bool {
-					return strings.HasPrefix(ev.Message, "Lock renewed again: it was still ours; the workload keeps its kill_timeout (25s")
+					return strings.HasPrefix(ev.Message, "Lock renewed again: it was still ours; the workload keeps its kill_timeout ("+timeout.String())
 				})
 			}
 			code := r.exitWithin(wait)
@@ -85,7 +95,7 @@ func TestGracefulStopKeepsItsKillTimeout(t *testing.T) {
 				cut := r.eventWithin("the cut explained", time.Second, func(ev Event) bool {
 					return strings.HasPrefix(ev.Message, "Killing the workload with SIGKILL after ")
 				})
-				if !strings.Contains(cut.Message, "of its kill_timeout (25s): the lock was lost during the stop") ||
+				if !strings.Contains(cut.Message, "of its kill_timeout ("+timeout.String()+"): the lock was lost during the stop") ||
 					!strings.Contains(cut.Message, tc.cutSays) {
 					t.Errorf("cut event %q: want it to name the kill_timeout and %q", cut.Message, tc.cutSays)
 				}

@@ -705,6 +705,10 @@ func (r *heldRun) stop(sig syscall.Signal, timeout time.Duration) {
 			grace.Reset(time.Until(deadline))
 			msg := fmt.Sprintf("Lock lost while stopping the workload (%s): it now has %s left before SIGKILL, not the %s left of its kill_timeout",
 				lostReason(r.lease), time.Until(deadline).Round(time.Second), time.Until(end).Round(time.Second))
+			if !deadline.Before(end) {
+				msg = fmt.Sprintf("Lock lost while stopping the workload (%s): its kill_timeout ends before the lock's stop deadline, so its grace is not cut",
+					lostReason(r.lease))
+			}
 			if rt.start(r.lease) {
 				msg += "; renewing it again, as Nomad did not say it is no longer ours"
 			}
