@@ -95,7 +95,7 @@ func TestGracefulStopKeepsItsKillTimeout(t *testing.T) {
 				cut := r.eventWithin("the cut explained", time.Second, func(ev Event) bool {
 					return strings.HasPrefix(ev.Message, "Killing the workload with SIGKILL after ")
 				})
-				if !strings.Contains(cut.Message, "of its kill_timeout ("+timeout.String()+"): the lock was lost during the stop") ||
+				if !strings.Contains(cut.Message, "of its kill_timeout ("+timeout.String()+"): the lock was lost (") ||
 					!strings.Contains(cut.Message, tc.cutSays) {
 					t.Errorf("cut event %q: want it to name the kill_timeout and %q", cut.Message, tc.cutSays)
 				}

@@ -693,7 +693,7 @@ func (r *heldRun) stop(sig syscall.Signal, timeout time.Duration) {
 		case <-grace.C:
 			if deadline.Before(end) {
 				s.emit(r.held(StateStopping, fmt.Sprintf("Killing the workload with SIGKILL after %s of its kill_timeout (%s): "+
-					"the lock was lost during the stop (%s), and the workload must be gone before Nomad can free the lock",
+					"the lock was lost (%s), and the workload must be gone before Nomad can free the lock",
 					time.Since(began).Round(time.Second), timeout, lostReason(r.lease))))
 			} else {
 				s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", timeout)
