@@ -330,6 +330,18 @@ func TestChaos(t *testing.T) {
 		}
 	})
 
+	// Row 9: Nomad leader elections, on a cluster of three servers.
+	t.Run("election", func(t *testing.T) {
+		t.Parallel()
+		a := harness.StartAgent(t, chaosElectionAgentOptions(t))
+		chaosRunRow(t, chaosRow{ID: "9-leader-election", Variant: chaosBothOf(chaosPlain),
+			Fault: fmt.Sprintf("the Raft leader of three servers SIGKILLed and started again with its data dir, %d times (the next once every "+
+				"holder has renewed again), while the holders renew (TTL 10s, renew every %s), %d probes renew locks of their own every %s, and %d periodic jobs launch every %s", chaosElections, chaosElectionRenew, chaosProbes, chaosProbeEvery, chaosPeriodicJobs, chaosPeriodicEvery),
+			Proves: "a healthy holder keeps its lock across leader elections (one workload start per job, same lock): " +
+				"a renew that the new leader answers 409 before it has restored its lock timers is told apart from a real loss; no overlap"},
+			trials, func(t *testing.T, n int, tr *chaosTrial) { chaosElectionTrial(t, a, n, tr) })
+	})
+
 	// Row 8: the gate, with a docker gated app (and raw_exec where the
 	// fault is the gate's), on a dev agent of its own with a Docker engine.
 	t.Run("gate", func(t *testing.T) {
@@ -1072,7 +1084,7 @@ func chaosReport(trials int, took time.Duration, load string) string {
 		"NOMAD_LOCK_FENCE; a sampler scans /proc every few ms. **Overlaps** counts overlapping pairs of run intervals (at least 1 "+
 		"if the sampler saw two allocations' workloads alive at once); **fence violations** counts handovers where the fence did not strictly "+
 		"increase (harness.FenceViolations). **Takeover** is fault → first record of the next holder's workload "+
-		"(median, min–max). **Recovery** is fault → plugin relaunched / agent ready / LB converged, for rows without failover.",
+		"(median, min–max). **Recovery** is fault → plugin relaunched / agent ready / LB converged / new Raft leader (row 9: the slowest of the trial's elections), for rows without failover.",
 		drvTTL, drvDelay)
 	p("")
 	p("## The matrix")

@@ -30,6 +30,10 @@ type Lease struct {
 	lastRenew time.Time // send time of the last successful acquire or renew
 	err       error     // why the lease ended; nil while held
 	conflict  bool      // the server said we no longer hold it
+	// refused: a renew since the last good one was answered 409 (the lock
+	// then proven still ours, see stillOurs). If no renew succeeds before
+	// the fence deadline, the loss then counts as the server's word.
+	refused bool
 
 	lost      chan struct{}
 	renewed   chan struct{}
@@ -65,7 +69,8 @@ func (ls *Lease) LockID() string { return ls.id }
 // Path is the variable path of the lock.
 func (ls *Lease) Path() string { return ls.locker.cfg.Path }
 
-// Lost is closed the moment the lease is lost: renew got 409 or 404, or the
+// Lost is closed the moment the lease is lost: renew got 404, or 409 and the
+// variable no longer shows our lock unchanged since our acquire, or the
 // fence deadline passed without a successful renew.
 func (ls *Lease) Lost() <-chan struct{} { return ls.lost }
 
@@ -149,8 +154,14 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 				fence.Reset(d)
 				continue
 			}
-			ls.lose(fmt.Sprintf("no successful renew before the fence deadline (%s after the last renew, TTL %s)",
-				t.TTL-t.FenceMargin, t.TTL), false)
+			ls.mu.Lock()
+			refused := ls.refused
+			ls.mu.Unlock()
+			why := fmt.Sprintf("no successful renew before the fence deadline (%s after the last renew, TTL %s)", t.TTL-t.FenceMargin, t.TTL)
+			if refused {
+				why += "; Nomad answered 409 to the last renews"
+			}
+			ls.lose(why, refused)
 			return
 		case <-changed:
 			l.log.Debug("lock variable changed, renewing now to confirm we still hold it")
@@ -163,6 +174,7 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 		case err == nil:
 			ls.mu.Lock()
 			ls.lastRenew = sent
+			ls.refused = false
 			ls.mu.Unlock()
 			bo.Reset()
 			renew.Reset(t.RenewInterval)
@@ -171,6 +183,19 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 			case ls.renewed <- struct{}{}:
 			default:
 			}
+		case code == http.StatusConflict && !notHeld(err) && ls.stillOurs(ctx):
+			// A new Nomad leader answers renews before it has restored
+			// its lock timers, and a renew that finds no timer gets 409.
+			// The lock is proven ours and untouched since our acquire, and
+			// the server cannot expire it before 2*TTL after our last good
+			// renew: ask again, until the unchanged fence deadline.
+			ls.mu.Lock()
+			ls.refused = true
+			ls.mu.Unlock()
+			d := bo.NextBackOff()
+			l.log.Warn("renew answered 409, but the lock is still ours and unchanged (a new Nomad leader not yet tracking it?); retrying",
+				"answer", responseBody(err), "backoff", d, "fence_deadline_in", ls.until(ls.FenceDeadline()).Round(time.Millisecond))
+			renew.Reset(d)
 		case code == http.StatusConflict || notHeld(err):
 			ls.lose("Nomad answered "+strconv.Itoa(code)+" on renew: the lock is no longer ours ("+responseBody(err)+")", true)
 			return
@@ -186,6 +211,44 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 			renew.Reset(d)
 		}
 	}
+}
+
+// stillOurs reads the variable after a renew was answered 409 and reports
+// whether it proves the lock still ours: held under our lock ID with the
+// ModifyIndex of our acquire (every acquire, release, expiry or write moves
+// it). Failed reads are retried for up to RequestTimeout, never past the
+// fence deadline; no proof by then counts as a loss.
+func (ls *Lease) stillOurs(ctx context.Context) bool {
+	l := ls.locker
+	end := l.clock.Now().Add(l.cfg.RequestTimeout)
+	if fence := ls.FenceDeadline(); fence.Before(end) {
+		end = fence
+	}
+	rctx, cancel := l.clock.WithDeadline(ctx, end)
+	defer cancel()
+	bo := l.newBackoff()
+	for {
+		cur, _, err := l.read(rctx, 0)
+		if err == nil {
+			v := cur.v
+			ours := v != nil && v.Lock != nil && v.Lock.ID == ls.id && v.ModifyIndex == ls.Fence
+			if !ours {
+				l.log.Debug("renew answered 409 and the lock is no longer ours", "modify_index", modifyIndex(v), "fence", ls.Fence)
+			}
+			return ours
+		}
+		if permanent(err) || sleep(rctx, l.clock, bo.NextBackOff()) != nil {
+			l.log.Warn("renew answered 409 and reading the lock to check it failed", "error", err)
+			return false
+		}
+	}
+}
+
+func modifyIndex(v *api.Variable) uint64 {
+	if v == nil {
+		return 0
+	}
+	return v.ModifyIndex
 }
 
 // watchLoop parks a blocking query on the variable and reports every change

@@ -73,12 +73,15 @@ func TestRenewAnswers(t *testing.T) {
 		lost     bool
 		reason   string
 		conflict bool
+		// read answers the check that follows a 409 (nil: none expected).
+		read *reply
 	}{
-		{"409 conflict", httpError{409, "lock is held by another"}, true, "409", true},
-		{"404 variable deleted", httpError{404, "variable not found"}, true, "deleted", true},
-		{"lock gone, in the body", httpError{409, "variable doesn't hold a lock"}, true, "no longer ours", true},
-		{"500 is retried", httpError{500, "raft leader lost"}, false, "", false},
-		{"transport error is retried", errors.New("dial unix api.sock: connection refused"), false, "", false},
+		{"409 conflict", httpError{409, "attempting to modify locked variable"}, true, "409", true,
+			&reply{v: &api.Variable{Path: testPath, ModifyIndex: testFence + 7, Lock: &api.VariableLock{ID: "lock-id-2"}}}},
+		{"404 variable deleted", httpError{404, "variable not found"}, true, "deleted", true, nil},
+		{"lock gone, in the body", httpError{409, "variable doesn't hold a lock"}, true, "no longer ours", true, nil},
+		{"500 is retried", httpError{500, "raft leader lost"}, false, "", false, nil},
+		{"transport error is retried", errors.New("dial unix api.sock: connection refused"), false, "", false, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,6 +91,9 @@ func TestRenewAnswers(t *testing.T) {
 			r.clock.advanceTo(t, renewAt)
 			first := r.api.next(t, "renew")
 			first.answer(reply{err: tc.err})
+			if tc.read != nil {
+				r.api.next(t, "read").answer(*tc.read)
+			}
 			if !tc.lost {
 				if !stillOpen(ls.Lost()) {
 					t.Fatalf("lease lost on %v", tc.err)
@@ -453,4 +459,128 @@ func TestMarkReleasedClean(t *testing.T) {
 	if got := holderFromItems(c.v.Items); !got.ReleasedClean {
 		t.Fatalf("holderFromItems(%v).ReleasedClean = false", c.v.Items)
 	}
+}
+
+// A new Nomad leader answers renews before it restores its lock timers, and
+// a renew that finds no timer gets 409 "attempting to modify locked
+// variable". The lease then reads the variable: only our lock ID at the
+// ModifyIndex of our acquire proves the lock still ours, and then the renew
+// is retried, never past the unchanged fence deadline. Anything else, or no
+// answer within RequestTimeout, is a loss that must be acted on by the
+// fence deadline.
+func TestRenewConflictDuringElection(t *testing.T) {
+	const locked = "attempting to modify locked variable"
+	ours := reply{v: &api.Variable{Path: testPath, ModifyIndex: testFence, Lock: &api.VariableLock{ID: testID}}}
+	fence := t0.Add(9 * time.Second)
+	renewAt := t0.Add(5 * time.Second)
+
+	// conflict advances to the first renew, answers it 409 and returns the
+	// read that checks the lock.
+	conflict := func(t *testing.T) (*rig, *Lease, *call) {
+		r := newRig(t, Timing{})
+		ls := r.acquire(t)
+		r.clock.advanceTo(t, renewAt)
+		r.api.next(t, "renew").answer(reply{err: httpError{409, locked}})
+		return r, ls, r.api.next(t, "read")
+	}
+	wantLost := func(t *testing.T, ls *Lease) {
+		t.Helper()
+		if !closedWithin(ls.Lost()) {
+			t.Fatal("Lost() still open")
+		}
+		if err := ls.Err(); !errors.Is(err, ErrLost) || !strings.Contains(err.Error(), "409") {
+			t.Fatalf("Err() = %v, want a loss on the 409", err)
+		}
+		if got := ls.StopDeadline(); !got.Equal(fence) {
+			t.Fatalf("StopDeadline() = t0+%s, want the fence deadline t0+9s", got.Sub(t0))
+		}
+	}
+
+	t.Run("still ours: retried, and the next renew holds", func(t *testing.T) {
+		r, ls, read := conflict(t)
+		if d := read.deadline(); d.After(fence) {
+			t.Fatalf("check may run until t0+%s, past the fence deadline", d.Sub(t0))
+		}
+		read.answer(ours)
+		if !stillOpen(ls.Lost()) {
+			t.Fatal("lease lost although the lock is still ours")
+		}
+		at := r.clock.waitRetry(t, read, fence)
+		if !at.Before(fence) {
+			t.Fatalf("retry at t0+%s, not before the fence deadline", at.Sub(t0))
+		}
+		if got := ls.FenceDeadline(); !got.Equal(fence) {
+			t.Fatalf("fence deadline moved to t0+%s on a 409", got.Sub(t0))
+		}
+		r.clock.advanceTo(t, at)
+		r.api.next(t, "renew").answer(reply{})
+		select {
+		case <-ls.Renewed():
+		case <-time.After(realWait):
+			t.Fatal("the retry did not renew")
+		}
+		if got := ls.FenceDeadline(); !got.Equal(at.Add(9 * time.Second)) {
+			t.Fatalf("fence deadline = t0+%s, want the retry's send time + 9s", got.Sub(t0))
+		}
+	})
+
+	for _, tc := range []struct {
+		name string
+		read reply
+	}{
+		{"another lock ID", reply{v: &api.Variable{Path: testPath, ModifyIndex: testFence + 3, Lock: &api.VariableLock{ID: "lock-id-2"}}}},
+		{"our ID but a new ModifyIndex", reply{v: &api.Variable{Path: testPath, ModifyIndex: testFence + 3, Lock: &api.VariableLock{ID: testID}}}},
+		{"no lock", reply{v: &api.Variable{Path: testPath, ModifyIndex: testFence + 3}}},
+		{"variable gone", reply{}},
+		{"no read permission", reply{err: httpError{403, "Permission denied"}}},
+	} {
+		t.Run(tc.name+": lost", func(t *testing.T) {
+			r, ls, read := conflict(t)
+			read.answer(tc.read)
+			wantLost(t, ls)
+			r.clock.advanceTo(t, t0.Add(time.Minute))
+			r.api.quiet(t)
+		})
+	}
+
+	t.Run("check unanswered within RequestTimeout: lost", func(t *testing.T) {
+		r, ls, read := conflict(t)
+		end := renewAt.Add(r.l.cfg.Timing.RequestTimeout)
+		for c := read; ; c = r.api.next(t, "read") {
+			c.answer(reply{err: httpError{500, "No cluster leader"}})
+			if !stillOpen(ls.Lost()) {
+				t.Fatalf("lost at t0+%s, before the check ran out of time", r.clock.Now().Sub(t0))
+			}
+			at := r.clock.waitRetry(t, c, fence, end)
+			if !at.Before(end) {
+				break
+			}
+			r.clock.advanceTo(t, at)
+		}
+		r.clock.advanceTo(t, end)
+		wantLost(t, ls)
+	})
+
+	t.Run("409 until the fence deadline: lost then, stop at once", func(t *testing.T) {
+		r, ls, read := conflict(t)
+		read.answer(ours)
+		for {
+			at := r.clock.waitRetry(t, read, fence)
+			if !at.Before(fence) {
+				break
+			}
+			r.clock.advanceTo(t, at)
+			if !stillOpen(ls.Lost()) {
+				t.Fatalf("lost at t0+%s, before the fence deadline", r.clock.Now().Sub(t0))
+			}
+			r.api.next(t, "renew").answer(reply{err: httpError{409, locked}})
+			read = r.api.next(t, "read")
+			read.answer(ours)
+		}
+		r.clock.advanceTo(t, fence)
+		wantLost(t, ls)
+		if err := ls.Err(); !strings.Contains(err.Error(), "fence deadline") {
+			t.Fatalf("Err() = %v, want a loss at the fence deadline", err)
+		}
+	})
 }

@@ -246,6 +246,14 @@ func TestRunStartsWorkloadOnlyOnceAcquired(t *testing.T) {
 // kill_timeout if it stays), Run exits ExitLost, and the lock is given up
 // only once the workload is dead: a holder whose renews are refused while
 // the server still records it keeps the lock from everyone else until then.
+// expiredUnderUs is the server refusing our renews (409 "attempting to
+// modify locked variable") because it expired the lock: the variable no
+// longer holds it.
+func expiredUnderUs(s *locktest.Server) {
+	s.FailRenew(locktest.Error(409, "attempting to modify locked variable"))
+	s.Expire()
+}
+
 func TestRunLeaseLost(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -257,8 +265,8 @@ func TestRunLeaseLost(t *testing.T) {
 		killed bool
 	}{
 		{"taken by another holder", sleeper, func(s *locktest.Server) { s.TakeOver(time.Second) }, true, false},
-		{"renew refused", sleeper, func(s *locktest.Server) { s.FailRenew(locktest.Error(409, "lock ID mismatch")) }, false, false},
-		{"renew refused, kill signal ignored", deaf, func(s *locktest.Server) { s.FailRenew(locktest.Error(409, "lock ID mismatch")) }, false, true},
+		{"renew refused", sleeper, expiredUnderUs, false, false},
+		{"renew refused, kill signal ignored", deaf, expiredUnderUs, false, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -290,6 +298,36 @@ func TestRunLeaseLost(t *testing.T) {
 				t.Errorf("lock held at the end: %v, want %v (%s)", held, tc.otherHolds, r.srv)
 			}
 		})
+	}
+}
+
+// A new Nomad leader refuses renews (409) until it has restored its lock
+// timers, while the variable still holds our lock, unchanged: the holder
+// keeps the lock and its workload, and renews again once the leader does.
+func TestRunRenewRefusedByNewLeader(t *testing.T) {
+	r := newRunRig(t, sleeper, 200*time.Millisecond)
+	r.run()
+	pid := r.holding()
+	waitCalls := func(op string, n int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); r.srv.Calls(op) < n; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d %s requests after 5s, want %d (%s)", r.srv.Calls(op), op, n, r.srv)
+			}
+		}
+	}
+	r.srv.FailRenew(locktest.Error(409, "attempting to modify locked variable"))
+	waitCalls(locktest.OpRenew, r.srv.Calls(locktest.OpRenew)+3)
+	r.srv.FailRenew(nil)
+	waitCalls(locktest.OpRenew, r.srv.Calls(locktest.OpRenew)+2)
+	if ev, ok := r.find(inState(StateLost)); ok {
+		t.Fatalf("lost on a renew the new leader refused: %q; events:\n%s", ev.Message, r.eventLog())
+	}
+	if !r.workloadAlive() {
+		t.Fatalf("workload %d gone; events:\n%s", pid, r.eventLog())
+	}
+	if !r.srv.Held() {
+		t.Fatalf("lock not held: %s", r.srv)
 	}
 }
 

@@ -97,6 +97,12 @@ type AgentOptions struct {
 	// (non-dev only): a client that stops heartbeating is marked down 2 to 3
 	// times this after its last heartbeat. 0 keeps Nomad's 10s each.
 	HeartbeatTTL time.Duration
+	// Servers is the number of server processes (non-dev only; default 1).
+	// With more than one they form one Raft cluster (bootstrap_expect =
+	// Servers), every client knows them all, and Server() is the first.
+	// Kill a server (Member.Kill) and Start it again, with its data dir, to
+	// force a leader election; Agent.Leader names the leader. Not with Netns.
+	Servers int
 }
 
 // Agent is a Nomad cluster of one node, owned by one test.
@@ -124,7 +130,8 @@ type Agent struct {
 	dir  string // private short dir holding all data dirs
 	api  *api.Client
 
-	server  *Member
+	server  *Member   // == servers[0]
+	servers []*Member // every server process (non-dev), in start order
 	client  *Member   // == server in dev mode; == clients[0] otherwise
 	clients []*Member // every client process, in start order
 	net     *netLab   // with AgentOptions.Netns
@@ -139,11 +146,17 @@ type Agent struct {
 // if that does not happen within opts.StartTimeout per process.
 func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	t.Helper()
-	if opts.Dev && (opts.ACLs || len(opts.ServerConfig) > 0 || opts.Clients > 1 || opts.Netns || opts.HeartbeatTTL > 0) {
-		t.Fatalf("harness: ACLs, ServerConfig, Clients, Netns and HeartbeatTTL need a non-dev agent (AgentOptions.Dev=false)")
+	if opts.Dev && (opts.ACLs || len(opts.ServerConfig) > 0 || opts.Clients > 1 || opts.Netns || opts.HeartbeatTTL > 0 || opts.Servers > 1) {
+		t.Fatalf("harness: ACLs, ServerConfig, Clients, Servers, Netns and HeartbeatTTL need a non-dev agent (AgentOptions.Dev=false)")
+	}
+	if opts.Servers > 1 && opts.Netns {
+		t.Fatalf("harness: AgentOptions.Servers > 1 does not combine with Netns")
 	}
 	if opts.Clients < 1 {
 		opts.Clients = 1
+	}
+	if opts.Servers < 1 {
+		opts.Servers = 1
 	}
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = DefaultStartTimeout
@@ -221,6 +234,9 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 			t.Fatalf("harness: %v", err)
 		}
 		short := map[string]string{roleServer: "s", roleClient: "d", roleDev: "d"}[role]
+		if role == roleServer && name != roleServer {
+			short = "s" + strings.TrimPrefix(name, roleServer)
+		}
 		if index > 1 {
 			short += strconv.Itoa(index)
 		}
@@ -245,7 +261,14 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 		a.client = a.server
 		a.clients = []*Member{a.server}
 	} else {
-		a.server = newMember(roleServer, roleServer, 0)
+		for i := 1; i <= opts.Servers; i++ {
+			name := roleServer
+			if i > 1 {
+				name += strconv.Itoa(i)
+			}
+			a.servers = append(a.servers, newMember(roleServer, name, 0))
+		}
+		a.server = a.servers[0]
 		for i := 1; i <= opts.Clients; i++ {
 			name := roleClient
 			if i > 1 {
@@ -274,7 +297,26 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	}
 
 	began := time.Now()
+	if len(a.servers) > 1 {
+		// No server is ready before a quorum has elected a leader.
+		errs := make([]error, len(a.servers))
+		var wg sync.WaitGroup
+		for i, m := range a.servers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = m.Start()
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("harness: start servers: %v", err)
+		}
+	}
 	for _, m := range a.members() {
+		if m.Running() {
+			continue
+		}
 		if err := m.Start(); err != nil {
 			t.Fatalf("harness: start %s agent: %v", m.name, err)
 		}
@@ -307,7 +349,7 @@ func (a *Agent) setToken(token string) {
 	}
 }
 
-// members returns the distinct processes, server first.
+// members returns the distinct processes, servers first.
 func (a *Agent) members() []*Member {
 	switch {
 	case a.server == nil || a.client == nil:
@@ -315,7 +357,36 @@ func (a *Agent) members() []*Member {
 	case a.client == a.server:
 		return []*Member{a.server}
 	}
-	return append([]*Member{a.server}, a.clients...)
+	return append(slices.Clone(a.servers), a.clients...)
+}
+
+// Servers are all server processes (AgentOptions.Servers), first to last;
+// in dev mode the one agent.
+func (a *Agent) Servers() []*Member {
+	if a.opts.Dev {
+		return []*Member{a.server}
+	}
+	return slices.Clone(a.servers)
+}
+
+// Leader is the server that a running server names as the Raft leader, or
+// nil if none of them knows one (during an election).
+func (a *Agent) Leader() *Member {
+	for _, m := range a.Servers() {
+		if !m.Running() || m.isPaused() {
+			continue
+		}
+		addr, err := m.api.Status().Leader()
+		if err != nil || addr == "" {
+			continue
+		}
+		for _, s := range a.Servers() {
+			if s.RPCAddr() == addr {
+				return s
+			}
+		}
+	}
+	return nil
 }
 
 // Server is the server process (in dev mode, the only process).

@@ -36,7 +36,16 @@ func (m *Member) renderConfig() string {
 	}
 
 	if m.role == roleServer {
-		line("server {\n  enabled          = true\n  bootstrap_expect = 1")
+		line("server {\n  enabled          = true\n  bootstrap_expect = %d", len(a.servers))
+		if len(a.servers) > 1 {
+			var peers []string
+			for _, s := range a.servers {
+				if s != m {
+					peers = append(peers, q(fmt.Sprintf("%s:%d", s.ip, s.serfPort)))
+				}
+			}
+			line("  server_join {\n    retry_join     = [%s]\n    retry_interval = \"1s\"\n  }", strings.Join(peers, ", "))
+		}
 		if hb := a.opts.HeartbeatTTL; hb > 0 {
 			line("  min_heartbeat_ttl = %s\n  heartbeat_grace   = %s", q(hb.String()), q(hb.String()))
 		}
@@ -51,7 +60,11 @@ func (m *Member) renderConfig() string {
 	line("client {")
 	if m.role == roleClient {
 		line("  enabled = true")
-		line("  servers = [%s]", q(a.server.RPCAddr()))
+		var servers []string
+		for _, s := range a.servers {
+			servers = append(servers, q(s.RPCAddr()))
+		}
+		line("  servers = [%s]", strings.Join(servers, ", "))
 	} else {
 		// Dev agents keep client state in memory but still need an alloc
 		// dir; keep it below the short private dir (see StartAgent).

@@ -14,6 +14,8 @@
 //     client runs in a network namespace of its own, joined to the server
 //     by a veth pair on a private bridge, and Member.Partition cuts it off
 //     (Heal restores it); cleanup removes the namespaces and the bridge.
+//     With Servers > 1 the servers form one Raft cluster: Member.Kill and
+//     Start on Agent.Leader force an election.
 //     It waits until there is a leader and ready nodes with healthy drivers. Job helpers
 //     (RunJobHCL, WaitAllocs, AllocLogs, ...) are thin wrappers over the
 //     official api client.

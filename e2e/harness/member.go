@@ -231,6 +231,28 @@ func (m *Member) Stop() error {
 	}
 }
 
+// Kill kills the process with SIGKILL, as a crash would (no leave, no
+// graceful shutdown), and waits until it is reaped. A non-dev client leaves
+// its tasks running. Killing a stopped process is a no-op.
+func (m *Member) Kill() error {
+	m.mu.Lock()
+	p := m.proc
+	m.mu.Unlock()
+	if p == nil || p.exited() {
+		return nil
+	}
+	pid := p.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill %s agent %d: %w", m.name, pid, err)
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("%s agent %d still not reaped 10s after SIGKILL", m.name, pid)
+	}
+}
+
 // Restart stops and starts the process. Not supported in dev mode.
 func (m *Member) Restart() error {
 	if m.role == roleDev {
@@ -335,7 +357,11 @@ const execFingerprintGrace = 15 * time.Second
 func (m *Member) notReady(began time.Time, prevNodeIndex uint64) string {
 	a := m.a
 	if m.role != roleClient {
-		if why := a.serverNotReady(); why != "" {
+		cl := a.api
+		if m.role == roleServer {
+			cl = m.api // a server must know the leader itself
+		}
+		if why := a.serverNotReady(cl); why != "" {
 			return why
 		}
 	}
@@ -392,9 +418,9 @@ func (m *Member) notReady(began time.Time, prevNodeIndex uint64) string {
 	return ""
 }
 
-// serverNotReady checks leader, ACL bootstrap and keyring once.
-func (a *Agent) serverNotReady() string {
-	leader, err := a.api.Status().Leader()
+// serverNotReady checks leader, ACL bootstrap and keyring once, through cl.
+func (a *Agent) serverNotReady(cl *api.Client) string {
+	leader, err := cl.Status().Leader()
 	if err != nil {
 		return "server HTTP API not answering: " + err.Error()
 	}
@@ -402,7 +428,7 @@ func (a *Agent) serverNotReady() string {
 		return "no raft leader yet"
 	}
 	if a.opts.ACLs && a.Token() == "" {
-		tok, _, err := a.api.ACLTokens().Bootstrap(nil)
+		tok, _, err := cl.ACLTokens().Bootstrap(nil)
 		if err != nil {
 			return "ACL bootstrap: " + err.Error()
 		}
@@ -410,7 +436,7 @@ func (a *Agent) serverNotReady() string {
 	}
 	// Clients cannot register until the leader has an active root key to
 	// sign node identities with.
-	keys, _, err := a.api.Keyring().List(nil)
+	keys, _, err := cl.Keyring().List(nil)
 	if err != nil {
 		return "keyring: " + err.Error()
 	}
