@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -29,14 +30,20 @@ func TestEventMessagesAreBounded(t *testing.T) {
 	p.observe(shim.Event{State: shim.StateStopping, Message: huge, Fence: 3})
 	p.observe(shim.Event{State: shim.StateStopping, Message: huge + "!", Fence: 3, Notice: true})
 	p.note(huge)
+	// A waiter's event names the holder from the lock's Items, which any
+	// token with write on the path can set.
+	p.observe(shim.Event{State: shim.StateWaiting, Message: huge, Holder: lockclient.Holder{AllocID: huge}})
 
 	var st supervisorStatus
 	if err := readJSON(dir, statusFile, &st); err != nil {
 		t.Fatalf("the plugin cannot read the status: %v", err)
 	}
 	evs, err := (&eventTail{dir: dir}).read()
-	if err != nil || len(evs) != 3 {
-		t.Fatalf("events %d (%v), want 3", len(evs), err)
+	if err != nil || len(evs) != 4 {
+		t.Fatalf("events %d (%v), want 4", len(evs), err)
+	}
+	if h := evs[3].Holder; len(h) > maxHolderID || !strings.HasPrefix(h, "LB add failed") {
+		t.Errorf("holder annotation of %d bytes: %.60q", len(h), h)
 	}
 	d := &Driver{ctx: context.Background(), logger: hclog.NewNullLogger()}
 	d.emitEvent(&drivers.TaskConfig{ID: "a1/t", Name: "t", AllocID: "a1"}, huge, nil)

@@ -175,6 +175,9 @@ type supervisorStatus struct {
 // whatever else a message carries.
 const maxEventMessage = 2048
 
+// maxHolderID bounds the holder_alloc_id annotation of a task event.
+const maxHolderID = 64
+
 // eventMessage is msg bounded to maxEventMessage, its cut marked.
 func eventMessage(msg string) string { return textclip.Clip(msg, maxEventMessage) }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/client/lib/cgroupslib"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/textclip"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
@@ -314,7 +315,9 @@ func (p *publisher) observe(ev shim.Event) {
 func (p *publisher) appendEvent(ev shim.Event) {
 	line := taskEventLine{Time: ev.Time, State: string(ev.State), Message: eventMessage(ev.Message), Fence: ev.Fence}
 	if !ev.Holder.IsZero() {
-		line.Holder = ev.Holder.AllocID
+		// From the lock's Items, which whoever may write the lock path
+		// writes: an allocation ID is 36 bytes.
+		line.Holder = textclip.Clip(ev.Holder.AllocID, maxHolderID)
 	}
 	if err := appendJSONLine(p.dir, eventsFile, line); err != nil {
 		p.log.Warn("write event", "error", err)
