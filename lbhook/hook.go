@@ -210,6 +210,14 @@ func (h *Hook) ReAdd(ctx context.Context, self UpstreamInfo, attempt int) (Barag
 	return h.runAdd(ctx, self, nil, attempt)
 }
 
+// AddAt is Add under attempt n (≥ 1): a follower that adds its upstream
+// again in one tenure, after a REMOVE (its health check failed, then
+// passed), needs an id of its own each time, since Baragon never re-runs a
+// finished id.
+func (h *Hook) AddAt(ctx context.Context, self UpstreamInfo, removePrevious []UpstreamInfo, attempt int) (BaragonResponse, error) {
+	return h.runAdd(ctx, self, removePrevious, max(attempt, 1))
+}
+
 func (h *Hook) runAdd(ctx context.Context, self UpstreamInfo, removePrevious []UpstreamInfo, attempt int) (BaragonResponse, error) {
 	req, err := h.addRequest(self, removePrevious, attempt)
 	if err != nil {
@@ -238,13 +246,24 @@ func (h *Hook) runAdd(ctx context.Context, self UpstreamInfo, removePrevious []U
 // effect, and Remove returns the last response with a nil error (its state
 // is then not SUCCESS; see RemovedAnyway).
 func (h *Hook) Remove(ctx context.Context, self UpstreamInfo) (BaragonResponse, error) {
-	resp, err := h.remove(ctx, self)
+	resp, _, err := h.RemoveFrom(ctx, self, 1)
+	return resp, err
+}
+
+// RemoveFrom is Remove with its first attempt numbered first (≥ 1), for a
+// registration that is removed more than once under one fence (a follower
+// whose health check failed, then passed again): Baragon never re-runs a
+// finished id, so each REMOVE needs ids of its own. last is the highest
+// attempt it sent; the next REMOVE starts above it.
+func (h *Hook) RemoveFrom(ctx context.Context, self UpstreamInfo, first int) (resp BaragonResponse, last int, err error) {
+	first = max(first, 1)
+	resp, last, err = h.remove(ctx, self, first)
 	if err == nil || !mayHaveApplied(resp) || !h.goneFromState(ctx, self) {
-		return resp, err
+		return resp, last, err
 	}
 	h.c.log.Warn("lb remove did not end SUCCESS, but the service's state no longer has our upstream: it was applied",
 		"state", resp.LoadBalancerState, "error", err)
-	return resp, nil
+	return resp, last, nil
 }
 
 // mayHaveApplied reports whether a request that ended with resp may have
@@ -278,32 +297,32 @@ func (h *Hook) goneFromState(ctx context.Context, self UpstreamInfo) bool {
 	return !HasUpstream(ups, self)
 }
 
-func (h *Hook) remove(ctx context.Context, self UpstreamInfo) (BaragonResponse, error) {
+func (h *Hook) remove(ctx context.Context, self UpstreamInfo, first int) (BaragonResponse, int, error) {
 	d := h.c.cfg.RemoveDeadline
 	deadline := time.Now().Add(d)
-	for attempt := 1; ; attempt++ {
+	for attempt := first; ; attempt++ {
 		req, err := h.RemoveRequest(self, attempt)
 		if err != nil {
-			return BaragonResponse{}, err
+			return BaragonResponse{}, attempt, err
 		}
 		resp, err := h.c.Run(ctx, req, deadline)
 		if err != nil {
-			return resp, err
+			return resp, attempt, err
 		}
 		switch resp.LoadBalancerState {
 		case StateSuccess:
-			return resp, nil
+			return resp, attempt, nil
 		case StateFailed, StateCanceled:
 			if time.Until(deadline) > h.c.cfg.PollInterval {
 				h.c.log.Warn("lb remove attempt failed; retrying under a new id",
 					"request_id", req.LoadBalancerRequestID, "state", resp.LoadBalancerState, "message", resp.Message)
 				if err := sleepUntil(ctx, h.c.cfg.PollInterval, deadline); err != nil {
-					return resp, fmt.Errorf("lb remove: %w", err)
+					return resp, attempt, fmt.Errorf("lb remove: %w", err)
 				}
 				continue
 			}
 		}
-		return resp, outcome(resp, d)
+		return resp, attempt, outcome(resp, d)
 	}
 }
 

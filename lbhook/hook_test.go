@@ -273,6 +273,38 @@ func TestReAdd(t *testing.T) {
 	}
 }
 
+// A registration taken out and put back within one fence (a follower whose
+// health check failed, then passed) gets fresh ids each time: AddAt and
+// RemoveFrom number their attempts from where the last ones stopped, and
+// RemoveFrom says which attempt it ended on.
+func TestAddAtAndRemoveFromTakeFreshIDs(t *testing.T) {
+	l := newLB(t, time.Millisecond)
+	c := newTestClient(t, testConfig(l.uri), nil)
+	ctx := context.Background()
+	h, _ := c.ForAlloc(alloc, 6)
+	prev := UpstreamInfo{Upstream: "10.0.0.9:80"}
+	if _, err := h.AddAt(ctx, prev, nil, 1); err != nil { // the previous holder, listed
+		t.Fatal(err)
+	}
+	resp, err := h.AddAt(ctx, self, []UpstreamInfo{prev}, 2)
+	if err != nil || resp.LoadBalancerRequestID != alloc+"-ADD-6-2" {
+		t.Fatalf("AddAt 2: %+v %v", resp, err)
+	}
+	if got := l.srv.Upstreams("web"); !slices.Equal(got, []string{self.Upstream}) {
+		t.Errorf("after AddAt 2 the LB lists %q, want only ours: the previous holder swapped out", got)
+	}
+	resp, last, err := h.RemoveFrom(ctx, self, 3)
+	if err != nil || resp.LoadBalancerRequestID != alloc+"-REMOVE-6-3" || last != 3 {
+		t.Fatalf("RemoveFrom 3: %+v last %d %v", resp, last, err)
+	}
+	if got := l.srv.Upstreams("web"); len(got) != 0 {
+		t.Errorf("after RemoveFrom the LB lists %q", got)
+	}
+	if _, ok := l.srv.RequestState(alloc + "-REMOVE-6"); ok {
+		t.Error("RemoveFrom 3 sent attempt 1")
+	}
+}
+
 func TestStateErrors(t *testing.T) {
 	l := newLB(t, time.Millisecond)
 	h, _ := newTestClient(t, testConfig(l.uri), nil).ForAlloc(alloc, 1)

@@ -64,6 +64,22 @@ func (l *Locker) WaitHeldBy(ctx context.Context, allocID string) (Status, error)
 	}
 }
 
+// StatusAfter is a blocking read of the lock: it answers once the
+// variable's ModifyIndex passes index (at once for index 0, or after the
+// blocking wait), with the lock's status and the index to pass next time.
+// A follower of the holder record (`lock lb follow`) calls it in a loop.
+func (l *Locker) StatusAfter(ctx context.Context, index uint64) (Status, uint64, error) {
+	snap, next, err := l.read(ctx, index)
+	if err != nil {
+		return Status{}, 0, err
+	}
+	return l.statusOf(ctx, snap), next, nil
+}
+
+// Permanent reports whether err, from a read of the lock, will not go away
+// by retrying: permission denied, or a bad request.
+func Permanent(err error) bool { return permanent(err) }
+
 func (l *Locker) statusOf(ctx context.Context, snap snapshot) Status {
 	st := Status{Path: l.cfg.Path, Namespace: l.cfg.Namespace}
 	v := snap.v
@@ -90,6 +106,9 @@ func (l *Locker) statusOf(ctx context.Context, snap snapshot) Status {
 // seesLocks reports whether a missing Lock field means "not held": true with
 // ACLs disabled or a management token, false for any other token.
 func (l *Locker) seesLocks(ctx context.Context) bool {
+	if l.api == nil {
+		return false // a lock API of locktest's: no ACL to ask
+	}
 	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
 	tok, _, err := l.api.ACLTokens().Self((&api.QueryOptions{}).WithContext(rctx))

@@ -22,8 +22,8 @@ func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockcli
 	case cfg.LB != nil:
 		holder.Upstream = cfg.LB.Upstream // the next holder removes it from the LB
 	case cfg.Upstream != "":
-		// -upstream-port: `lock lb add` registers it; the next holder's
-		// `lock lb add` swaps it out, whether we stopped cleanly or died.
+		// -upstream-port: `lock lb follow` registers it; the next holder's
+		// ADD swaps it out, whether we stopped cleanly or died.
 		holder.Upstream = cfg.Upstream
 	}
 	return lockclient.New(lockclient.Config{

@@ -69,6 +69,7 @@ type Server struct {
 	releaseErr error
 	onRelease  func()
 	calls      map[string]int
+	hideLock   bool
 }
 
 // New returns a Server whose variable does not exist yet.
@@ -149,6 +150,27 @@ func (s *Server) Expire() {
 	s.write()
 }
 
+// HideLock makes reads answer as Nomad answers a token that is not a
+// management token (a workload identity): without the Lock field, so that
+// the reader cannot tell a held lock from a free one.
+func (s *Server) HideLock() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hideLock = true
+}
+
+// Write sets the variable's items as a holder's acquire would, and takes
+// the lock for a holder other than any Locker's: a test's other
+// allocation. It returns the new index, the holder's fence.
+func (s *Server) Write(items map[string]string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lock = &api.VariableLock{ID: s.newLockID(), TTL: lockclient.MinTTL.String(), LockDelay: "100ms"}
+	s.items = maps.Clone(items)
+	s.write()
+	return s.index
+}
+
 // FailRenew makes every renew answer err until FailRenew(nil).
 func (s *Server) FailRenew(err error) {
 	s.mu.Lock()
@@ -213,7 +235,7 @@ func (s *Server) variable(path string) *api.Variable {
 		return nil
 	}
 	v := &api.Variable{Path: path, ModifyIndex: s.index, Items: maps.Clone(s.items)}
-	if s.lock != nil {
+	if s.lock != nil && !s.hideLock {
 		l := *s.lock
 		v.Lock = &l
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"slices"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -38,7 +42,7 @@ type lbCmd struct {
 	stdout, stderr  io.Writer
 }
 
-// runLB is `lock lb add|remove|state`.
+// runLB is `lock lb add|remove|follow|state`.
 func runLB(args []string, stdout, stderr io.Writer) int {
 	c, code, ok := parseLBArgs(args, stdout, stderr)
 	if !ok {
@@ -56,6 +60,13 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 		return shim.ExitConfig
 	}
 	allocID := os.Getenv("NOMAD_ALLOC_ID")
+	if verb == "follow" {
+		if allocID == "" {
+			fmt.Fprintln(stderr, "lock lb follow: NOMAD_ALLOC_ID is unset: run it as a poststart sidecar task of the allocation whose lock holder it follows")
+			return shim.ExitConfig
+		}
+		return c.follow(ctx, allocID)
+	}
 	allocDir := os.Getenv("NOMAD_ALLOC_DIR")
 	if allocID == "" || allocDir == "" {
 		fmt.Fprintf(stderr, "lock lb %s: NOMAD_ALLOC_ID and NOMAD_ALLOC_DIR are unset: run it as a task of the allocation that holds the lock\n", verb)
@@ -72,7 +83,7 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 // -config file's blocks, and makes the LB client. ok is false, with the
 // exit code, when the command ends here (usage, -h, a config error).
 func parseLBArgs(args []string, stdout, stderr io.Writer) (c *lbCmd, code int, ok bool) {
-	if len(args) == 0 || (args[0] != "add" && args[0] != "remove" && args[0] != "state") {
+	if len(args) == 0 || !slices.Contains([]string{"add", "remove", "follow", "state"}, args[0]) {
 		newLBFlags("lock lb", &lbCmd{}, stderr).fs.Usage()
 		return nil, shim.ExitConfig, false
 	}
@@ -201,20 +212,73 @@ func (c *lbCmd) add(ctx context.Context, allocID, statePath string) int {
 	return 0
 }
 
+// follow is `lock lb follow`: keep this allocation's upstream in the LB
+// for each of its tenures of the lock, until SIGTERM or SIGINT (the
+// sidecar's kill), then remove it.
+func (c *lbCmd) follow(ctx context.Context, allocID string) int {
+	locker, code, ok := c.locker("follow")
+	if !ok {
+		return code
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	c.log.Info("following the lock's holder record", "path", c.args[0], "alloc_id", allocID, "upstream", c.lb.Upstream)
+	f := &shim.LBFollower{LB: c.lb, Client: c.client, Locker: locker, AllocID: allocID, Logger: c.log}
+	if err := f.Run(ctx); err != nil {
+		return c.followFailed(err)
+	}
+	return 0
+}
+
+// followFailed reports why `lock lb follow` ended, and returns its exit code.
+func (c *lbCmd) followFailed(err error) int {
+	if errors.Is(err, shim.ErrLBFollowADD) {
+		fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
+		return shim.ExitLBFailed
+	}
+	var pe *lockclient.PermissionError
+	var ce *lockclient.ConfigError
+	job := cmp.Or(os.Getenv("NOMAD_JOB_ID"), "<job>")
+	switch {
+	case errors.As(err, &pe):
+		// Not pe's own text: it names the write policy of a lock holder.
+		fmt.Fprintf(c.stderr, "lock lb follow: read %s: permission denied (HTTP 403).\n", c.args[0])
+		fmt.Fprintf(c.stderr, "lock lb follow only reads the lock, but its token needs \"read\" on %s, which the implicit "+
+			"workload-identity policy does not grant: apply examples/acl/singleton-lock.policy.hcl to the job (-job %s), "+
+			"or examples/acl/singleton-lock-read.policy.hcl to this task alone (-job %s -group %s -task %s)\n",
+			c.args[0], job, job, cmp.Or(os.Getenv("NOMAD_GROUP_NAME"), "<group>"), cmp.Or(os.Getenv("NOMAD_TASK_NAME"), "<task>"))
+		return shim.ExitPermission
+	}
+	fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
+	if errors.As(err, &ce) {
+		return shim.ExitConfig
+	}
+	return shim.ExitInfra
+}
+
+// locker is the Locker of the lock path, for reads only.
+func (c *lbCmd) locker(verb string) (*lockclient.Locker, int, bool) {
+	cfg := shim.DefaultConfig()
+	cfg.Path, cfg.Namespace, cfg.Address = c.args[0], c.namespace, c.addr
+	if err := cfg.ValidateLock(); err != nil {
+		fmt.Fprintf(c.stderr, "lock lb %s: %v\n", verb, err)
+		return nil, shim.ExitConfig, false
+	}
+	locker, err := shim.NewLocker(cfg, c.log, lockclient.Holder{})
+	if err != nil {
+		fmt.Fprintf(c.stderr, "lock lb %s: %v\n", verb, err)
+		return nil, shim.ExitConfig, false
+	}
+	return locker, 0, true
+}
+
 // waitHeld waits, within -wait, until allocID holds the lock and the health
 // check (if any) passes, and returns the lock's status. ok is false, with
 // the exit code, when it does not.
 func (c *lbCmd) waitHeld(ctx context.Context, allocID string) (held lockclient.Status, code int, ok bool) {
-	cfg := shim.DefaultConfig()
-	cfg.Path, cfg.Namespace, cfg.Address = c.args[0], c.namespace, c.addr
-	if err := cfg.ValidateLock(); err != nil {
-		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
-		return held, shim.ExitConfig, false
-	}
-	locker, err := shim.NewLocker(cfg, c.log, lockclient.Holder{})
-	if err != nil {
-		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
-		return held, shim.ExitConfig, false
+	locker, code, ok := c.locker("add")
+	if !ok {
+		return held, code, false
 	}
 	wctx := ctx
 	if c.wait > 0 {
@@ -222,8 +286,8 @@ func (c *lbCmd) waitHeld(ctx context.Context, allocID string) (held lockclient.S
 		wctx, cancel = context.WithTimeout(ctx, c.wait)
 		defer cancel()
 	}
-	c.log.Info("waiting until this allocation holds the lock", "path", cfg.Path, "alloc_id", allocID)
-	held, err = locker.WaitHeldBy(wctx, allocID)
+	c.log.Info("waiting until this allocation holds the lock", "path", c.args[0], "alloc_id", allocID)
+	held, err := locker.WaitHeldBy(wctx, allocID)
 	if err != nil {
 		fmt.Fprintf(c.stderr, "lock lb add: %v\n", err)
 		if wctx.Err() != nil {

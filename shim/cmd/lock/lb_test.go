@@ -10,7 +10,7 @@ import (
 
 // TestLBCommandRefusesBeforeNomad: `lock lb` says what is wrong with its
 // arguments, with exit code 64, before it reaches Nomad or the LB; `lb add`
-// checks its lock path as `lock` does.
+// and `lb follow` check their lock path as `lock` does.
 func TestLBCommandRefusesBeforeNomad(t *testing.T) {
 	t.Setenv("NOMAD_HOST_ADDR_http", "10.0.0.7:25001")
 	lb := []string{"-lb-uri", "http://127.0.0.1:1/baragon/v2/request", "-lb-service-id", "web", "-lb-base-path", "/web",
@@ -28,6 +28,10 @@ func TestLBCommandRefusesBeforeNomad(t *testing.T) {
 		{"no lock path", append([]string{"add"}, lb...), true, "give the lock path"},
 		{"no allocation", append(append([]string{"add"}, lb...), "nomad/jobs/web/lock"), false, "NOMAD_ALLOC_ID and NOMAD_ALLOC_DIR are unset"},
 		{"empty lock path", append(append([]string{"add"}, lb...), ""), true, "lock lb add: missing lock path"},
+		{"follow: no lock path", append([]string{"follow"}, lb...), true, "give the lock path, e.g. lock lb follow"},
+		{"follow: not in an allocation", append(append([]string{"follow"}, lb...), "nomad/jobs/web/lock"), false,
+			"lock lb follow: NOMAD_ALLOC_ID is unset: run it as a poststart sidecar task"},
+		{"follow: empty lock path", append(append([]string{"follow"}, lb...), ""), true, "lock lb follow: missing lock path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.env {
