@@ -177,6 +177,7 @@ func (spec supervisorSpec) shimConfig() shim.Config {
 	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
 	cfg.RootSecretsDir = spec.SecretsDir
 	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
+	cfg.UpdateGrace = spec.UpdateGrace
 	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
 	if g := spec.Gate; g != nil {
 		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}

@@ -27,5 +27,8 @@ func NewWithLockAPI(key testkey.Key, cfg Config, vars lockAPI) (*Locker, error) 
 	if a, ok := vars.(allocAPI); ok {
 		l.allocs = a
 	}
+	if j, ok := vars.(jobAllocsAPI); ok {
+		l.jobs = j
+	}
 	return l, nil
 }

@@ -138,6 +138,11 @@ func (s *Supervisor) buildHooks() {
 	if s.Config.Gate != nil {
 		s.hooks = append(s.hooks, newGateHook(s, s.Config.Gate))
 	}
+	if s.Locker != nil {
+		if h := newUpdateHook(s); h != nil {
+			s.hooks = append(s.hooks, h)
+		}
+	}
 }
 
 // anyClosed returns a channel closed once any of chs is (nil for none),
