@@ -27,6 +27,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -133,6 +134,9 @@ type Locker struct {
 	// seesOnce and sees cache whether the token is shown lock state.
 	seesOnce sync.Once
 	sees     bool
+	// sawLock is set once a read showed the Lock field: the token sees
+	// lock state, so a read without it shows a free lock.
+	sawLock atomic.Bool
 }
 
 // New validates cfg and builds the API client. No request is sent.

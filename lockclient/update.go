@@ -56,7 +56,8 @@ type deferral struct{ since, until int64 }
 
 // looksFree reports whether the variable, as read, shows a lock that
 // nobody holds: no variable; no Lock field (Nomad drops it on release) for
-// a token that sees locks; or a holder that marked its release clean (any
+// a token that sees locks (one that was shown a Lock field before, or that
+// seesLocks says is); or a holder that marked its release clean (any
 // token: the mark is written just before the release). A lock that expired
 // is not seen free by a token that does not see locks.
 func (l *Locker) looksFree(ctx context.Context, s snapshot) bool {
@@ -64,11 +65,12 @@ func (l *Locker) looksFree(ctx context.Context, s snapshot) bool {
 	case s.v == nil:
 		return true
 	case s.v.Lock != nil:
+		l.sawLock.Store(true)
 		return s.v.Lock.ID == ""
 	case holderFromItems(s.v.Items).ReleasedClean:
 		return true
 	}
-	return l.seesLockState(ctx)
+	return l.sawLock.Load() || l.seesLockState(ctx)
 }
 
 // seesLockState is seesLocks, asked once: whether this token is shown the

@@ -86,6 +86,7 @@ func (h *updateHook) deferTo(ctx context.Context) (time.Duration, bool) {
 	}
 	succ := standbySuccessor(self, stubs, h.task)
 	if succ == nil {
+		h.s.Logger.Debug("lock free: no newer version of the group on its way", "allocations", len(stubs))
 		return 0, false
 	}
 	if h.told != succ.ID {

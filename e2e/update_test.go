@@ -1,0 +1,88 @@
+package e2e
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+)
+
+// TestDriverRollingUpdateHandsOverOnce: a driver job with a holder and a
+// warm standby (count = 2, max_parallel = 1) goes through updates that each
+// replace both allocations. Nomad replaces the lowest name index first, so
+// the holder is often stopped while an old-version standby waits: that
+// standby gives the new version the lock (docs/updates.md). Each update
+// hands the lock over exactly once, to an allocation of the new version,
+// and no two workloads ever overlap.
+func TestDriverRollingUpdateHandsOverOnce(t *testing.T) {
+	t.Parallel()
+	harness.BuildTestWorkload(t)
+	a := harness.StartAgent(t, drvAgentOptions(t, true))
+
+	const updates = 5
+	j := newDrvJob(t, "update-once", 2)
+	j.update = `    max_parallel      = 1
+    min_healthy_time  = "2s"
+    healthy_deadline  = "2m"
+    progress_deadline = "3m"`
+	j.args = []string{"v0"}
+	j.run(t, a)
+	j.waitStart(t, 60*time.Second, nil)
+	drvWaitDeployment(t, a, j.id, 0, 2*time.Minute)
+
+	s := j.sampler(t)
+	var at []int64 // monotonic time of each update
+	for v := 1; v <= updates; v++ {
+		at = append(at, harness.MonoNow())
+		j.args = []string{"v" + strconv.Itoa(v)}
+		j.run(t, a)
+		drvWaitDeployment(t, a, j.id, uint64(v), 3*time.Minute)
+		want := j.args[0]
+		j.waitStart(t, 60*time.Second, func(r harness.Record) bool { return slices.Contains(r.Argv, want) })
+	}
+	time.Sleep(2 * time.Second)
+	sum := s.Stop()
+	t.Logf("samples: %s", sum)
+
+	recs := j.records(t)
+	version := map[string]string{} // instance → v0, v1, …
+	for _, r := range drvStarts(recs) {
+		version[r.Instance] = r.Argv[len(r.Argv)-1]
+	}
+	ivs := harness.CheckNoOverlap(t, recs, sum)
+	per := make([]int, updates)
+	for _, h := range harness.Handovers(ivs) {
+		if h.To.Start < at[0] {
+			continue
+		}
+		u := len(at) - 1
+		for u > 0 && h.To.Start < at[u] {
+			u--
+		}
+		per[u]++
+		from, to := version[h.From.Instance], version[h.To.Instance]
+		t.Logf("update %d: handover %s → %s after %s", u+1, from, to, h.Gap)
+		if want := "v" + strconv.Itoa(u+1); to != want {
+			t.Errorf("update %d handed the lock to a %s workload (from %s), want %s", u+1, to, from, want)
+		}
+	}
+	total := 0
+	for u, n := range per {
+		total += n
+		if n != 1 {
+			t.Errorf("update %d handed the lock over %d times, want exactly once", u+1, n)
+		}
+	}
+	if t.Failed() {
+		stubs, _ := a.Allocs(j.id)
+		for _, al := range stubs {
+			t.Logf("alloc %s %s v%d %s/%s; supervisor log:\n%s", drvShort(al.ID), al.Name, al.JobVersion, al.DesiredStatus, al.ClientStatus,
+				a.AllocLogs(t, al.ID, drvTask, "stderr"))
+		}
+	}
+	harness.Measure(t, "rolling_update_handovers_per_update", float64(total)/updates)
+	t.Logf("handovers per update: %v (%s per update)", per, fmt.Sprintf("%.2f", float64(total)/updates))
+}
