@@ -79,10 +79,74 @@ func TestDriverRollingUpdateHandsOverOnce(t *testing.T) {
 	if t.Failed() {
 		stubs, _ := a.Allocs(j.id)
 		for _, al := range stubs {
-			t.Logf("alloc %s %s v%d %s/%s; supervisor log:\n%s", drvShort(al.ID), al.Name, al.JobVersion, al.DesiredStatus, al.ClientStatus,
-				a.AllocLogs(t, al.ID, drvTask, "stderr"))
+			log := a.AllocLogs(t, al.ID, drvTask, "stderr")
+			t.Logf("alloc %s %s v%d %s/%s; supervisor log:\n%s", drvShort(al.ID), al.Name, al.JobVersion, al.DesiredStatus, al.ClientStatus, log)
 		}
 	}
 	harness.Measure(t, "rolling_update_handovers_per_update", float64(total)/updates)
 	t.Logf("handovers per update: %v (%s per update)", per, fmt.Sprintf("%.2f", float64(total)/updates))
+}
+
+// TestDriverBrokenNewVersionFallsBackToOldStandby: the new version's task
+// fails at start (a lock block the driver refuses), so it never takes the
+// lock. The old-version standby gives it the update_grace, then takes the
+// lock itself: the time with no holder is the grace plus a normal
+// takeover, and no two workloads ever overlap.
+func TestDriverBrokenNewVersionFallsBackToOldStandby(t *testing.T) {
+	t.Parallel()
+	harness.BuildTestWorkload(t)
+	a := harness.StartAgent(t, drvAgentOptions(t, true))
+
+	const grace = 4 * time.Second
+	j := newDrvJob(t, "update-broken", 2)
+	j.update = `    max_parallel      = 1
+    min_healthy_time  = "2s"
+    healthy_deadline  = "1m"
+    progress_deadline = "2m"`
+	j.lockBlock = fmt.Sprintf("ttl = %q\n          delay = %q\n          update_grace = %q", drvTTLHCL, drvDelayHCL, grace)
+	j.args = []string{"v0"}
+	j.run(t, a)
+	j.waitStart(t, 60*time.Second, nil)
+	drvWaitDeployment(t, a, j.id, 0, 2*time.Minute)
+	// Both v0 allocations run: one holds, the other waits.
+	a.WaitAllocs(t, j.id, 2, "running", 60*time.Second)
+
+	s := j.sampler(t)
+	updateAt := harness.MonoNow()
+	j.args = []string{"v1"}
+	j.lockBlock = `ttl = "5s"` // refused at start: TTL out of range
+	j.run(t, a)
+	// The v0 holder at index 0 is stopped first; the v0 standby takes over.
+	var recs []harness.Record
+	harness.WaitRecord(t, j.record, 2*time.Minute, func(r harness.Record) bool {
+		return r.Event == harness.EventStart && r.Role == harness.RoleMain && r.Mono > updateAt
+	})
+	time.Sleep(2 * time.Second)
+	sum := s.Stop()
+	t.Logf("samples: %s", sum)
+	recs = j.records(t)
+	ivs := harness.CheckNoOverlap(t, recs, sum)
+	var after []harness.Handover
+	for _, h := range harness.Handovers(ivs) {
+		if h.To.Start > updateAt {
+			after = append(after, h)
+		}
+	}
+	if len(after) != 1 {
+		t.Fatalf("%d handovers after the update, want 1 (to the old standby): %+v", len(after), after)
+	}
+	h := after[0]
+	for _, r := range drvStarts(recs) {
+		if r.Instance == h.To.Instance && !slices.Contains(r.Argv, "v0") {
+			t.Errorf("the lock went to %v, want the v0 standby", r.Argv)
+		}
+	}
+	harness.Measure(t, "broken_new_version_time_without_holder", h.Gap)
+	t.Logf("no holder for %s (grace %s)", h.Gap, grace)
+	if h.Gap < grace-500*time.Millisecond {
+		t.Errorf("the old standby took the lock after %s, before the grace of %s it gives a new version", h.Gap, grace)
+	}
+	if h.Gap > grace+30*time.Second {
+		t.Errorf("the old standby took the lock only after %s (grace %s)", h.Gap, grace)
+	}
 }

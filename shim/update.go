@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
@@ -86,7 +87,7 @@ func (h *updateHook) deferTo(ctx context.Context) (time.Duration, bool) {
 	}
 	succ := standbySuccessor(self, stubs, h.task)
 	if succ == nil {
-		h.s.Logger.Debug("lock free: no newer version of the group on its way", "allocations", len(stubs))
+		h.s.Logger.Info("lock free: no newer version of the group on its way", "allocations", describeStubs(stubs, h.task))
 		return 0, false
 	}
 	if h.told != succ.ID {
@@ -175,4 +176,23 @@ func standbySuccessor(self *api.Allocation, stubs []*api.AllocationListStub, tas
 		}
 	}
 	return best
+}
+
+// mayRelease marks the release clean: the workload is proven dead by now
+// (finish), and the mark is what tells a standby whose token is not shown
+// the lock's state (any token under ACLs) that the lock is free, so that
+// an old-version standby gives way to a new version then too.
+func (h *updateHook) mayRelease(*lockclient.Lease, ending) (release, clean bool) { return true, true }
+
+// describeStubs sums allocations up for a log line.
+func describeStubs(stubs []*api.AllocationListStub, task string) string {
+	var b strings.Builder
+	for _, a := range stubs {
+		st := ""
+		if ts := a.TaskStates[task]; ts != nil {
+			st = ts.State
+		}
+		fmt.Fprintf(&b, "%s:%s:v%d:%s/%s/%s ", shortAlloc(a.ID), a.TaskGroup, a.JobVersion, a.DesiredStatus, a.ClientStatus, st)
+	}
+	return b.String()
 }
