@@ -254,7 +254,15 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 		if l.deferAttempt(ctx, current, index, opts, &deferred) {
 			continue
 		}
-		lease, err := l.tryAcquire(ctx, current, opts)
+		var lease *Lease
+		if opts.Defer != nil && current.heldVisibly() {
+			// Held, as we are shown: wait for a change and read again,
+			// rather than race a release that would then go unseen by
+			// Defer.
+			err = ErrNotAcquired
+		} else {
+			lease, err = l.tryAcquire(ctx, current, opts)
+		}
 		switch {
 		case err == nil:
 			return lease, nil

@@ -83,3 +83,9 @@ func (l *Locker) seesLockState(ctx context.Context) bool {
 	l.seesOnce.Do(func() { l.sees = l.seesLocks(ctx) })
 	return l.sees
 }
+
+// heldVisibly reports whether the read shows the lock held (a token shown
+// lock state).
+func (s snapshot) heldVisibly() bool {
+	return s.v != nil && s.v.Lock != nil && s.v.Lock.ID != ""
+}

@@ -190,3 +190,34 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 }
+
+// A standby shown the lock held sends no acquire: it waits for the
+// variable to change and asks about newer versions before it takes the
+// lock, so a release that follows a holder's last write is never raced.
+func TestStandbyAsksBeforeTakingAReleasedLock(t *testing.T) {
+	s, srv := updateRig(t, time.Second)
+	srv.SetAllocation(jobAlloc("standby", 1, "run", "running"))
+	srv.TakeOver(time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		l, err := s.updateAcquire(ctx)
+		if err == nil {
+			_ = l.Release(context.Background())
+		}
+		got <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if n := srv.Calls(locktest.OpAcquire); n != 0 {
+		t.Fatalf("the standby sent %d acquires while it was shown the lock held", n)
+	}
+	asked := srv.Calls(locktest.OpJobAllocs)
+	srv.Free()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if srv.Calls(locktest.OpJobAllocs) <= asked {
+		t.Fatal("the standby took the released lock without asking about newer versions")
+	}
+}
