@@ -10,24 +10,40 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 )
 
-// TestDriverRollingUpdateHandsOverOnce: a driver job with a holder and a
-// warm standby (count = 2, max_parallel = 1) goes through updates that each
-// replace both allocations. Nomad replaces the lowest name index first, so
-// the holder is often stopped while an old-version standby waits: that
-// standby gives the new version the lock (docs/updates.md). Each update
-// hands the lock over exactly once, to an allocation of the new version,
-// and no two workloads ever overlap.
+// TestDriverRollingUpdateHandsOverOnce: a driver job with a holder and
+// warm standbys goes through updates that each replace every allocation.
+// Nomad replaces the lowest name index first, so the holder is often
+// stopped while an old-version standby waits: that standby gives the new
+// version the lock (docs/updates.md). Each update hands the lock over
+// exactly once, to an allocation of the new version, and no two workloads
+// ever overlap: with count = 2 and max_parallel = 1, and with count = 3 and
+// a canary that is promoted automatically.
 func TestDriverRollingUpdateHandsOverOnce(t *testing.T) {
 	t.Parallel()
 	harness.BuildTestWorkload(t)
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
-
-	const updates = 5
-	j := newDrvJob(t, "update-once", 2)
-	j.update = `    max_parallel      = 1
+	runConcurrently(t, []subtest{
+		{"count_2", func(t *testing.T) {
+			testDrvUpdatesHandOverOnce(t, a, "update-once", 2, `    max_parallel      = 1
     min_healthy_time  = "2s"
     healthy_deadline  = "2m"
-    progress_deadline = "3m"`
+    progress_deadline = "3m"`)
+		}},
+		{"count_3_canary", func(t *testing.T) {
+			testDrvUpdatesHandOverOnce(t, a, "update-canary", 3, `    max_parallel      = 1
+    canary            = 1
+    auto_promote      = true
+    min_healthy_time  = "2s"
+    healthy_deadline  = "2m"
+    progress_deadline = "3m"`)
+		}},
+	})
+}
+
+func testDrvUpdatesHandOverOnce(t *testing.T, a *harness.Agent, name string, count int, update string) {
+	const updates = 5
+	j := newDrvJob(t, name, count)
+	j.update = update
 	j.args = []string{"v0"}
 	j.run(t, a)
 	j.waitStart(t, 60*time.Second, nil)
@@ -83,7 +99,7 @@ func TestDriverRollingUpdateHandsOverOnce(t *testing.T) {
 			t.Logf("alloc %s %s v%d %s/%s; supervisor log:\n%s", drvShort(al.ID), al.Name, al.JobVersion, al.DesiredStatus, al.ClientStatus, log)
 		}
 	}
-	harness.Measure(t, "rolling_update_handovers_per_update", float64(total)/updates)
+	harness.Measure(t, name+"_handovers_per_update", float64(total)/updates)
 	t.Logf("handovers per update: %v (%s per update)", per, fmt.Sprintf("%.2f", float64(total)/updates))
 }
 
