@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/dockerengine"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
@@ -43,6 +44,10 @@ type PluginConfig struct {
 	// task's own workload identity no longer authenticates (a purged job),
 	// once it has proven the task dead (see releasetoken.go).
 	ReleaseTokenFile string `codec:"release_token_file"`
+	// DockerEndpoint is the local Docker engine's socket, through which a
+	// gate kills and proves dead its gated docker tasks (see gatedtasks.go).
+	// Empty ("") leaves them to Nomad's client.
+	DockerEndpoint string `codec:"docker_endpoint"`
 }
 
 // Plugin config defaults.
@@ -66,6 +71,8 @@ var pluginConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewLiteral("false")),
 	"denied_envvars":     hclspec.NewAttr("denied_envvars", "list(string)", false),
 	"release_token_file": hclspec.NewAttr("release_token_file", "string", false),
+	"docker_endpoint": hclspec.NewDefault(hclspec.NewAttr("docker_endpoint", "string", false),
+		hclspec.NewLiteral(`"`+dockerengine.DefaultEndpoint+`"`)),
 })
 
 // defaults parses the plugin-level lock defaults.

@@ -39,17 +39,24 @@ const (
 // kill, the watchdog) gets the crash clean-up: REMOVE, then release.
 func (d *Driver) cleanUpAfterExit(h *taskHandle) {
 	crashed := !wroteExitStatus(h.dir)
+	removed := func(time.Duration) bool { return true }
 	if crashed {
-		d.removeAfterCrash(h)
+		removed = d.removeAfterCrash(h)
 	}
-	d.releaseAfterCrash(h, crashed)
+	d.releaseAfterCrash(h, crashed, removed)
 }
 
 // releaseAfterCrash runs when a supervisor has exited. It does nothing if
 // the supervisor released (or tried to release, or never held) the lock:
 // after a normal exit the record is left only when the supervisor could not
 // prove its workload dead, and the plugin's cgroup may still prove it.
-func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
+//
+// lbRemoved waits for a crashed gate's LB REMOVE (removeAfterCrash): the
+// plugin kills the gated tasks once their upstream is out of the load
+// balancer (or its REMOVE has failed), and releases only if the REMOVE is
+// over, so that no REMOVE of it can reach the LB after the lock is free.
+// The wait leaves time for the kill before the server may expire the lock.
+func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(within time.Duration) bool) {
 	var held heldLease
 	if err := readJSON(h.dir, leaseFile, &held); err != nil {
 		return
@@ -66,10 +73,35 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 
 	var spec supervisorSpec
 	err := readJSON(h.dir, specFile, &spec)
-	if err != nil || (spec.Gate != nil && !held.IdentityRejected) {
+	gatedDead := false
+	h.mu.Lock()
+	planned := h.killedByPlugin
+	h.mu.Unlock()
+	if err == nil && spec.Gate != nil && crashed && !planned && !held.IdentityRejected {
+		// A crashed gate's lock covers its gated tasks: the plugin kills
+		// them and proves them dead itself, if it can (see gatedtasks.go),
+		// and then releases at once.
+		st := h.lastStatus()
+		removed := lbRemoved(time.Duration(st.StopDeadlineBoot-bootNow()) - 2*confirmDeadWithin)
+		all, kerr := d.killGated(h, spec, confirmDeadWithin)
+		switch {
+		case kerr != nil:
+			log.Error("crashed gate's gated tasks not proven dead", "error", kerr)
+			whose += fmt.Sprintf(" (its gated tasks are not proven dead: %v)", kerr)
+		case !removed:
+			whose += " (its load balancer REMOVE is still under way)"
+		case !all:
+			whose += " (some gated tasks are left to Nomad's kill)"
+		default:
+			gatedDead = true
+		}
+	}
+	// The release that follows is sent only before the lease's release
+	// cutoff (see releaseWith): past it the server may be expiring the lock.
+	if err != nil || (spec.Gate != nil && !held.IdentityRejected && !gatedDead) {
 		// A gate's lock covers its gated tasks, which run in other task
-		// cgroups, under other drivers: the plugin cannot prove them
-		// dead. The gate now fails and Nomad kills them; the server's
+		// cgroups, under other drivers: unless the plugin proved them dead
+		// above, the gate now fails and Nomad kills them; the server's
 		// expiry (checked at start to outlast their kill_timeout) lets the
 		// next holder in.
 		log.Warn("gate ended holding the lock: not releasing it while its gated tasks may run")
@@ -79,18 +111,26 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 		}
 		return // the lease record stays: a restarted gate takes it over (gateLeases)
 	}
+	if gatedDead {
+		whose += ", whose gated tasks the plugin killed and proved dead"
+		go d.reapGated(h, spec, held)
+	}
 	if err := h.killRemains(confirmDeadWithin); err != nil {
 		log.Error("supervisor died holding the lock, but its processes are not confirmed dead: not releasing", "error", err)
 		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay", whose, err), ann)
 		return
 	}
-	via, err := d.releaseHeld(h, held, spec.Gate, log)
+	via, err := d.releaseHeld(h, held, spec.Gate, gatedDead, log)
 	switch {
 	case err == nil:
 		log.Info("released the lock on behalf of the supervisor", "via", via)
 		d.emitEvent(h.cfg, fmt.Sprintf("Released lock on behalf of %s (fence %d)%s", whose, held.Fence, via), ann)
 	case errors.Is(err, lockclient.ErrLost):
 		log.Info("the supervisor's lock was already gone", "reason", err)
+	case errors.Is(err, lockclient.ErrLeftToExpire):
+		log.Warn("not releasing the supervisor's lock: left to expire", "reason", err)
+		ann["lock_state"] = string(shim.StateStopping)
+		d.emitEvent(h.cfg, fmt.Sprintf("Lock of %s not released on its behalf (fence %d): %s", whose, held.Fence, shim.LeftToExpireMessage(err)), ann)
 	default:
 		log.Error("could not release the supervisor's lock; it expires on the server", "error", err)
 		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay (%s)",
@@ -109,9 +149,14 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool) {
 // stopped or gone (its client kills the gated tasks before it stops the
 // gate), and marks the release clean first so that the next gate need not
 // wait (see shim.gateAwaitPrevious).
-func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, log hclog.Logger) (via string, err error) {
+func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, gatedDead bool, log hclog.Logger) (via string, err error) {
+	st := h.lastStatus()
+	if fresh := (supervisorStatus{}); readJSON(h.dir, statusFile, &fresh) == nil && fresh.LastRenewBoot > st.LastRenewBoot {
+		st = fresh
+	}
+	renewed := lastRenew(held, st)
 	if !held.IdentityRejected {
-		err = d.releaseWith(h.taskEndpoint(), held, gate, log)
+		err = d.releaseWith(h.taskEndpoint(), held, renewed, gate, gatedDead, log)
 		if !errors.Is(err, lockclient.ErrIdentityRejected) {
 			return "", err
 		}
@@ -120,12 +165,17 @@ func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, log 
 	if oerr != nil {
 		return "", fmt.Errorf("the task's workload identity no longer authenticates (`nomad job stop -purge` removes it with the allocation), and %w", oerr)
 	}
-	return ", with the plugin's release_token_file", d.releaseWith(ep, held, gate, log)
+	return ", with the plugin's release_token_file", d.releaseWith(ep, held, renewed, gate, gatedDead, log)
 }
 
 // releaseWith releases held's lock through ep; a gate's only once its
-// allocation is stopped or gone, and marked clean.
-func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, gate *gateSpec, log hclog.Logger) error {
+// gated tasks are dead (gatedDead: the plugin proved it) or its allocation
+// is stopped or gone, and marked clean. Neither is sent from the lease's
+// release cutoff on (lockclient.Timing.ReleaseCutoff of lastRenew, the send
+// time of its last acknowledged renew, which the supervisor recorded): the
+// server may then be expiring the lock, and its expiry would clear the
+// next holder's.
+func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew time.Time, gate *gateSpec, gatedDead bool, log hclog.Logger) error {
 	locker, err := lockclient.New(lockclient.Config{
 		Endpoint:  ep,
 		Namespace: held.Namespace,
@@ -136,17 +186,22 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, gate *gateS
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(d.ctx, crashReleaseTimeout)
+	if err := locker.Config().MayRelease(lastRenew, lockclient.BootNow()); err != nil {
+		return err
+	}
+	ctx, cancel := lockclient.WithBootTimeout(d.ctx, crashReleaseTimeout)
 	defer cancel()
 	if gate != nil {
-		if err := gateAllocStopped(ctx, locker, gate); err != nil {
-			return err
+		if !gatedDead {
+			if err := gateAllocStopped(ctx, locker, gate); err != nil {
+				return err
+			}
 		}
-		if err := locker.MarkReleasedCleanID(ctx, held.LockID); err != nil {
+		if err := locker.MarkReleasedCleanID(ctx, held.LockID, lastRenew); err != nil {
 			log.Warn("cannot mark the gate's release clean; the next gate waits for Nomad's report", "error", err)
 		}
 	}
-	return locker.ReleaseID(ctx, held.LockID)
+	return locker.ReleaseID(ctx, held.LockID, lastRenew)
 }
 
 // gateAllocStopped returns nil once Nomad says the gate's allocation is
@@ -197,32 +252,50 @@ func (h *taskHandle) killRemains(within time.Duration) error {
 //
 // A gate's upstream is its gated task's, and the gate's failure is what
 // makes Nomad kill that task: the plugin reports it at once and sends the
-// REMOVE beside it, so that the kill is not held up (the gated tasks must be
-// dead before the server can expire the lock, see shim.checkGateJob). The
-// REMOVE must be over by the gate's stop deadline, which comes before the
-// lock can expire: no next holder can have registered the same host:port.
-func (d *Driver) removeAfterCrash(h *taskHandle) {
+// REMOVE beside it, so that Nomad's kill is not held up (the gated tasks
+// must be dead before the server can expire the lock, see
+// shim.checkGateJob). The REMOVE must be over by the gate's stop deadline,
+// which comes before the lock can expire: no next holder can have
+// registered the same host:port. The returned func waits for it, at most
+// within, and says whether it is over: the plugin's own kill of the gated
+// tasks comes after, and its release only once the REMOVE is over.
+func (d *Driver) removeAfterCrash(h *taskHandle) (wait func(within time.Duration) bool) {
+	wait = func(time.Duration) bool { return true }
 	var reg lbRegistration
 	if err := readJSON(h.dir, lbFile, &reg); err != nil {
-		return
+		return wait
 	}
 	var spec supervisorSpec
 	if readJSON(h.dir, specFile, &spec) != nil || spec.Gate == nil {
 		d.removeCrashedUpstream(h, reg, reg.Config.WithDefaults().RemoveDeadline+crashReleaseTimeout, true)
-		return
+		return wait
 	}
 	st := h.lastStatus()
-	left := time.Duration(st.StopDeadlineMono - monoNow())
-	if st.StopDeadlineMono == 0 || left <= 0 {
+	left := time.Duration(st.StopDeadlineBoot - bootNow())
+	if st.StopDeadlineBoot == 0 || left <= 0 {
 		h.logger.Warn("crashed gate's upstream not removed from the load balancer: its stop deadline has passed", "upstream", reg.Upstream.Upstream)
 		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after the gate's crash skipped: its stop deadline has passed, so the lock may be free; "+
 			"%s stays in load balancer service %s until the next holder's ADD replaces it", reg.Upstream.Upstream, reg.Config.ServiceID),
 			map[string]string{"upstream": reg.Upstream.Upstream})
-		return
+		return wait
 	}
 	// The state dir may be gone by the time the REMOVE is over.
 	_ = h.dir.Remove(lbFile)
-	go d.removeCrashedUpstream(h, reg, left, false)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.removeCrashedUpstream(h, reg, left, false)
+	}()
+	return func(within time.Duration) bool {
+		t := time.NewTimer(max(within, 0))
+		defer t.Stop()
+		select {
+		case <-done:
+			return true
+		case <-t.C:
+			return false
+		}
+	}
 }
 
 // removeCrashedUpstream sends the REMOVE of a crashed supervisor's

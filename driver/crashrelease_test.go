@@ -112,7 +112,7 @@ func TestLBCleanUpAfterGateCrash(t *testing.T) {
 			}
 			d := &Driver{ctx: context.Background(), logger: hclog.NewNullLogger()}
 			h := &taskHandle{cfg: &drivers.TaskConfig{ID: "a1/gate", Name: "gate", AllocID: "a1"}, dir: dir, logger: hclog.NewNullLogger(),
-				status: supervisorStatus{State: string(shim.StateRegistered), StopDeadlineMono: monoNow() + int64(tc.stopIn)}}
+				status: supervisorStatus{State: string(shim.StateRegistered), StopDeadlineBoot: bootNow() + int64(tc.stopIn)}}
 			began := time.Now()
 			d.cleanUpAfterExit(h) // the LB answers nothing until unblock
 			if took := time.Since(began); took > time.Second {

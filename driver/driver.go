@@ -30,6 +30,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers/fsisolation"
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/dockerengine"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 	"golang.org/x/sys/unix"
@@ -114,7 +115,7 @@ func (d *Driver) Capabilities() (*drivers.Capabilities, error) { return capabili
 // SetConfig receives the agent's plugin block. Errors here stop the agent
 // from loading the plugin, with the message in the agent log.
 func (d *Driver) SetConfig(cfg *base.Config) error {
-	var pc PluginConfig
+	pc := PluginConfig{DockerEndpoint: dockerengine.DefaultEndpoint}
 	if len(cfg.PluginConfig) != 0 {
 		if err := base.MsgPackDecode(cfg.PluginConfig, &pc); err != nil {
 			return fmt.Errorf("decode plugin config: %w", err)
@@ -127,6 +128,11 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	users, err := newUserPolicy(d.logger, pc)
 	if err != nil {
 		return err
+	}
+	if pc.DockerEndpoint != "" {
+		if _, err := dockerengine.SocketPath(pc.DockerEndpoint); err != nil {
+			return fmt.Errorf("plugin config docker_endpoint: %w; set \"\" to leave gated docker tasks to Nomad", err)
+		}
 	}
 	if pc.ReleaseTokenFile != "" {
 		if _, err := readReleaseToken(pc.ReleaseTokenFile); err != nil {
@@ -264,7 +270,10 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, err
 	}
 	if spec.Gate != nil {
-		spec.Gate.Adopt = d.gateLeases.take(cfg)
+		d.mu.RLock()
+		spec.Gate.DockerEndpoint = d.config.DockerEndpoint
+		d.mu.RUnlock()
+		spec.Gate.Adopt = d.gateLeases.take(cfg, root)
 		if a := d.supersedeGate(cfg, root); a != nil {
 			spec.Gate.Adopt = a
 		}
@@ -437,10 +446,10 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 		}
 	}
 	d.tasks.delete(taskID)
-	d.gateLeases.keep(h)
 	d.mu.RLock()
 	root := d.stateRoot
 	d.mu.RUnlock()
+	d.gateLeases.keep(h, root)
 	if root != nil {
 		if err := removeTaskState(root, h.cfg); err != nil {
 			h.logger.Warn("remove the task's state dir", "error", err)

@@ -3,11 +3,13 @@ package driver
 import (
 	"cmp"
 	"fmt"
+	"net/url"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -21,6 +23,7 @@ func (d *Driver) waitGateHolding(h *taskHandle, root *securefs.Dir, path string)
 		map[string]string{"lock_state": string(shim.StateWaiting)})
 	select {
 	case <-h.holding:
+		go d.recordGated(h)
 		return nil
 	case <-h.done:
 	case <-d.ctx.Done():
@@ -45,25 +48,35 @@ func (d *Driver) waitGateHolding(h *taskHandle, root *securefs.Dir, path string)
 // the first run left held. Nomad restarts a gate that `nomad alloc restart`
 // restarted (whatever its restart policy) while its gated tasks run on: the
 // new run must take the lease over, not wait for a lock that could expire
-// into another allocation's hands meanwhile. A kept lease is good until the
-// server would have expired it; the plugin forgets it then (and on restart:
-// the gate then waits for its lock like any other, see shim.Gate).
+// into another allocation's hands meanwhile. A kept lease is good until its
+// release cutoff (lockclient.Timing.ReleaseCutoff), from which the server
+// may be expiring it and no one may renew, write or release it; the plugin
+// forgets it then. It is kept in the allocation's root-only state dir
+// (keptFile), so that a restart of the plugin or the agent between the two
+// runs does not lose it. The new run renews it before it reports itself
+// running, so a lease that the server has expired meanwhile fails the gate,
+// never two holders.
 type gateLeases struct {
-	mu   sync.Mutex
-	kept map[string]keptLease
+	mu sync.Mutex
 }
 
+// keptLease is a kept gate lease on disk.
 type keptLease struct {
-	lease shim.AdoptLease
-	until time.Time
+	Lease shim.AdoptLease
+	// UntilBoot is its release cutoff, in CLOCK_BOOTTIME nanoseconds
+	// (lockclient.BootNanos), which count suspended time and are the same
+	// for every process of the host.
+	UntilBoot int64
 }
 
-func gateKey(cfg *drivers.TaskConfig) string { return cfg.AllocID + "/" + cfg.Name }
+// keptFile names a gate's kept lease in its allocation's state dir (beside
+// the tasks' dirs, which DestroyTask removes).
+func keptFile(cfg *drivers.TaskConfig) string { return "kept-" + url.PathEscape(cfg.Name) + ".json" }
 
 // keep records the lease a destroyed gate left held, if any.
-func (g *gateLeases) keep(h *taskHandle) {
+func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 	var spec supervisorSpec
-	if readJSON(h.dir, specFile, &spec) != nil || spec.Gate == nil {
+	if root == nil || readJSON(h.dir, specFile, &spec) != nil || spec.Gate == nil {
 		return
 	}
 	var held heldLease
@@ -72,37 +85,50 @@ func (g *gateLeases) keep(h *taskHandle) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.expireLocked()
-	if g.kept == nil {
-		g.kept = map[string]keptLease{}
+	alloc, err := root.Sub(h.cfg.AllocID, true)
+	if err != nil {
+		h.logger.Error("gate ended holding its lock, which cannot be kept for a restart", "error", err)
+		return
 	}
-	g.kept[gateKey(h.cfg)] = keptLease{
-		lease: shim.AdoptLease{LockID: held.LockID, Fence: held.Fence},
-		until: time.Now().Add(2*held.TTL + held.LockDelay),
+	defer alloc.Close()
+	var st supervisorStatus
+	_ = readJSON(h.dir, statusFile, &st)
+	renewed := lastRenew(held, st)
+	if renewed.IsZero() {
+		return
+	}
+	until := lockclient.Timing{TTL: held.TTL, LockDelay: held.LockDelay}.ReleaseCutoff(renewed)
+	k := keptLease{Lease: shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}, UntilBoot: lockclient.BootNanos(until)}
+	if err := writeJSON(alloc, keptFile(h.cfg), k); err != nil {
+		h.logger.Error("gate ended holding its lock, which cannot be kept for a restart", "error", err)
+		return
 	}
 	h.logger.Info("gate ended holding its lock: kept for a restart in this allocation", "fence", held.Fence)
+	// Forgotten once the server may have expired it (if not taken first).
+	cfg := h.cfg
+	time.AfterFunc(lockclient.BootUntil(until)+time.Second, func() { _ = g.take(cfg, root) })
 }
 
 // take returns (and forgets) the lease kept for the task's gate, or nil.
-func (g *gateLeases) take(cfg *drivers.TaskConfig) *shim.AdoptLease {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.expireLocked()
-	k, ok := g.kept[gateKey(cfg)]
-	if !ok {
+func (g *gateLeases) take(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
+	if root == nil || !allocIDPattern.MatchString(cfg.AllocID) {
 		return nil
 	}
-	delete(g.kept, gateKey(cfg))
-	return &k.lease
-}
-
-func (g *gateLeases) expireLocked() {
-	now := time.Now()
-	for key, k := range g.kept {
-		if now.After(k.until) {
-			delete(g.kept, key)
-		}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	alloc, err := root.Sub(cfg.AllocID, false)
+	if err != nil {
+		return nil
 	}
+	var k keptLease
+	err = readJSON(alloc, keptFile(cfg), &k)
+	_ = alloc.Remove(keptFile(cfg))
+	alloc.Close()
+	_ = root.RemoveEmptySub(cfg.AllocID)
+	if err != nil || k.Lease.LockID == "" || lockclient.BootNanos(lockclient.BootNow()) >= k.UntilBoot {
+		return nil
+	}
+	return &k.Lease
 }
 
 // supersedeGate ends the supervisor of an earlier start of the same gate

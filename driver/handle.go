@@ -55,6 +55,11 @@ type taskHandle struct {
 	completedAt time.Time
 	status      supervisorStatus
 	watchdogHit bool
+	// killedByPlugin: the plugin killed the supervisor to stop, destroy or
+	// supersede the task (kill), not because it failed. A gate's gated
+	// tasks are then Nomad's to stop, and a new start may take its lease
+	// over.
+	killedByPlugin bool
 }
 
 func (h *taskHandle) exited() bool { return chans.Closed(h.done) }
@@ -126,36 +131,57 @@ func (d *Driver) drainEvents(h *taskHandle, tail *eventTail) {
 
 // watchdog kills the workload's process group, and the supervisor, when the
 // supervisor has let a deadline pass while the workload still runs (e.g. it
-// is SIGSTOPped or starved). No second holder can then overlap a stuck one.
+// is SIGSTOPped or starved); a gate's, its gated tasks and the supervisor
+// (gateWatchdog). No second holder can then overlap a stuck one.
 func (d *Driver) watchdog(h *taskHandle) {
 	st := h.lastStatus()
-	if st.WorkloadPGID == 0 {
+	gate := h.holding != nil
+	if st.WorkloadPGID == 0 && !gate && h.cgroup == nil {
 		return
 	}
-	now, grace := monoNow(), int64(watchdogGrace)
+	now, grace := bootNow(), int64(watchdogGrace)
 	var why string
 	switch state := shim.State(st.State); {
 	case state.Holds():
-		if st.FenceDeadlineMono > 0 && now > st.FenceDeadlineMono+grace {
-			why = fmt.Sprintf("supervisor unresponsive %s past its fence deadline", time.Duration(now-st.FenceDeadlineMono).Round(time.Millisecond))
+		if st.FenceDeadlineBoot > 0 && now > st.FenceDeadlineBoot+grace {
+			why = fmt.Sprintf("supervisor unresponsive %s past its fence deadline", time.Duration(now-st.FenceDeadlineBoot).Round(time.Millisecond))
 		}
 	case state == shim.StateLost || state == shim.StateStopping:
-		if st.StopDeadlineMono > 0 && now > st.StopDeadlineMono+grace {
-			why = fmt.Sprintf("workload still running %s past its stop deadline", time.Duration(now-st.StopDeadlineMono).Round(time.Millisecond))
+		if st.StopDeadlineBoot > 0 && now > st.StopDeadlineBoot+grace {
+			why = fmt.Sprintf("workload still running %s past its stop deadline", time.Duration(now-st.StopDeadlineBoot).Round(time.Millisecond))
 		}
 	}
-	if why == "" || !groupAlive(st.WorkloadPGID) {
+	if why == "" || (!gate && !h.workloadAlive(st.WorkloadPGID)) {
 		return
 	}
 	h.mu.Lock()
 	first := !h.watchdogHit
 	h.watchdogHit = true
 	h.mu.Unlock()
+	if gate {
+		// A gate's supervisor guards its gated tasks: stuck, it must not
+		// let them outlive the lock.
+		if first {
+			go d.gateWatchdog(h, why)
+		}
+		return
+	}
 	h.logger.Error("watchdog: killing the task", "why", why)
 	h.killTask()
 	if first {
 		d.emitEvent(h.cfg, "Lock lost: watchdog killed the workload: "+why, map[string]string{"lock_state": string(shim.StateLost)})
 	}
+}
+
+// workloadAlive reports whether anything of the workload runs: its process
+// group, or any process of the task cgroup (a daemon that called setsid is
+// in no group of the workload's).
+func (h *taskHandle) workloadAlive(pgid int) bool {
+	if pgid != 0 && groupAlive(pgid) {
+		return true
+	}
+	alive, err := h.cgroup.Alive()
+	return alive || err != nil
 }
 
 // exitResult is the task's exit: the supervisor's exit code (the workload's
@@ -237,6 +263,9 @@ func (h *taskHandle) killTask() {
 // gone.
 func (h *taskHandle) kill(why string) error {
 	h.logger.Warn("killing supervisor", "why", why)
+	h.mu.Lock()
+	h.killedByPlugin = true
+	h.mu.Unlock()
 	h.killTask()
 	select {
 	case <-h.done:

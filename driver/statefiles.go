@@ -16,8 +16,8 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
-	"golang.org/x/sys/unix"
 )
 
 // The plugin and the detached supervisor talk through files in the task's
@@ -81,7 +81,7 @@ func removeTaskState(root *securefs.Dir, cfg *drivers.TaskConfig) error {
 // prepareStateDir empties the task's state dir (a restarted task may reuse
 // it) and writes the spec.
 func prepareStateDir(dir *securefs.Dir, spec supervisorSpec) error {
-	for _, f := range []string{statusFile, eventsFile, offsetFile, exitFile, stopFile, leaseFile, lbFile} {
+	for _, f := range []string{statusFile, eventsFile, offsetFile, exitFile, stopFile, leaseFile, lbFile, gatedFile} {
 		if err := dir.Remove(f); err != nil {
 			return err
 		}
@@ -143,20 +143,25 @@ type supervisorSpec struct {
 	OOMKillsAtStart *uint64
 }
 
-// supervisorStatus is the supervisor's latest state. Deadlines are
-// CLOCK_MONOTONIC nanoseconds: the plugin on the same host compares them with
-// its own reading, immune to wall-clock steps.
+// supervisorStatus is the supervisor's latest state. Times are
+// CLOCK_BOOTTIME nanoseconds (lockclient.BootNanos): the plugin on the same
+// host compares them with its own reading, immune to wall-clock steps, and,
+// like the server's lock timers, counting the time the host was suspended.
 type supervisorStatus struct {
 	State             string
 	Message           string
 	Path              string
 	Fence             uint64
-	FenceDeadlineMono int64
-	StopDeadlineMono  int64
-	WorkloadPID       int
-	WorkloadPGID      int
-	SupervisorPID     int
-	UpdatedMono       int64
+	FenceDeadlineBoot int64
+	StopDeadlineBoot  int64
+	// LastRenewBoot is when the last acknowledged renew of the lease (or
+	// its acquire) was sent: the plugin's crash release leaves the lock to
+	// expire from its release cutoff on.
+	LastRenewBoot int64 `json:",omitempty"`
+	WorkloadPID   int
+	WorkloadPGID  int
+	SupervisorPID int
+	UpdatedBoot   int64
 }
 
 // taskEventLine is one line of events.jsonl.
@@ -176,6 +181,9 @@ type heldLease struct {
 	Fence     uint64
 	TTL       time.Duration
 	LockDelay time.Duration
+	// LastRenewBoot is when the acquire was sent (CLOCK_BOOTTIME ns);
+	// status.json carries the later renews (see lastRenew).
+	LastRenewBoot int64 `json:",omitempty"`
 	// IdentityRejected: the supervisor proved its workload dead and tried
 	// to release, but the task's identity no longer authenticates (a
 	// purged job): the plugin releases with its release_token_file.
@@ -217,21 +225,20 @@ type stopRequest struct {
 	Timeout time.Duration
 }
 
-// monoNow is CLOCK_MONOTONIC in nanoseconds, shared by every process on the host.
-func monoNow() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		panic(fmt.Sprintf("clock_gettime(CLOCK_MONOTONIC): %v", err))
-	}
-	return ts.Nano()
-}
+// bootNow is CLOCK_BOOTTIME in nanoseconds, shared by every process on the
+// host, and counting the time it was suspended.
+func bootNow() int64 { return lockclient.BootNanos(lockclient.BootNow()) }
 
-// monoAt converts a Go time (with its monotonic reading) to CLOCK_MONOTONIC ns.
-func monoAt(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
+// lastRenew is when the last acknowledged renew of held's lease was sent,
+// on lockclient's clock: the later of the lease record's (the acquire) and
+// the status's, if that is of the same lease. Zero when unknown (a record
+// of an older version): the lease is then left to expire.
+func lastRenew(held heldLease, st supervisorStatus) time.Time {
+	ns := held.LastRenewBoot
+	if ns != 0 && st.Fence == held.Fence && st.LastRenewBoot > ns {
+		ns = st.LastRenewBoot
 	}
-	return monoNow() + int64(time.Until(t))
+	return lockclient.BootTime(ns)
 }
 
 // writeJSON replaces name in dir atomically, so a reader never sees half a file.
@@ -313,4 +320,7 @@ type gateSpec struct {
 	// Adopt is the lease the gate's previous run in this allocation left
 	// held (see gateLeases).
 	Adopt *shim.AdoptLease `json:",omitempty"`
+	// DockerEndpoint is the plugin config's docker_endpoint, through which
+	// the gate kills its gated docker tasks ("" leaves them to Nomad).
+	DockerEndpoint string `json:",omitempty"`
 }

@@ -93,6 +93,10 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 		return shim.ExitConfig, err.Error()
 	}
 
+	if cfg.Gate != nil {
+		cfg.Gate.Killer = gatedTasksFunc(dir, spec, locker, log)
+	}
+
 	starter, err := newTaskStarter(spec, log)
 	if err != nil {
 		log.Error("find the cgroups to start the workload in", "error", err)
@@ -173,7 +177,7 @@ func (spec supervisorSpec) shimConfig() shim.Config {
 func recordLease(dir *securefs.Dir, cfg shim.Config, log hclog.Logger) func(*lockclient.Lease) {
 	return func(l *lockclient.Lease) {
 		held := heldLease{LockID: l.LockID(), Path: cfg.Path, Namespace: cfg.Namespace, Fence: l.Fence,
-			TTL: cfg.TTL, LockDelay: cfg.LockDelay}
+			TTL: cfg.TTL, LockDelay: cfg.LockDelay, LastRenewBoot: lockclient.BootNanos(l.LastRenew())}
 		if err := writeJSON(dir, leaseFile, held); err != nil {
 			log.Warn("record the lease for a crash release; a crash will wait for the lock to expire", "error", err)
 		}
@@ -282,9 +286,10 @@ func (p *publisher) observe(ev shim.Event) {
 	}
 	st := supervisorStatus{
 		State: string(ev.State), Message: ev.Message, Path: p.path, Fence: ev.Fence,
-		FenceDeadlineMono: monoAt(ev.FenceDeadline), StopDeadlineMono: monoAt(ev.StopDeadline),
-		WorkloadPID: ev.WorkloadPID, WorkloadPGID: ev.WorkloadPGID,
-		SupervisorPID: os.Getpid(), UpdatedMono: monoNow(),
+		FenceDeadlineBoot: lockclient.BootNanos(ev.FenceDeadline), StopDeadlineBoot: lockclient.BootNanos(ev.StopDeadline),
+		LastRenewBoot: lockclient.BootNanos(ev.LastRenew),
+		WorkloadPID:   ev.WorkloadPID, WorkloadPGID: ev.WorkloadPGID,
+		SupervisorPID: os.Getpid(), UpdatedBoot: bootNow(),
 	}
 	if err := writeJSON(p.dir, statusFile, st); err != nil {
 		p.log.Warn("write status", "error", err)

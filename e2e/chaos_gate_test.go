@@ -46,19 +46,77 @@ var chaosGateFaults = []chaosGateFault{
 		proves: "the standby's gate, stopped while it waits, never starts its app, though the lock comes free; every process gone"},
 	{name: "supervisor", abbrev: "sk", kinds: []string{"docker", "raw_exec"}, failover: true,
 		fault:  "SIGKILL of the gate's supervisor",
-		proves: "the gate fails and Nomad kills the gated app (\"sibling failed\"); nobody releases, so the standby takes over when the server expires the lock (2×TTL + delay), the old app long dead"},
+		proves: "the plugin kills the gated app itself (docker: paused, then SIGKILLed; raw_exec: its cgroup frozen and killed), proves it dead, marks the release clean and releases: the standby's app starts within seconds (asserted < 10s), not at the server's expiry; a decoy container labelled with the holder's allocation ID is left alone"},
+	{name: "sigstop", abbrev: "ss", kinds: []string{"docker", "raw_exec"}, failover: true,
+		fault:  "SIGSTOP of the gate's supervisor, past the TTL",
+		proves: "the plugin's watchdog sees the gate past its fence deadline, kills the gated app and the frozen supervisor; the gate fails and the standby takes over, never beside the old app"},
 	{name: "app-kill", abbrev: "ak", kinds: []string{"docker"},
 		fault:  "`docker kill` of the gated app's container",
 		proves: "Nomad restarts the app in place; the gate keeps the lock (same lock ID), the standby keeps waiting and never starts its app"},
 	{name: "lock-lost", abbrev: "ll", kinds: []string{"docker", "raw_exec"}, failover: true,
 		fault:  "the lock released behind the holder's back (by hand, with its lock ID)",
-		proves: "the holder's gate sees the loss and fails, Nomad kills its app; the next gate holds the lock but starts its app only once Nomad reports the old app dead (the release was not clean)"},
+		proves: "the holder's gate sees the loss, kills its app itself (docker: paused, then SIGKILLed; raw_exec: its cgroup killed), proves it dead and fails; the next gate holds the lock but starts its app only once Nomad reports the old gate or app dead (the release was by hand, not an expiry)"},
+	{name: "group-delay-lock-lost", abbrev: "gd", kinds: []string{"raw_exec"}, failover: true,
+		fault: "the lock released behind the holder's back, in a group with `shutdown_delay = \"40s\"` (4×TTL) and the app's " +
+			"`restart { attempts = 0 }`",
+		proves: "Nomad sleeps the group's shutdown_delay before it kills any task, also after the gate failed; the gate kills its app " +
+			"itself at once instead, so the next gate's app never runs beside it (before: 31.9 s of two apps)"},
 	{name: "app-restart", abbrev: "ar", kinds: []string{"docker"},
 		fault:  "restart of the gated task (`nomad alloc restart <alloc> app`)",
 		proves: "the app stops (kill_timeout, SIGKILL) and starts again in place; the gate keeps the lock (same lock ID), the standby never starts its app"},
 	{name: "alloc-restart", abbrev: "rs", kinds: []string{"docker"},
 		fault:  "restart of the holder's whole allocation, gate included (`nomad alloc restart <alloc>`)",
 		proves: "the restarted gate takes over the lease its previous run left held (same lock ID) and the app starts again in place; the standby never starts its app"},
+}
+
+// chaosGateCrashTakeover bounds, loosely, the takeover after a SIGKILL of
+// the holder's gate supervisor: the plugin kills the gated app and
+// releases in about a second; the server's expiry would take 2×TTL + delay.
+const chaosGateCrashTakeover = 10 * time.Second
+
+// chaosGateDecoy starts a container that carries the holder's allocation
+// ID label (as a job's own labels could) but is not one of its tasks', and
+// returns its ID: no gate may touch it.
+func chaosGateDecoy(t *testing.T, d *harness.Docker, allocID string) string {
+	t.Helper()
+	id := strings.TrimSpace(d.CLI(t, "run", "-d", "--network", "host", "--label", "com.hashicorp.nomad.alloc_id="+allocID,
+		"--name", "decoy-"+allocID, d.Image, "sleep", "3600"))
+	t.Cleanup(func() { _, _ = d.TryCLI("rm", "-f", id) })
+	return id
+}
+
+// chaosGateEventSays checks that the holder's gate has a task event
+// containing each of says.
+func chaosGateEventSays(t *testing.T, a *harness.Agent, holder string, says ...string) {
+	t.Helper()
+	evs, err := a.TaskEvents(holder, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range says {
+		if !slices.ContainsFunc(evs, func(ev *api.TaskEvent) bool {
+			return strings.Contains(ev.DisplayMessage, want) || strings.Contains(ev.Message, want)
+		}) {
+			t.Errorf("alloc %s: no gate task event says %q:\n%s", drvShort(holder), want, drvFormatEvents(evs))
+		}
+	}
+}
+
+// chaosGateWatchdogFired checks that the holder's gate was ended by the
+// plugin's watchdog, which killed its gated tasks.
+func chaosGateWatchdogFired(t *testing.T, a *harness.Agent, holder string) {
+	t.Helper()
+	evs, err := a.TaskEvents(holder, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if strings.Contains(ev.DisplayMessage, "watchdog killed the gate and its gated tasks") ||
+			strings.Contains(ev.Message, "watchdog killed the gate and its gated tasks") {
+			return
+		}
+	}
+	t.Errorf("alloc %s: no task event says that the watchdog killed the frozen gate and its gated tasks:\n%s", drvShort(holder), drvFormatEvents(evs))
 }
 
 // chaosGateKindName is the variant column of a gate row.
@@ -196,6 +254,10 @@ func chaosGateNeverStarted(t *testing.T, a *harness.Agent, jobID string, allowed
 // kind.
 func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records string, f chaosGateFault, kind string, n int, tr *chaosTrial) {
 	j := newChaosGateJob(t, kind, records, fmt.Sprintf("cg%s-%s%d", f.abbrev, kind[:1], n), d)
+	if f.name == "group-delay-lock-lost" {
+		j.groupExtra = "\n    shutdown_delay = \"40s\""
+		j.appRestart = "attempts = 0\n        mode     = \"fail\""
+	}
 	smp, first := chaosGateRun(t, a, j)
 	holder := first.AllocID
 	standby := j.standby(t, a, holder)
@@ -208,6 +270,7 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 	lockID := v.Lock.ID
 
 	at := harness.MonoNow()
+	var decoy string
 	switch f.name {
 	case "alloc-stop":
 		if err := a.StopAlloc(holder); err != nil {
@@ -218,9 +281,19 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 			t.Fatal(err)
 		}
 	case "supervisor":
+		if kind == "docker" {
+			decoy = chaosGateDecoy(t, d, holder)
+			at = harness.MonoNow()
+		}
 		if err := syscall.Kill(drvSupervisor(t, holder).PID, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
+	case "sigstop":
+		sup := drvSupervisor(t, holder)
+		if err := syscall.Kill(sup.PID, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = syscall.Kill(sup.PID, syscall.SIGCONT) })
 	case "app-kill":
 		if kind != "docker" {
 			if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
@@ -233,7 +306,7 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 			t.Fatalf("no running app container in %s: %+v", drvShort(holder), cs)
 		}
 		d.CLI(t, "kill", cs[0].ID)
-	case "lock-lost":
+	case "lock-lost", "group-delay-lock-lost":
 		if _, _, err := a.API().Variables().ReleaseLock(&api.Variable{Path: j.lockPath(), Lock: &api.VariableLock{ID: lockID}}, nil); err != nil {
 			t.Fatalf("release %s behind the holder's back: %v", j.lockPath(), err)
 		}
@@ -283,6 +356,26 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 			who = "a replacement allocation" // alloc stop: Nomad's replacement competes for the free lock
 		}
 		notes = append(notes, who+" took over "+harness.Millis(time.Duration(next.Mono-gone))+" after the old app was gone")
+		switch f.name {
+		case "supervisor":
+			// The plugin proves the app dead and releases at once.
+			if tr.Takeover > chaosGateCrashTakeover {
+				t.Errorf("after the gate's supervisor was SIGKILLed the next app started only %s later, want < %s (the plugin kills the gated app and releases)",
+					tr.Takeover, chaosGateCrashTakeover)
+			}
+			chaosGateEventSays(t, a, holder, "Gate kills and proves dead itself", "whose gated tasks the plugin killed and proved dead")
+			if decoy != "" {
+				if st := strings.TrimSpace(d.CLI(t, "inspect", "--format", "{{.State.Status}}", decoy)); st != "running" {
+					t.Errorf("the decoy container %s labelled with the holder's allocation ID is %s: the gate killed a container that is not its allocation's", decoy, st)
+				}
+			}
+		case "sigstop":
+			chaosGateWatchdogFired(t, a, holder)
+		case "lock-lost", "group-delay-lock-lost":
+			// The gate killed its app itself, not Nomad after the
+			// group's shutdown_delay.
+			chaosGateEventSays(t, a, holder, "itself (the lock was lost): proven dead")
+		}
 		if f.name == "alloc-stop" {
 			// A clean stop is marked in the lock, so the next gate need
 			// not ask Nomad whether the old app is dead; say if it was not.
@@ -411,7 +504,7 @@ func chaosGatePartitionTrial(t *testing.T, a *harness.Agent, d *harness.Docker, 
 		}
 	}
 	chaosGateOnlyIn(t, j.records(t), []string{first.AllocID, next.AllocID}, []int64{0, at})
-	tr.Note = fmt.Sprintf("old app gone %s after the cut (gate self-fenced, app killed by its client), next app %s after that; node ready %s after the heal",
+	tr.Note = fmt.Sprintf("old app gone %s after the cut (gate self-fenced and killed it), next app %s after that; node ready %s after the heal",
 		harness.Millis(time.Duration(gone-at)), harness.Millis(time.Duration(next.Mono-gone)), harness.Millis(tr.Recovery))
 	chaosGateFinish(t, a, j, smp, tr, known...)
 }

@@ -229,6 +229,13 @@ func TestChaos(t *testing.T) {
 			}
 			add(row, func(t *testing.T, n int, tr *chaosTrial) { chaosStopTrial(t, a, v, n, tr) })
 		}
+		add(chaosRow{ID: "2-sigstop-in-delay-lock", Variant: chaosVariantName("lock") + ", count = 3, ttl 10s, delay 10s, workloads that take 3s to stop",
+			Fault: "SIGSTOP of the holder's `lock` just after a renew, SIGCONT inside [2×TTL, 2×TTL + delay] after it, while the server's expiry is pending",
+			Proves: "the thawed holder leaves its lock to expire instead of releasing it (a release would let the pending expiry clear the next holder's lock, " +
+				"and a third holder start beside it: 2.8s of overlap measured without the rule); the next holder takes over at the expiry (docs/expiry.md)"},
+			func(t *testing.T, n int, tr *chaosTrial) {
+				expiryFrozenTrial(t, a, "lock", chaosName("exp", "lock", n), tr)
+			})
 		for _, f := range chaosLBFaults {
 			row := chaosRow{ID: "7-lb-" + f.name, Variant: chaosVariantName("driver") + " + LB",
 				Fault:  "LB API " + f.desc + " during ADD and during REMOVE",
@@ -267,6 +274,26 @@ func TestChaos(t *testing.T) {
 		} {
 			rows = append(rows, spec.rows()...)
 		}
+		rows = append(rows, chaosRowTrial{chaosRow{ID: "2-sigstop-in-delay-driver",
+			Variant: chaosVariantName("driver") + ", count = 3, ttl 10s, delay 10s, workloads that take 3s to stop",
+			Fault: "SIGSTOP of the holder's supervisor and of the plugin just after a renew; the plugin thawed inside [2×TTL, 2×TTL + delay] " +
+				"after it, while the server's expiry is pending, then the supervisor",
+			Proves: "the plugin's watchdog kills the frozen supervisor, and its crash release, judging by the last renew the supervisor recorded, " +
+				"leaves the lock to expire (a release would let the pending expiry clear the next holder's lock: 2.9s of overlap measured without the rule); " +
+				"the next holder takes over at the expiry (docs/expiry.md)"},
+			func(t *testing.T, n int, tr *chaosTrial) {
+				expiryFrozenTrial(t, a, "driver", chaosName("exp", "driver", n), tr)
+			}})
+		rows = append(rows, chaosRowTrial{chaosRow{ID: "2-sigstop-in-delay-driver-plugin-restart",
+			Variant: chaosVariantName("driver") + ", count = 3, ttl 10s, delay 10s, workloads that take 3s to stop",
+			Fault: "SIGSTOP of the holder's supervisor and of the plugin just after a renew; the plugin SIGKILLed inside [2×TTL, 2×TTL + delay] " +
+				"after it, while the server's expiry is pending: Nomad relaunches it",
+			Proves: "the relaunched plugin recovers the task from its state dir, its watchdog kills the frozen supervisor, and its crash release, " +
+				"judging by the last renew recorded there (CLOCK_BOOTTIME, shared by every process), leaves the lock to expire; " +
+				"the next holder takes over at the expiry (docs/expiry.md)"},
+			func(t *testing.T, n int, tr *chaosTrial) {
+				expiryFrozenTrial(t, a, "driver-restart", chaosName("exr", "driver", n), tr)
+			}})
 		for _, r := range rows {
 			chaosRunRow(t, r.row, trials, r.trial)
 		}
@@ -303,15 +330,16 @@ func TestChaos(t *testing.T) {
 			{chaosRow{ID: "8-gate-partition-docker", Variant: chaosGateKindName("docker"),
 				Fault: fault + "no disconnect block; the gate's containers run in the host's network namespace (network_mode host) " +
 					"and their client reaches dockerd by its socket, which the cut leaves alone; healed once the replacement holds",
-				Proves: "the cut-off gate self-fences (fails once its lock is lost) and its client kills the app (kill_timeout, SIGKILL) " +
-					"before the server can expire the lock; the replacement on the second client starts its app only after that; " +
+				Proves: "the cut-off gate self-fences at its fence deadline and kills its app itself (paused, SIGKILLed, proven gone) " +
+					"before the server can expire the lock; the replacement on the second client starts its app once the lock has " +
+					"expired and the servers have lost the first client, without waiting for Nomad's report of the old app; " +
 					"after the heal the replacement stays the one holder"},
 				func(t *testing.T, n int, tr *chaosTrial) { chaosGatePartitionTrial(t, a, d, records, false, n, tr) }},
 			{chaosRow{ID: "8-gate-partition-docker-nomad-service", Variant: chaosGateKindName("docker") + ", with a Nomad service (provider \"nomad\")",
 				Fault: fault + "no disconnect block; as 8-gate-partition-docker, but the gated app registers a Nomad service; healed once the replacement holds",
-				Proves: "the same as 8-gate-partition-docker: the cut-off client must kill the app before the server can expire the lock. " +
-					"Nomad runs a task's pre-kill hooks before it kills it, and the Nomad service deregistration there is an RPC to the " +
-					"servers that the cut-off client cannot reach: it blocks until the connection fails"},
+				Proves: "the same as 8-gate-partition-docker, as fast: Nomad runs a task's pre-kill hooks before it kills it, and the " +
+					"Nomad service deregistration there is an RPC to the servers that the cut-off client cannot reach (it blocks until " +
+					"the connection fails), but the gate kills the app itself, without Nomad's client"},
 				func(t *testing.T, n int, tr *chaosTrial) { chaosGatePartitionTrial(t, a, d, records, true, n, tr) }},
 		}...)
 		if skip := chaosPartitionSkip(); skip != "" {

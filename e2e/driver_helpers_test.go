@@ -415,7 +415,7 @@ func drvWaitGone(t *testing.T, pid int, timeout time.Duration) int64 {
 type drvStatus struct {
 	State             string
 	Fence             uint64
-	FenceDeadlineMono int64
+	FenceDeadlineBoot int64
 	WorkloadPID       int
 }
 
@@ -450,11 +450,11 @@ func drvStateDir(t *testing.T, allocID string) string {
 func drvWaitRenew(t *testing.T, a *harness.Agent, allocID string, ttl time.Duration) int64 {
 	t.Helper()
 	dir := drvStateDir(t, allocID)
-	first := drvReadStatusIn(t, dir).FenceDeadlineMono
+	first := drvReadStatusIn(t, dir).FenceDeadlineBoot
 	deadline := time.Now().Add(ttl)
 	for {
-		if st := drvReadStatusIn(t, dir); st.FenceDeadlineMono > first {
-			return st.FenceDeadlineMono
+		if st := drvReadStatusIn(t, dir); st.FenceDeadlineBoot > first {
+			return st.FenceDeadlineBoot
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("alloc %s: no renewal seen within %s", drvShort(allocID), ttl)

@@ -126,9 +126,9 @@ func testGateLB(t *testing.T, a *harness.Agent, records string, d *harness.Docke
 	events(holder, next.AllocID)
 	holder, up = next.AllocID, nextUp
 
-	// The gate's supervisor is SIGKILLed: the plugin REMOVEs beside the
-	// gate's failure, Nomad kills the app after its shutdown_delay, and the
-	// next gate takes the lock once it expires on the server.
+	// The gate's supervisor is SIGKILLed: the plugin REMOVEs the app's
+	// upstream, then kills the app itself, proves it dead and releases the
+	// lock marked clean: the next gate takes over at once.
 	j.standby(t, a, holder)
 	app = j.appProc(t, holder)
 	pid = j.lastStart(t, holder).PID

@@ -66,8 +66,10 @@ type gateJob struct {
 	example    string
 	record     string // on the host
 	taskRecord string // as the gated task sees it
-	// gateExtra is added to the gate task; appExtra to the gated task.
-	gateExtra, appExtra string
+	// gateExtra is added to the gate task; appExtra to the gated task;
+	// groupExtra to the group; appRestart, when set, is the body of the
+	// gated task's restart block (built job only).
+	gateExtra, appExtra, groupExtra, appRestart string
 	// gateRestart and appKill override the gate's restart block and the
 	// gated task's kill_timeout.
 	gateRestart, appKill string
@@ -179,7 +181,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 	return harness.Jobspec("gate", struct {
 		ID, Group, Update, Driver, GateRestart, Command, TTL, Delay string
 		GateExtra, App, Kind, Image, AppCommand                     string
-		AppKill, Service, AppExtra                                  string
+		AppKill, Service, AppExtra, GroupExtra, AppRestart          string
 		Count                                                       int
 		GateArgs, Args, Volumes                                     []string
 		LB                                                          *lbSpec
@@ -187,7 +189,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 		ID: j.id, Group: j.group, Update: j.update, Driver: harness.PluginDriverName, GateRestart: j.gateRestart,
 		Command: command, TTL: drvTTLHCL, Delay: drvDelayHCL,
 		LB: j.lb, GateExtra: j.gateExtra, App: j.app, Kind: j.kind, Image: j.image, AppCommand: appCommand,
-		AppKill: j.appKill, Service: service, AppExtra: j.appExtra,
+		AppKill: j.appKill, Service: service, AppExtra: j.appExtra, GroupExtra: j.groupExtra, AppRestart: j.appRestart,
 		Count: cmp.Or(j.count, 2), GateArgs: gateArgs, Args: j.appArgs("${NOMAD_PORT_http}"), Volumes: volumes,
 	})
 }
@@ -563,8 +565,9 @@ func waitDeployment(t *testing.T, a *harness.Agent, jobID string, version uint64
 }
 
 // testGateWorkloadKilled: a gate with a command of its own whose process is
-// SIGKILLed. The gate fails without releasing (its gated app may still run);
-// Nomad kills the app, and the standby takes over once the lock expires.
+// SIGKILLed. The gate kills its gated raw_exec app itself, proves it dead,
+// releases clean and fails (so Nomad kills what is left); the standby takes
+// over at once.
 func testGateWorkloadKilled(t *testing.T, a *harness.Agent, records string) {
 	j := newGateJob(t, "raw_exec", records)
 	j.id, j.svc = "gate-cmd", "gate-cmd-app"
@@ -592,7 +595,7 @@ func testGateWorkloadKilled(t *testing.T, a *harness.Agent, records string) {
 	}
 	next := j.start(t, first.AllocID, t0, 90*time.Second)
 	t.Logf("MEASURE gate_raw_exec gate_workload_killed_takeover=%s (alloc %s -> %s)", harness.Millis(time.Duration(next.Mono-t0)), drvShort(first.AllocID), drvShort(next.AllocID))
-	gateWaitEvent(t, a, j.id, 30*time.Second, "Lock kept: the gate stopped by itself")
+	gateWaitEvent(t, a, j.id, 30*time.Second, "itself (the gate stopped: workload exited): proven dead")
 	if err := a.Purge(j.id); err != nil {
 		t.Fatal(err)
 	}

@@ -147,7 +147,7 @@ mkdir "$d.y" 2>/dev/null && echo ATTACK-MKDIR || echo mkdir-denied
 `
 	attack = strings.ReplaceAll(attack, "VICTIMFILE", victimFile)
 	plant := fmt.Sprintf(`mkdir -p .singleton
-printf '{"State":"holding","FenceDeadlineMono":1,"WorkloadPGID":%d,"WorkloadPID":1}' > .singleton/status.json
+printf '{"State":"holding","FenceDeadlineBoot":1,"WorkloadPGID":%d,"WorkloadPID":1}' > .singleton/status.json
 ln -s %s .singleton/status.json.tmp
 mkfifo .singleton/spec.json.tmp
 echo planted

@@ -112,11 +112,14 @@ job "web" {
       # on the server after a loss (the gate checks it).
       kill_timeout = "5s"
 
-      # Restarts in place keep the lock: the gate is untouched.
+      # Restarts in place keep the lock: the gate is untouched. The delay
+      # must exceed the group's shutdown_delay + 7s: when the gate loses the
+      # lock it kills this task itself, and Nomad must not restart it before
+      # its own kill of the allocation begins (the gate checks it).
       restart {
         attempts = 3
         interval = "5m"
-        delay    = "2s"
+        delay    = "10s"
         mode     = "fail"
       }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 )
@@ -30,7 +31,10 @@ func (l *Locker) Allocation(ctx context.Context, id, namespace string, index uin
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	alloc, meta, err := l.api.Allocations().Info(id, q.WithContext(rctx))
+	if l.allocs == nil {
+		return nil, 0, fmt.Errorf("read allocation %s: this locker has no Nomad client", id)
+	}
+	alloc, meta, err := l.allocs.Info(id, q.WithContext(rctx))
 	if err != nil {
 		switch statusCode(err) {
 		case http.StatusForbidden:
@@ -123,7 +127,7 @@ func (l *Locker) NewAllocPermissionError(id, namespace string, err error) *Alloc
 // under id wraps ErrLost.
 func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, error) {
 	sent := l.clock.Now()
-	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
+	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
 	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: id}}
 	_, _, err := l.vars.RenewLock(v, l.writeOptions(rctx))
@@ -151,21 +155,47 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 // TTL or delay ("variable should not contain lock definition"), and keeps
 // the lock as written, without them; a renew after such a write would set
 // the server's timer to 2 × 0 and expire the lock. So the renew loop stops
-// first, and nothing renews between this write and the release.
+// first, and nothing renews between this write and the release. Past the
+// release cutoff nothing is written (ErrLeftToExpire), as nothing is
+// released.
 func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
 	ls.stopRenewing()
-	return ls.locker.MarkReleasedCleanID(ctx, ls.id)
+	return ls.locker.MarkReleasedCleanID(ctx, ls.id, ls.LastRenew())
+}
+
+// MarkNotGatedDirect removes, under the lease's lock ID, the holder's
+// claim that its gate kills its gated tasks itself (Holder.GatedDirect):
+// a gate that could not prove them dead makes the next holder wait for
+// Nomad's report of them instead of trusting the lock's expiry. It ends
+// the renewing, as MarkReleasedClean does (a renew after a write would
+// expire the lock at once): the lock then expires on the server, 2×TTL
+// after the last renew.
+func (ls *Lease) MarkNotGatedDirect(ctx context.Context) error {
+	ls.stopRenewing()
+	return ls.locker.writeItem(ctx, "withdraw gated_direct", ls.id, itemDirect, "", ls.LastRenew())
 }
 
 // MarkReleasedCleanID is MarkReleasedClean for the lock held under lock ID
 // id by a holder that no longer renews it: the driver's plugin uses it for a
 // gate whose identity no longer authenticates (see Lease.MarkReleasedClean).
-func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string) error {
-	rctx, cancel := context.WithTimeout(ctx, l.cfg.RequestTimeout)
+// lastRenew is as for ReleaseID: from the release cutoff on nothing is
+// written.
+func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string, lastRenew time.Time) error {
+	return l.writeItem(ctx, "mark released", id, itemClean, "true", lastRenew)
+}
+
+// writeItem sets (or, with value "", deletes) one item of the variable
+// held under lock ID id, unless the lease's release cutoff has passed
+// (ErrLeftToExpire): what may no longer be released is not written either.
+func (l *Locker) writeItem(ctx context.Context, op, id, key, value string, lastRenew time.Time) error {
+	if err := l.mayRelease(op, lastRenew); err != nil {
+		return err
+	}
+	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
 	cur, _, err := l.vars.Peek(l.cfg.Path, (&api.QueryOptions{Namespace: l.cfg.Namespace}).WithContext(rctx))
 	if err != nil {
-		return l.classify("mark released", err)
+		return l.classify(op, err)
 	}
 	items := map[string]string{}
 	if cur != nil {
@@ -173,10 +203,14 @@ func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string) error {
 			items[k] = v
 		}
 	}
-	items[itemClean] = "true"
+	if value == "" {
+		delete(items, key)
+	} else {
+		items[key] = value
+	}
 	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items, Lock: &api.VariableLock{ID: id}}
 	if _, _, err := l.vars.Update(v, l.writeOptions(rctx)); err != nil {
-		return l.classify("mark released", err)
+		return l.classify(op, err)
 	}
 	return nil
 }

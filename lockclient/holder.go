@@ -31,6 +31,12 @@ type Holder struct {
 	// it has proven its work dead (Lease.MarkReleasedClean). A lock freed
 	// without it was released behind its holder's back or expired.
 	ReleasedClean bool
+	// GatedDirect is written by a gate whose gated tasks it kills and
+	// proves dead itself (shim.GatedTasks) on every ending but Nomad's own
+	// stop of its allocation: they are dead by its fence deadline, so the
+	// lock's expiry is safe to trust and the next gate need not wait for
+	// Nomad's report of them.
+	GatedDirect bool
 }
 
 // Items keys. They are part of our on-Nomad format: keep them stable.
@@ -48,6 +54,7 @@ const (
 	itemTTL        = "ttl"
 	itemLockDelay  = "lock_delay"
 	itemClean      = "released_clean"
+	itemDirect     = "gated_direct"
 )
 
 // HolderFromEnv fills a Holder from the task environment Nomad sets.
@@ -79,6 +86,9 @@ func (h Holder) items() map[string]string {
 		itemLockDelay:  h.LockDelay.String(),
 		itemPID:        strconv.Itoa(h.PID),
 	}
+	if h.GatedDirect {
+		m[itemDirect] = "true"
+	}
 	for k, v := range map[string]string{
 		itemAlloc: h.AllocID, itemJob: h.JobID, itemGroup: h.Group, itemTask: h.Task,
 		itemNode: h.Node, itemHostname: h.Hostname, itemUpstream: h.Upstream, itemPrevious: h.PreviousUpstream,
@@ -107,6 +117,7 @@ func holderFromItems(items map[string]string) Holder {
 	h.TTL, _ = time.ParseDuration(items[itemTTL])
 	h.LockDelay, _ = time.ParseDuration(items[itemLockDelay])
 	h.ReleasedClean = items[itemClean] == "true"
+	h.GatedDirect = items[itemDirect] == "true"
 	return h
 }
 

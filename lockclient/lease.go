@@ -297,10 +297,11 @@ func (ls *Lease) renewOnce(ctx context.Context) error {
 // Release stops renewing and releases the lock at once (no lock delay applies
 // to a release). Call it only once the workload is gone. It retries transport
 // errors until ctx ends. A lock that was already lost is reported, not an error
-// to retry.
+// to retry. Past the release cutoff (Timing.ReleaseCutoff) nothing is sent:
+// the error wraps ErrLeftToExpire and the lock expires on the server.
 func (ls *Lease) Release(ctx context.Context) error {
 	ls.stopRenewing()
-	if err := ls.locker.ReleaseID(ctx, ls.id); err != nil {
+	if err := ls.locker.ReleaseID(ctx, ls.id, ls.LastRenew()); err != nil {
 		return err
 	}
 	ls.mu.Lock()
@@ -312,6 +313,22 @@ func (ls *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
+// LastRenew is when the last renew the server acknowledged (or the acquire)
+// was sent, on the lease's clock (CLOCK_BOOTTIME in production: BootNanos
+// turns it into a reading another process can use). The server's expiry
+// timer started no earlier.
+func (ls *Lease) LastRenew() time.Time {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.lastRenew
+}
+
+// ReleaseCutoff is Timing.ReleaseCutoff of the lease's last acknowledged
+// renew: from then on the lease is left to expire.
+func (ls *Lease) ReleaseCutoff() time.Time {
+	return ls.locker.cfg.ReleaseCutoff(ls.LastRenew())
+}
+
 // stopRenewing ends the renew and watch loops and waits for them.
 func (ls *Lease) stopRenewing() {
 	ls.stopOnce.Do(func() {
@@ -321,14 +338,21 @@ func (ls *Lease) stopRenewing() {
 	<-ls.done
 }
 
-// ReleaseID releases the lock held under lock ID id. The driver uses it for a
-// supervisor that died holding the lock, once it has proven that every
-// process of the task is gone. It retries transport errors until ctx ends; an
-// answer that the lock is not (or no longer) held under id wraps ErrLost.
-func (l *Locker) ReleaseID(ctx context.Context, id string) error {
+// ReleaseID releases the lock held under lock ID id, whose last
+// acknowledged renew (or acquire) was sent at lastRenew on the locker's
+// clock. The driver uses it for a supervisor that died holding the lock,
+// once it has proven that every process of the task is gone. It retries
+// transport errors until ctx ends; an answer that the lock is not (or no
+// longer) held under id wraps ErrLost. No attempt is sent from the release
+// cutoff on (see Timing.ReleaseCutoff): the error then wraps
+// ErrLeftToExpire.
+func (l *Locker) ReleaseID(ctx context.Context, id string, lastRenew time.Time) error {
 	bo := l.newBackoff()
 	var rejectedSince time.Time
 	for {
+		if err := l.mayRelease("release", lastRenew); err != nil {
+			return err
+		}
 		rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 		v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: id}}
 		_, _, err := l.vars.ReleaseLock(v, l.writeOptions(rctx))

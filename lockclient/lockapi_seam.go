@@ -13,7 +13,8 @@ import (
 // production callers cannot hand a Locker a lock API of their own (and skip
 // New's endpoint and transport setup). cfg is validated and completed as New
 // does. The Locker has no Nomad client besides vars: what is not the
-// lease's (a gate's job reads, the token's ACL) is not available.
+// lease's (the token's ACL) is not available, and a gate's reads of
+// allocations are answered by vars if it implements allocAPI.
 func NewWithLockAPI(key testkey.Key, cfg Config, vars lockAPI) (*Locker, error) {
 	if !key.Valid() || vars == nil {
 		return nil, errors.New("lockclient.NewWithLockAPI: for lockclient/locktest only")
@@ -22,5 +23,9 @@ func NewWithLockAPI(key testkey.Key, cfg Config, vars lockAPI) (*Locker, error) 
 	if err != nil {
 		return nil, err
 	}
-	return newLocker(cfg, nil, vars, realClock{}), nil
+	l := newLocker(cfg, nil, vars, theBootClock)
+	if a, ok := vars.(allocAPI); ok {
+		l.allocs = a
+	}
+	return l, nil
 }

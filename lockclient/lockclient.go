@@ -122,11 +122,12 @@ type Config struct {
 
 // Locker acquires leases on one variable path.
 type Locker struct {
-	cfg   Config
-	api   *api.Client // for what is not the lease's: the token's own ACL
-	vars  lockAPI     // the variable and its lock
-	clock clock
-	log   hclog.Logger
+	cfg    Config
+	api    *api.Client // for what is not the lease's: the token's own ACL
+	vars   lockAPI     // the variable and its lock
+	allocs allocAPI    // a gate's reads of allocations; nil without one
+	clock  clock
+	log    hclog.Logger
 }
 
 // New validates cfg and builds the API client. No request is sent.
@@ -148,7 +149,7 @@ func New(cfg Config) (*Locker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nomad client for %s: %w", cfg.Endpoint, err)
 	}
-	return newLocker(cfg, client, client.Variables(), realClock{}), nil
+	return newLocker(cfg, client, client.Variables(), theBootClock), nil
 }
 
 // prepared validates cfg and fills in its defaults.
@@ -168,7 +169,11 @@ func (cfg Config) prepared() (Config, error) {
 
 // newLocker assembles a Locker from a prepared cfg and its seams.
 func newLocker(cfg Config, client *api.Client, vars lockAPI, c clock) *Locker {
-	return &Locker{cfg: cfg, api: client, vars: vars, clock: c, log: cfg.Logger.With("path", cfg.Path)}
+	l := &Locker{cfg: cfg, api: client, vars: vars, clock: c, log: cfg.Logger.With("path", cfg.Path)}
+	if client != nil {
+		l.allocs = client.Allocations()
+	}
+	return l
 }
 
 // Config returns the effective configuration, defaults filled in.
@@ -183,6 +188,9 @@ type AcquireOptions struct {
 	// OnBlocked is called when the lock is found held by a different holder
 	// than last reported, e.g. to emit "waiting for lock held by ...".
 	OnBlocked func(Holder)
+	// GatedDirect is written into the holder's Items (Holder.GatedDirect):
+	// a gate that kills and proves dead every one of its gated tasks itself.
+	GatedDirect bool
 }
 
 // Acquire takes the lock, waiting while another holder has it. While held
@@ -223,7 +231,7 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 			continue
 		}
 
-		lease, err := l.tryAcquire(ctx, current)
+		lease, err := l.tryAcquire(ctx, current, opts)
 		switch {
 		case err == nil:
 			return lease, nil
@@ -303,10 +311,11 @@ func (l *Locker) read(ctx context.Context, index uint64) (snapshot, uint64, erro
 
 // tryAcquire sends one lock-acquire. current is the variable as read just
 // before, which names the previous holder.
-func (l *Locker) tryAcquire(ctx context.Context, current snapshot) (*Lease, error) {
+func (l *Locker) tryAcquire(ctx context.Context, current snapshot, opts AcquireOptions) (*Lease, error) {
 	holder := l.cfg.Holder
+	holder.GatedDirect = opts.GatedDirect
 	holder.PreviousUpstream = holderFromItems(current.items()).Upstream
-	holder.AcquiredAt = l.clock.Now()
+	holder.AcquiredAt = time.Now() // the wall clock: read by people and other hosts, never a deadline
 	holder.TTL = l.cfg.TTL
 	holder.LockDelay = l.cfg.LockDelay
 	v := &api.Variable{

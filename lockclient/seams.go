@@ -21,6 +21,13 @@ type lockAPI interface {
 	Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error)
 }
 
+// allocAPI is the part of Nomad's Allocations API a gate needs (see
+// Locker.Allocation): *api.Allocations implements it, and so does
+// locktest.Server, whose allocations the test writes.
+type allocAPI interface {
+	Info(allocID string, q *api.QueryOptions) (*api.Allocation, *api.QueryMeta, error)
+}
+
 // clock is every source of time a lease reads: now, timers and request
 // deadlines. The lease's safety is a matter of timing (renew every
 // RenewInterval, give up at the fence deadline, bound each request by it), so
@@ -41,23 +48,6 @@ type timer interface {
 	Reset(d time.Duration) bool
 	Stop() bool
 }
-
-// realClock is the clock of production: package time.
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-
-func (realClock) NewTimer(d time.Duration) timer { return realTimer{t: time.NewTimer(d)} }
-
-func (realClock) WithDeadline(ctx context.Context, t time.Time) (context.Context, context.CancelFunc) {
-	return context.WithDeadline(ctx, t)
-}
-
-type realTimer struct{ t *time.Timer }
-
-func (r realTimer) C() <-chan time.Time        { return r.t.C }
-func (r realTimer) Reset(d time.Duration) bool { return r.t.Reset(d) }
-func (r realTimer) Stop() bool                 { return r.t.Stop() }
 
 // withTimeout is context.WithTimeout on c.
 func withTimeout(ctx context.Context, c clock, d time.Duration) (context.Context, context.CancelFunc) {

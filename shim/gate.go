@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
@@ -47,12 +45,23 @@ type Gate struct {
 	// acquiring, so its gated tasks, which may run on, never lose cover.
 	Adopt *AdoptLease
 
-	// stopRequested is set when Nomad asked the gate to stop (StopTask).
-	stopRequested bool
-	// killBound is the longest kill_timeout + shutdown_delay of the gated
-	// tasks, found at start: what Nomad may take to kill them once the gate
-	// has failed.
+	// killBound is the longest the gated tasks may take to die once the
+	// gate has failed, found at start: the group's shutdown_delay + the
+	// task's kill_timeout + shutdown_delay for those Nomad kills, the
+	// gate's own kill (gateKillAllTimeout) for the others.
 	killBound time.Duration
+
+	// Killer, when set, builds at start the GatedTasks that kill and prove
+	// dead, by the gate itself, those of its gated tasks that it can (the
+	// driver's docker containers and task cgroups).
+	Killer GatedTasksFunc
+	// killer and direct are what Killer built: nil and empty without one.
+	killer GatedTasks
+	direct []string
+	// tasks are the gated tasks with their drivers; killerErr why Killer
+	// failed, if it did.
+	tasks     []GatedTask
+	killerErr error
 }
 
 // AdoptLease names a lease to take over: its lock ID and fencing token.
@@ -79,6 +88,13 @@ const (
 	// gateKillSlack is what the bound on the gated tasks' kill_timeout
 	// leaves for Nomad to notice the gate's failure and start killing them.
 	gateKillSlack = 2 * time.Second
+	// gateKillAllTimeout bounds one GatedTasks.KillAll.
+	gateKillAllTimeout = 5 * time.Second
+	// gateRestartSlack is what may pass between the gate's own kill of a
+	// gated task and the start of Nomad's kill, besides the group's
+	// shutdown_delay: the rest of the kill, and Nomad noticing that the
+	// gate failed (see checkDirectRestart).
+	gateRestartSlack = gateKillAllTimeout + gateKillSlack
 )
 
 // GateConfigError is a job that cannot be gated safely. Its message names
@@ -87,27 +103,71 @@ type GateConfigError struct{ Msg string }
 
 func (e *GateConfigError) Error() string { return e.Msg }
 
-// checkGateJob reads the gate's allocation and checks that its job keeps
-// "never two at once": see Gate. It returns the gated tasks.
-func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing) ([]string, error) {
+// gateGroup finds the gate's task group in its allocation's job.
+func gateGroup(alloc *api.Allocation) (*api.TaskGroup, error) {
 	if alloc.Job == nil {
 		return nil, fmt.Errorf("allocation %s has no job", alloc.ID)
 	}
-	var tg *api.TaskGroup
 	for _, g := range alloc.Job.TaskGroups {
 		if g.Name != nil && *g.Name == alloc.TaskGroup {
-			tg = g
+			return g, nil
 		}
 	}
-	if tg == nil {
-		return nil, fmt.Errorf("allocation %s: group %q is not in its job", alloc.ID, alloc.TaskGroup)
+	return nil, fmt.Errorf("allocation %s: group %q is not in its job", alloc.ID, alloc.TaskGroup)
+}
+
+// isGated reports whether task, beside the gate, is one the gate holds the
+// lock for: a main task or a poststart task that is no sidecar (a
+// poststop task runs once every other task is dead; prestart tasks and
+// poststart sidecars are refused by checkGateJob).
+func isGated(task *api.Task, gate string) bool {
+	lc := task.Lifecycle
+	return task.Name != gate && (lc == nil || lc.Hook == api.TaskLifecycleHookPoststart && !lc.Sidecar)
+}
+
+// gatedTasksOf lists the tasks the gate holds the lock for, with their
+// drivers, in the job's order.
+func gatedTasksOf(alloc *api.Allocation, gate string) []GatedTask {
+	tg, err := gateGroup(alloc)
+	if err != nil {
+		return nil
+	}
+	var out []GatedTask
+	for _, t := range tg.Tasks {
+		if isGated(t, gate) {
+			out = append(out, GatedTask{Name: t.Name, Driver: t.Driver})
+		}
+	}
+	return out
+}
+
+// Nomad's defaults where a job leaves them unset.
+const (
+	nomadKillTimeout  = 5 * time.Second  // kill_timeout
+	nomadRestartDelay = 15 * time.Second // restart.delay, service and batch jobs
+)
+
+// checkGateJob reads the gate's allocation and checks that its job keeps
+// "never two at once": see Gate. It returns the gated tasks. direct names
+// the gated tasks the gate kills and proves dead itself (GatedTasks): their
+// kill is the gate's, but Nomad must not restart them before its own kill
+// begins; the others are Nomad's to kill, within the lock's expiry.
+func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct map[string]bool) ([]string, error) {
+	tg, err := gateGroup(alloc)
+	if err != nil {
+		return nil, err
 	}
 	bad := func(format string, args ...any) error {
 		return &GateConfigError{Msg: fmt.Sprintf("gate %q: ", gate.Task) + fmt.Sprintf(format, args...)}
 	}
+	var groupDelay time.Duration
+	if tg.ShutdownDelay != nil {
+		groupDelay = *tg.ShutdownDelay
+	}
 	var self *api.Task
 	var gated []string
 	var errs []error
+	gate.killBound = 0
 	for _, task := range tg.Tasks {
 		switch {
 		case task.Name == gate.Task:
@@ -120,18 +180,25 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing) ([]str
 		case task.Lifecycle != nil && task.Lifecycle.Sidecar:
 			errs = append(errs, bad("task %q is a poststart sidecar, so Nomad stops it beside the gate, not before it: "+
 				"make it a main task (no lifecycle block)", task.Name))
+		case direct[task.Name]:
+			gated = append(gated, task.Name)
+			gate.killBound = max(gate.killBound, gateKillAllTimeout)
+			if err := checkDirectRestart(task, tg, groupDelay); err != nil {
+				errs = append(errs, bad("%s", err))
+			}
 		default:
 			gated = append(gated, task.Name)
-			kill := 5 * time.Second // Nomad's default kill_timeout
+			kill := nomadKillTimeout
 			if task.KillTimeout != nil {
 				kill = *task.KillTimeout
 			}
-			gate.killBound = max(gate.killBound, kill+task.ShutdownDelay)
-			if need, have := kill+task.ShutdownDelay+gateKillSlack, t.TTL+t.LockDelay; need > have {
-				errs = append(errs, bad("task %q: kill_timeout (%s) + shutdown_delay (%s) is too long for lock ttl %s and delay %s. "+
-					"If the gate loses the lock, Nomad kills the gated tasks only then, and they must be dead before the server "+
-					"can expire the lock: ttl + delay (%s) must exceed kill_timeout + shutdown_delay + %s. Lower the task's "+
-					"kill_timeout or raise the gate's lock ttl", task.Name, kill, task.ShutdownDelay, t.TTL, t.LockDelay, have, gateKillSlack))
+			gate.killBound = max(gate.killBound, groupDelay+kill+task.ShutdownDelay)
+			if need, have := groupDelay+kill+task.ShutdownDelay+gateKillSlack, t.TTL+t.LockDelay; need > have {
+				errs = append(errs, bad("task %q: the group's shutdown_delay (%s) + the task's kill_timeout (%s) + its shutdown_delay (%s) "+
+					"is too long for lock ttl %s and delay %s. If the gate loses the lock, Nomad kills the gated tasks only then, "+
+					"first waiting the group's shutdown_delay, and they must be dead before the server can expire the lock: "+
+					"ttl + delay (%s) must exceed the three + %s. Lower them or raise the gate's lock ttl",
+					task.Name, groupDelay, kill, task.ShutdownDelay, t.TTL, t.LockDelay, have, gateKillSlack))
 			}
 		}
 	}
@@ -164,6 +231,59 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing) ([]str
 	return gated, nil
 }
 
+// checkDirectRestart refuses a gated task that the gate kills itself but
+// that Nomad could restart in place before its own kill of the allocation
+// begins. Once the gate has killed its gated tasks it fails, and Nomad
+// kills the allocation's other tasks, which cancels their pending
+// restarts; but that kill begins only after the group's shutdown_delay
+// (the pre-kill hooks), and until then a task that died is restarted after
+// its restart policy's delay (plus up to 25% jitter, never less). So the
+// delay must exceed the group's shutdown_delay + gateRestartSlack (the
+// kill itself, and Nomad noticing that the gate failed), or the task must
+// not restart at all (attempts = 0, mode = "fail"). Mode "delay" restarts,
+// once the attempts are spent, at the end of the interval, however near. A
+// group-level service of Nomad's own provider is deregistered in the same
+// pre-kill hook, before the delay, by an RPC to the servers, which on a
+// client cut off from them blocks until it is given up
+// (gateNomadServiceWait): that much more.
+func checkDirectRestart(task *api.Task, tg *api.TaskGroup, groupDelay time.Duration) error {
+	rp := task.RestartPolicy
+	if rp == nil {
+		rp = tg.RestartPolicy
+	}
+	attempts, delay, mode := 1, nomadRestartDelay, api.RestartPolicyModeFail
+	if rp != nil {
+		if rp.Attempts != nil {
+			attempts = *rp.Attempts
+		}
+		if rp.Delay != nil {
+			delay = *rp.Delay
+		}
+		if rp.Mode != nil {
+			mode = *rp.Mode
+		}
+	}
+	need := groupDelay + gateRestartSlack
+	what := fmt.Sprintf("the group's shutdown_delay (%s)", groupDelay)
+	if slices.ContainsFunc(tg.Services, func(s *api.Service) bool { return s != nil && s.Provider == "nomad" }) {
+		need += gateNomadServiceWait
+		what = fmt.Sprintf("the deregistration of the group's Nomad services (up to %s on a client cut off from the servers) "+
+			"and the group's shutdown_delay (%s)", gateNomadServiceWait, groupDelay)
+	}
+	switch {
+	case mode != api.RestartPolicyModeFail:
+		return fmt.Errorf(`task %q: restart mode %q can restart it at any moment once its attempts are spent, and the gate kills it `+
+			`itself when it loses the lock, before Nomad's kill (which cancels a pending restart) begins after %s: `+
+			`set restart { mode = "fail" } with attempts = 0, or a delay above %s`, task.Name, mode, what, need)
+	case attempts > 0 && delay <= need:
+		return fmt.Errorf(`task %q: restart delay %s is too short: when the gate loses the lock it kills the task itself, and Nomad `+
+			`would restart it in place after its restart delay, before Nomad's own kill (which cancels a pending restart) begins `+
+			`after %s + %s. Set restart { delay = "%s" } or more, or restart { attempts = 0 }`,
+			task.Name, delay, what, gateRestartSlack, (need + time.Second).Round(time.Second))
+	}
+	return nil
+}
+
 // gateCheck reads the gate's allocation and checks its job (checkGateJob).
 // A read that fails for want of an answer (the agent restarting) is retried
 // for gateCheckWithin.
@@ -192,12 +312,14 @@ func (s *Supervisor) gateCheck(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gated, err := checkGateJob(alloc, g, s.Locker.Config().Timing)
+	direct := g.buildKiller(s, alloc)
+	gated, err := checkGateJob(alloc, g, s.Locker.Config().Timing, direct)
 	if err != nil {
 		return err
 	}
 	g.gated = gated
 	s.Logger.Info("gate: holding the lock for the group's other tasks", "gated", strings.Join(gated, ","))
+	s.notify(Event{State: StateWaiting, Message: g.killerMessage(s.Locker.Config().Timing)})
 	return nil
 }
 
@@ -256,35 +378,71 @@ func (s *Supervisor) gateStopping(ctx context.Context) <-chan struct{} {
 	return ch
 }
 
-// gateMayRelease reports whether the gate may release. Only one stop
-// proves the gated tasks dead: Nomad's own, when the allocation is being
-// stopped (desired status stop or evict on the servers, or the allocation
-// already gone). The client then kills the group's main tasks and waits for
-// each to be dead before it stops its sidecars, the gate among them
-// (allocrunner.killTasks, Nomad v1.11). The servers cannot confirm it
-// meanwhile: the client sends no task state while it kills. Every other
-// ending keeps the lock: a restart of the gate or of its allocation (the
-// gated tasks may run on; the restarted gate adopts the lease), a gated
-// task that failed for good, a lost lock, a killed supervisor. The lock
-// then expires on the server, after the gated tasks' kill_timeout.
-func (s *Supervisor) gateMayRelease(lease *lockclient.Lease) bool {
+// stopArrival is what the gate knew of its allocation when Nomad's stop
+// (StopTask) arrived: whether its watch had already seen the allocation
+// being stopped, and else one read of it made at once.
+type stopArrival struct {
+	seen  bool
+	alloc *api.Allocation
+	err   error
+}
+
+// readAtStop reads the gate's allocation as a stop arrives.
+func (s *Supervisor) readAtStop() stopArrival {
+	g := s.Config.Gate
+	ctx, cancel := context.WithTimeout(context.Background(), 2*s.Locker.Config().RequestTimeout)
+	defer cancel()
+	alloc, _, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
+	return stopArrival{alloc: alloc, err: err}
+}
+
+// gateMayRelease reports whether the gate may release, and so mark the
+// release clean; it first kills the gated tasks itself where the ending
+// asks for it (gatekill.go).
+//
+// Nomad's own stop of the allocation proves the gated tasks dead: the
+// client kills the group's main tasks and waits for each to be dead before
+// it stops its sidecars, the gate among them (allocrunner.killTasks, Nomad
+// v1.11). The gate knows it is such a stop when its watch had seen the
+// allocation's desired status turn stop or evict (or the allocation gone)
+// before the stop arrived. A read made only once the stop has arrived is
+// no proof (a restart of the gate may have raced a stop of the
+// allocation): the gate then releases only if the servers already report
+// every gated task dead, or it has killed them all itself.
+//
+// A restart of the gate (the allocation runs on) keeps the lock and the
+// gated tasks: the restarted gate adopts the lease. Every other ending (the
+// lock lost, a signal, a failed LB ADD, the gate's command ended) kills the
+// gated tasks the gate can kill itself; the lock is then released, clean,
+// only if the lease is still ours and every gated task is proven dead;
+// otherwise it expires on the server, after Nomad has killed the rest.
+func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stopArrival) bool {
 	g := s.Config.Gate
 	cfg := s.Locker.Config()
 	expiry := 2*cfg.TTL + cfg.LockDelay
 	if chans.Closed(lease.Lost()) {
 		// Never released while the gated tasks may run, even if the
-		// server still holds it for us: Nomad kills them once the gate
-		// has failed, within the kill_timeout checked at start.
-		s.emit(Event{State: StateLost, Fence: lease.Fence, Message: fmt.Sprintf(
-			"Gate lost the lock: it fails now, and Nomad kills the gated tasks (%s) before the server can expire the lock",
-			strings.Join(g.gated, ", "))})
+		// server still holds it for us.
+		killed := s.killDirect(lease, lease.StopDeadline(), "the lock was lost")
+		msg := "Gate lost the lock: it fails now"
+		if g.killer != nil && killed {
+			msg += fmt.Sprintf("; it killed %s itself, proven dead", strings.Join(g.direct, ", "))
+		}
+		if left := g.leftToNomad(); len(left) > 0 || !killed {
+			if !killed {
+				left = g.gated
+			}
+			msg += fmt.Sprintf(", and Nomad kills the gated tasks (%s) before the server can expire the lock", strings.Join(left, ", "))
+		}
+		s.emit(Event{State: StateLost, Fence: lease.Fence, Message: msg})
 		return false
 	}
 	var why string
-	if g.stopRequested {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.RequestTimeout)
-		defer cancel()
-		alloc, _, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
+	switch {
+	case end == endStopRequest && at.seen:
+		return true
+	case end == endStopRequest:
+		alloc, err := at.alloc, at.err
 		switch {
 		case errors.Is(err, lockclient.ErrAllocGone):
 			return true
@@ -301,98 +459,31 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease) bool {
 		case err != nil:
 			why = fmt.Sprintf("cannot read whether the allocation is being stopped (%v)", err)
 		case alloc.DesiredStatus == api.AllocDesiredStatusStop || alloc.DesiredStatus == api.AllocDesiredStatusEvict:
-			return true
+			if len(previousGatedAlive(alloc, g.Task)) == 0 {
+				return true
+			}
+			// Being stopped, so Nomad kills them anyway: a kill of our
+			// own loses them nothing but their grace, and proves them dead.
+			if s.killDirectHeld(lease, "the allocation turned stop as the gate was stopped") && g.allDirect() &&
+				!chans.Closed(lease.Lost()) {
+				return true
+			}
+			why = "the allocation was seen being stopped only after the gate's stop arrived (a restart of the gate may have raced it), " +
+				"and Nomad does not yet report the gated tasks dead"
 		default:
 			why = "Nomad stopped the gate while its allocation keeps running (a restart, or a gated task that failed for good)"
 		}
-	} else {
-		why = "the gate stopped by itself"
+	default:
+		if s.killDirectHeld(lease, "the gate stopped: "+end.String()) && g.allDirect() && !chans.Closed(lease.Lost()) {
+			return true
+		}
+		why = "the gate stopped by itself (" + end.String() + ")"
 	}
 	msg := fmt.Sprintf("Lock kept: %s, so the gated tasks (%s) may still run. A restarted gate takes the lease over; "+
 		"otherwise Nomad kills them, and the lock expires on the server within 2×TTL + delay (%s)", why, strings.Join(g.gated, ", "), expiry)
 	s.Logger.Warn("gate: not releasing the lock", "why", why)
 	s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: msg})
 	return false
-}
-
-// holdGate is a gate's life with no workload of its own: it holds the lock
-// until Nomad stops it (after its gated tasks) or the lock is lost, and
-// releases only as gateMayRelease allows. With a load balancer it carries
-// the gated task's registration (see gateLB).
-func (s *Supervisor) holdGate(lease *lockclient.Lease, sigs <-chan os.Signal) int {
-	held := func(state State, msg string) Event {
-		return Event{State: state, Fence: lease.Fence, Message: msg,
-			FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline()}
-	}
-	msg := fmt.Sprintf("Acquired lock (fence %d): the group's other tasks may start", lease.Fence)
-	if s.Config.Gate.Adopt != nil {
-		msg = fmt.Sprintf("Took over lock (fence %d) from the gate's previous run: the group's other tasks keep running", lease.Fence)
-	}
-	s.emit(held(StateHolding, msg))
-	lb, stopping, err := s.gateLB(lease)
-	if err != nil {
-		s.Logger.Error("gate: cannot register with the load balancer", "error", err)
-		s.emit(held(StateStopping, "LB add failed: "+err.Error()+"; "+gateFailNote))
-		s.gateMayRelease(lease) // says why it is not released
-		return ExitLBFailed
-	}
-	defer lb.close()
-	deregister := func() {
-		s.deregister(lb, s.removeBudget(lease), held, lease.Renewed(), func() { s.emit(held(s.state, s.message)) })
-	}
-	for {
-		select {
-		case <-lease.Renewed():
-			s.emit(held(s.state, s.message))
-		case ev := <-lb.eventsC():
-			if err := s.handleLB(lb, ev, held); err != nil {
-				s.Logger.Error("gate: the load balancer ADD failed", "error", err)
-				s.emit(held(StateStopping, gateLBAddFailedMessage(err, lb.client.Config())))
-				deregister()
-				s.gateMayRelease(lease) // says why it is not released
-				return ExitLBFailed
-			}
-		case <-lb.recheckC():
-			if lb.registered && !lb.busy && !lb.deregistered {
-				lb.check()
-			}
-		case <-stopping:
-			stopping = nil
-			s.Logger.Info("gate: the allocation is being stopped: removing the gated task's upstream before Nomad kills it")
-			deregister()
-		case <-lease.Lost():
-			why := strings.TrimPrefix(lease.Err().Error(), "lock lost: ")
-			s.Logger.Error("gate: lock lost", "why", why)
-			s.emit(held(StateLost, "Lock lost: "+why))
-			deregister()
-			s.gateMayRelease(lease) // says why it is not released
-			return ExitLost
-		case req := <-s.Stop:
-			s.Logger.Info("gate: stop requested", "kill_timeout", req.Timeout)
-			s.Config.Gate.stopRequested = true
-			s.emit(held(StateStopping, "Stopping gate"))
-			deregister()
-			s.releaseGate(lease)
-			return 0
-		case sig := <-sigs:
-			sys, _ := sig.(syscall.Signal)
-			if sys == syscall.SIGTERM || sys == syscall.SIGINT {
-				s.Logger.Info("gate: stopping on signal", "signal", sig)
-				s.emit(held(StateStopping, "Stopping gate on "+signalName(sys)))
-				deregister()
-				s.releaseGate(lease)
-				return 0
-			}
-		}
-	}
-}
-
-// releaseGate releases a gate with no workload once gateMayRelease allows.
-func (s *Supervisor) releaseGate(lease *lockclient.Lease) {
-	if s.gateMayRelease(lease) {
-		s.markReleasedClean(lease)
-		s.release(lease)
-	}
 }
 
 // markReleasedClean tells the next holder that the gated tasks are dead, so
@@ -407,20 +498,41 @@ func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
 
 // gateAwaitPrevious runs once the gate holds the lock, before its gated
 // tasks may start: unless the previous holder released cleanly (it marks
-// that in the lock), it waits until Nomad's client has reported that
-// holder's gated tasks dead (or its allocation complete or failed). A lock
-// released behind the previous holder's back (by hand, with its lock ID) is
-// free while that holder's gated tasks still run: Nomad kills them only once
-// the previous gate has noticed its loss and failed. A lock that expired
-// because the previous holder's node was cut off may be free while Nomad
-// there still kills them: before it kills a task Nomad deregisters the
-// task's Nomad services, by an RPC to the servers it cannot reach.
+// that in the lock), it waits until the previous holder's gated tasks are
+// dead, or as long as they may live.
 //
-// The wait is bounded by what the previous gate's rule allows them (its
-// fence deadline, at most a TTL away, then their kill_timeout, checked at
-// its start to fit TTL + delay): 2×TTL + delay, and gateNomadServiceWait more
-// when its group registers Nomad services. The servers' "lost" or "unknown"
-// is no proof: they cannot reach the node. It returns false if the lease
+// A previous gate that killed its gated tasks itself (Holder.GatedDirect)
+// had them dead by its fence deadline, a TTL before the server could
+// expire its lock (a frozen one's are killed by the plugin's watchdog), so
+// the lock's expiry is safe to trust. Nomad's variables do not tell an
+// expiry from a release (both are VarLockRelease, and the lock delay keeps
+// the lock held), and a lock released behind that gate's back (by hand,
+// with its lock ID) may be free before the gate has noticed. So the gate
+// starts at once when Nomad reports that gate or its gated tasks dead, its
+// allocation finished or gone, or its client out of reach (lost or
+// unknown: cut off, it fences itself and kills its gated tasks by its fence
+// deadline); otherwise, while the servers still report that gate running
+// on a client they reach, it waits until that gate's fence deadline and
+// kill are surely past (its TTL + gateKillAllTimeout + gateKillSlack), and
+// on past that for as long as they report that gate running (see
+// keepAwaiting): a frozen gate's plugin may be down, or its kill may have
+// failed, and then nothing but Nomad's own kill, once that gate is dead,
+// ends its gated tasks.
+//
+// A previous gate that left its gated tasks to Nomad: the wait is for
+// Nomad's client to report them dead (or their allocation complete or
+// failed). A lock that expired because that holder's node was cut off may
+// be free while Nomad there still kills them: before it kills a task Nomad
+// deregisters the task's Nomad services, by an RPC to the servers it
+// cannot reach. The wait is bounded by what the previous gate's rule allows
+// them (its fence deadline, at most a TTL away, then the group's
+// shutdown_delay and their kill_timeout, checked at its start to fit TTL +
+// delay): 2×TTL + delay, and gateNomadServiceWait more when its group
+// registers Nomad services; but it never gives up while the servers,
+// still in touch with that client, report the previous gate itself
+// running (a frozen gate, whose gated tasks Nomad kills only once the
+// plugin's watchdog has killed it). The servers' "lost" or "unknown" is
+// no proof: they cannot reach the node. It returns false if the lease
 // ended meanwhile.
 func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 	g := s.Config.Gate
@@ -430,6 +542,13 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 	}
 	t := s.Locker.Config().Timing
 	until := time.Now().Add(t.TTL + t.TTL + t.LockDelay)
+	if prev.GatedDirect {
+		prevTTL := t.TTL
+		if prev.TTL > 0 {
+			prevTTL = prev.TTL
+		}
+		until = time.Now().Add(prevTTL + gateKillAllTimeout + gateKillSlack)
+	}
 	extended := false
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -441,9 +560,13 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 		}
 	}()
 	var index uint64
-	announced := false
+	announced, holdOn := false, false
+	var last *api.Allocation
 	for {
 		rctx, rcancel := context.WithDeadline(ctx, until)
+		if holdOn {
+			rctx, rcancel = context.WithCancel(ctx)
+		}
 		alloc, next, err := s.Locker.Allocation(rctx, prev.AllocID, g.Namespace, index)
 		expired := rctx.Err() != nil
 		rcancel()
@@ -452,8 +575,10 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			return false
 		case errors.Is(err, lockclient.ErrAllocGone):
 			return true
-		case err != nil && expired:
-			s.Logger.Warn("gate: the previous holder's gated tasks are not reported dead; their time is up", "previous_alloc", prev.AllocID)
+		case err != nil && expired && !holdOn:
+			if s.keepAwaiting(last, prev, g.Task, &holdOn) {
+				continue
+			}
 			return true
 		case err != nil:
 			s.Logger.Debug("gate: read the previous holder's allocation", "error", err)
@@ -464,7 +589,8 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			}
 			continue
 		}
-		if !extended && hasNomadService(alloc) {
+		last = alloc
+		if !extended && !prev.GatedDirect && hasNomadService(alloc) {
 			// Nomad deregisters a task's Nomad services before it kills
 			// it, by RPC to the servers: on a client cut off from them
 			// that blocks until the connection is given up, and the kill
@@ -473,7 +599,7 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			until = until.Add(gateNomadServiceWait)
 		}
 		alive := previousGatedAlive(alloc, g.Task)
-		if len(alive) == 0 {
+		if len(alive) == 0 || prev.GatedDirect && (!taskRunning(alloc, g.Task) || clientOutOfReach(alloc)) {
 			if announced {
 				s.Logger.Info("gate: the previous holder's gated tasks are dead", "previous_alloc", prev.AllocID)
 			}
@@ -488,12 +614,51 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 					"behind its back, or it expired while its node was cut off): waiting until Nomad reports them dead, at most %s",
 				s.Config.Path, prev, strings.Join(alive, ", "), time.Until(until).Round(time.Second))})
 		}
-		if !time.Now().Before(until) {
-			s.Logger.Warn("gate: the previous holder's gated tasks are not reported dead; their time is up", "previous_alloc", prev.AllocID)
+		if (holdOn || !time.Now().Before(until)) && !s.keepAwaiting(alloc, prev, g.Task, &holdOn) {
 			return true
 		}
 		index = next
 	}
+}
+
+// keepAwaiting is asked when the wait for a previous holder's gated tasks
+// is up: it reports whether to wait on, because Nomad, still in touch with
+// that holder's client, reports its gate running (a gate frozen or stuck,
+// whose plugin did not kill it and its gated tasks: they die once it is
+// killed). This holds for a gate that kills its gated tasks itself too:
+// its record says it can, not that it did.
+// holdOn is set once it says so.
+func (s *Supervisor) keepAwaiting(alloc *api.Allocation, prev lockclient.Holder, gate string, holdOn *bool) bool {
+	if alloc == nil || alloc.ClientStatus != api.AllocClientStatusRunning || !taskRunning(alloc, gate) {
+		s.Logger.Warn("gate: the previous holder's gated tasks are not reported dead; their time is up", "previous_alloc", prev.AllocID)
+		return false
+	}
+	if !*holdOn {
+		s.Logger.Warn("gate: the previous holder's gate still runs on a client the servers reach; waiting until Nomad reports it or its gated tasks dead",
+			"previous_alloc", prev.AllocID)
+		s.emit(Event{State: StateWaiting, Holder: prev, Message: fmt.Sprintf("Still waiting: the previous holder %s's gate task is "+
+			"reported running by a client the servers reach (a gate frozen or stuck?), so its gated tasks may run; the wait ends "+
+			"when Nomad reports them or that gate dead", prev)})
+	}
+	*holdOn = true
+	return true
+}
+
+// clientOutOfReach reports whether the servers have lost touch with the
+// allocation's client (lost, or unknown under a disconnect block).
+func clientOutOfReach(alloc *api.Allocation) bool {
+	return alloc.ClientStatus == api.AllocClientStatusLost || alloc.ClientStatus == api.AllocClientStatusUnknown
+}
+
+// taskRunning reports whether Nomad reports task of alloc anything but
+// dead (an allocation whose client reported it complete or failed has no
+// task running).
+func taskRunning(alloc *api.Allocation, task string) bool {
+	if alloc.ClientStatus == api.AllocClientStatusComplete || alloc.ClientStatus == api.AllocClientStatusFailed {
+		return false
+	}
+	st := alloc.TaskStates[task]
+	return st != nil && st.State != "dead"
 }
 
 // hasNomadService reports whether the allocation's group registers a

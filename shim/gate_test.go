@@ -48,7 +48,7 @@ func TestCheckGateJob(t *testing.T) {
 			`mode = "fail"`},
 		{"no restart policy", alloc(gateTask(func(t *api.Task) { t.RestartPolicy = nil }), app), "", `attempts = 0`},
 		{"kill_timeout too long", alloc(gateTask(nil), &api.Task{Name: "db", KillTimeout: dur(30 * time.Second)}), "",
-			`task "db": kill_timeout (30s)`},
+			`task "db": the group's shutdown_delay (0s) + the task's kill_timeout (30s)`},
 		{"shutdown_delay counts", alloc(gateTask(nil), &api.Task{Name: "db", KillTimeout: dur(5 * time.Second), ShutdownDelay: 5 * time.Second}), "",
 			`shutdown_delay (5s)`},
 		{"prestart task beside the gate", alloc(gateTask(nil), app, &api.Task{Name: "init", Lifecycle: &api.TaskLifecycle{Hook: "prestart"}}), "",
@@ -58,7 +58,7 @@ func TestCheckGateJob(t *testing.T) {
 		{"nothing to gate", alloc(gateTask(nil)), "", "no other task to gate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gated, err := checkGateJob(tc.alloc, &Gate{AllocID: "a1", Task: "gate"}, timing)
+			gated, err := checkGateJob(tc.alloc, &Gate{AllocID: "a1", Task: "gate"}, timing, nil)
 			if tc.err == "" {
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)
@@ -75,6 +75,79 @@ func TestCheckGateJob(t *testing.T) {
 				if _, ok := err.(*GateConfigError); !ok {
 					t.Fatalf("error %T is not a GateConfigError", err)
 				}
+			}
+		})
+	}
+}
+
+// The bounds checkGateJob checks depend on who kills a gated task: Nomad
+// (its kill begins after the group's shutdown_delay, and must end before
+// the server can expire the lock) or the gate itself (Nomad must then not
+// restart the task before its own kill begins, after the group's
+// shutdown_delay).
+func TestCheckGateJobBounds(t *testing.T) {
+	dur := func(d time.Duration) *time.Duration { return &d }
+	num := func(n int) *int { return &n }
+	str := func(s string) *string { return &s }
+	zero, fail := 0, "fail"
+	group := func(delay time.Duration, app *api.Task) *api.Allocation {
+		name := "web"
+		gate := &api.Task{Name: "gate", Driver: "singleton", Lifecycle: &api.TaskLifecycle{Hook: "prestart", Sidecar: true},
+			RestartPolicy: &api.RestartPolicy{Attempts: &zero, Mode: &fail}}
+		tg := &api.TaskGroup{Name: &name, Tasks: []*api.Task{gate, app}}
+		if delay > 0 {
+			tg.ShutdownDelay = dur(delay)
+		}
+		return &api.Allocation{ID: "a1", TaskGroup: name, Job: &api.Job{TaskGroups: []*api.TaskGroup{tg}}}
+	}
+	app := func(rp *api.RestartPolicy) *api.Task {
+		return &api.Task{Name: "app", Driver: "docker", KillTimeout: dur(5 * time.Second), RestartPolicy: rp}
+	}
+	timing := lockclient.Timing{TTL: 10 * time.Second, LockDelay: time.Second}
+	for _, tc := range []struct {
+		name   string
+		alloc  *api.Allocation
+		direct bool
+		err    string // "" accepted; else a substring that names the fix
+		bound  time.Duration
+	}{
+		{"Nomad kills, group shutdown_delay counts (N1)", group(40*time.Second, app(nil)), false,
+			`the group's shutdown_delay (40s) + the task's kill_timeout (5s)`, 0},
+		{"Nomad kills, within ttl + delay", group(2*time.Second, app(nil)), false, "", 7 * time.Second},
+		{"gate kills, a long group shutdown_delay is fine with attempts = 0", group(40*time.Second,
+			app(&api.RestartPolicy{Attempts: num(0), Mode: str("fail")})), true, "", gateKillAllTimeout},
+		{"gate kills, Nomad's default restart delay (15s) beats no group delay", group(0, app(nil)), true, "", gateKillAllTimeout},
+		{"gate kills, restart delay shorter than the group shutdown_delay", group(40*time.Second,
+			app(&api.RestartPolicy{Attempts: num(2), Delay: dur(15 * time.Second), Mode: str("fail")})), true,
+			`restart { delay = "48s" } or more, or restart { attempts = 0 }`, 0},
+		{"gate kills, restart delay within the slack", group(0,
+			app(&api.RestartPolicy{Attempts: num(2), Delay: dur(5 * time.Second), Mode: str("fail")})), true,
+			`restart delay 5s is too short`, 0},
+		{"gate kills, restart delay above group delay + slack", group(10*time.Second,
+			app(&api.RestartPolicy{Attempts: num(2), Delay: dur(20 * time.Second), Mode: str("fail")})), true, "", gateKillAllTimeout},
+		{"gate kills, a group Nomad service counts its deregistration", func() *api.Allocation {
+			a := group(0, app(nil))
+			a.Job.TaskGroups[0].Services = []*api.Service{{Name: "web", Provider: "nomad"}}
+			return a
+		}(), true, `restart { delay = "1m8s" } or more`, 0},
+		{"gate kills, restart mode delay", group(0,
+			app(&api.RestartPolicy{Attempts: num(0), Delay: dur(time.Minute), Mode: str("delay")})), true, `restart mode "delay"`, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &Gate{AllocID: "a1", Task: "gate"}
+			direct := map[string]bool{"app": tc.direct}
+			_, err := checkGateJob(tc.alloc, g, timing, direct)
+			if tc.err == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				if g.killBound != tc.bound {
+					t.Errorf("kill bound %s, want %s", g.killBound, tc.bound)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("error = %v, want one that says %q", err, tc.err)
 			}
 		})
 	}

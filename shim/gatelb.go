@@ -1,11 +1,9 @@
 package shim
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
 // A gate with a load_balancer block carries the LB registration of its
@@ -29,9 +27,14 @@ import (
 // signal; it does so for every kill of the task (an allocation stop, and a
 // "sibling failed" kill after the gate failed), and skips the wait only when
 // the stop asked for it (-no-shutdown-delay, DesiredTransition
-// NoShutdownDelay). A group-level shutdown_delay (the group service hook's
-// PreKill) delays only an allocation stop. checkGateJob counts the task's
-// shutdown_delay in the bound on the gated tasks' kill time.
+// NoShutdownDelay). A group-level shutdown_delay delays every kill of the
+// allocation too, before any task is killed: allocRunner.killTasks first
+// runs the allocation's pre-kill hooks, and the group service hook's
+// PreKill (preKillLocked) sleeps the group's shutdown_delay, with or
+// without services, for an allocation stop and for the "sibling failed"
+// kill alike. checkGateJob counts both delays in the bound on the kill
+// time of the gated tasks Nomad kills; those the gate kills itself
+// (gatekill.go) do not wait for either.
 //
 // Every other ending REMOVEs too, before the gate exits: a stop by Nomad, a
 // signal, a failed ADD (the gate then fails, and Nomad kills the gated
@@ -43,30 +46,6 @@ import (
 // gateFailNote ends the message of an LB failure that fails the gate.
 const gateFailNote = "the gate fails now, so Nomad kills the gated tasks, and the lock expires on the server " +
 	"(a gate is never restarted: see its restart block)"
-
-// gateLB starts the gated task's LB registration for a gate that has a
-// load_balancer block: lb is its session, and stopping is closed when the
-// allocation is being stopped; the caller must call lb.close. Without a
-// block lb and stopping are nil (never ready).
-func (s *Supervisor) gateLB(lease *lockclient.Lease) (*lbSession, <-chan struct{}, error) {
-	if s.Config.LB == nil {
-		return nil, nil, nil
-	}
-	lb, err := s.startLB(lease)
-	if err != nil {
-		return nil, nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	lb.closeWatch = cancel
-	return lb, s.gateStopping(ctx), nil
-}
-
-// close ends the allocation watch of a gate's session.
-func (lb *lbSession) close() {
-	if lb != nil && lb.closeWatch != nil {
-		lb.closeWatch()
-	}
-}
 
 // gateLBAddFailedMessage is the event of a gate's ADD that ended without
 // SUCCESS: the gate fails (exit 74).

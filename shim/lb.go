@@ -127,8 +127,6 @@ type lbSession struct {
 	cancel  context.CancelFunc
 	events  chan lbEvent
 	recheck *time.Ticker
-	// closeWatch ends a gate's watch of its allocation (gateLB).
-	closeWatch context.CancelFunc
 
 	busy       bool        // a request or check is in flight
 	posted     atomic.Bool // an ADD may have reached the LB: REMOVE on the way out

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
 // GuardCommand is the hidden argv[1] that turns our own binary into the
@@ -74,7 +75,7 @@ func (g *group) arm(d time.Time) {
 	if g == nil || g.fence == nil {
 		return
 	}
-	_, _ = fmt.Fprintf(g.fence, "%d\n", time.Until(d).Nanoseconds())
+	_, _ = fmt.Fprintf(g.fence, "%d\n", lockclient.BootUntil(d).Nanoseconds())
 }
 
 // startGuard starts our own binary as the guard: the leader of a fresh
@@ -157,8 +158,10 @@ func runGuard(parent int) int {
 			}
 		}
 	}()
+	// The fence is measured on CLOCK_BOOTTIME, as the server's expiry is
+	// in effect: a suspend of the host shortens it, never extends it.
 	var fence <-chan time.Time
-	var timer *time.Timer
+	var timer *lockclient.BootTimer
 	for {
 		select {
 		case <-died:
@@ -168,8 +171,8 @@ func runGuard(parent int) int {
 			if timer != nil {
 				timer.Stop()
 			}
-			timer = time.NewTimer(max(d, 0))
-			fence = timer.C
+			timer = lockclient.NewBootTimer(max(d, 0))
+			fence = timer.C()
 		case <-fence:
 			fmt.Fprintln(os.Stderr, "lock: process-group guard: the supervisor missed its stop deadline; killing the workload")
 			_ = syscall.Kill(0, syscall.SIGKILL)

@@ -58,8 +58,13 @@ type Event struct {
 	// if the supervisor has not acted on them.
 	FenceDeadline time.Time
 	StopDeadline  time.Time
-	WorkloadPID   int
-	WorkloadPGID  int
+	// LastRenew is when the last renew the server acknowledged (or the
+	// acquire) was sent: the plugin, releasing for a crashed supervisor,
+	// leaves the lock to expire from its release cutoff on. Like the
+	// deadlines it is on CLOCK_BOOTTIME (lockclient.BootNanos).
+	LastRenew    time.Time
+	WorkloadPID  int
+	WorkloadPGID int
 }
 
 // StopRequest asks the supervisor to stop the workload with Signal and give
@@ -145,6 +150,8 @@ type Supervisor struct {
 	RequireGuard bool
 
 	spawner *spawner
+	// hooks is the optional behaviour attached to the run (hooks.go).
+	hooks []runHook
 	// state and message are the last emitted, repeated by renew heartbeats.
 	state   State
 	message string
@@ -160,12 +167,10 @@ func (s *Supervisor) removeBudget(lease *lockclient.Lease) time.Duration {
 	}
 	budget := s.Config.LB.WithDefaults().RemoveDeadline
 	if chans.Closed(lease.Lost()) {
-		budget = min(budget, time.Until(lease.StopDeadline())/2)
-		if g := s.Config.Gate; g != nil {
-			// A gate's REMOVE delays its failure, and so Nomad's kill of
-			// the gated tasks, which must be dead by the stop deadline.
-			budget = min(budget, time.Until(lease.StopDeadline())-g.killBound-gateKillSlack-s.lbCheckTime())
-		}
+		budget = min(budget, lockclient.BootUntil(lease.StopDeadline())/2)
+	}
+	for _, h := range hooksOf[budgetHook](s) {
+		budget = h.capRemoveBudget(lease, budget)
 	}
 	return max(budget, 0)
 }
@@ -206,17 +211,17 @@ func (s *Supervisor) notify(ev Event) {
 // Run supervises until the workload is gone and the lock released, and
 // returns the exit code. sigs delivers the signals the supervisor received.
 //
-// Its steps, in order: set up; a gate checks its job before it takes the
-// lock (gateRefused); take the lease (acquireOrAdopt); a gate waits until
-// the previous holder's gated tasks are dead (gateAwaitPrevious) and, with
-// no command of its own, holds the lock for them (holdGate); otherwise start
-// the workload under its armed guard (startHeld), register it with the load
+// Its steps, in order: set up (the hooks the config asks for, hooks.go);
+// the hooks' checks before the lock is taken (refused); take the lease
+// (acquireOrAdopt); the hooks' work once it is held (acquired: a gate waits
+// for the previous holder's gated tasks); start the workload, if there is
+// one, under its armed guard (startHeld), register it with the load
 // balancer (registerLB) and hold the lease (hold) until the workload exits,
 // the lease is lost or a stop comes, each of which ends in shutdown: LB
-// REMOVE, stop, proof of death, release.
+// REMOVE, stop, proof of death, release as the hooks allow.
 func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	s.setUp()
-	if code, refused := s.gateRefused(ctx); refused {
+	if code, refused := s.refused(ctx); refused {
 		return code
 	}
 	lease, code, done := s.acquireOrAdopt(ctx, sigs)
@@ -226,14 +231,11 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	if s.OnAcquire != nil {
 		s.OnAcquire(lease)
 	}
-	if s.Config.Gate != nil {
-		if !s.gateAwaitPrevious(lease) {
+	for _, h := range hooksOf[acquiredHook](s) {
+		if !h.acquired(lease) {
 			s.emit(Event{State: StateLost, Fence: lease.Fence, Message: "Lock lost: " +
 				strings.TrimPrefix(lease.Err().Error(), "lock lost: ")})
 			return ExitLost
-		}
-		if len(s.Config.Command) == 0 {
-			return s.holdGate(lease, sigs)
 		}
 	}
 	r, code, started := s.startHeld(lease)
@@ -241,19 +243,29 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 		return code
 	}
 	if code, failed := r.registerLB(); failed {
-		return code
+		return s.exitCode(r.end, code)
 	}
-	return r.hold(ctx, sigs)
+	return s.exitCode(r.end, r.hold(ctx, sigs))
 }
 
-// setUp readies the supervisor for Run: a logger, the spawner, and the
-// child subreaper role when asked for (dropped, with a warning, when the
-// kernel refuses it).
+// exitCode is the run's exit code once the hold ended with end, as the
+// hooks may change it.
+func (s *Supervisor) exitCode(end ending, code int) int {
+	for _, h := range hooksOf[exitHook](s) {
+		code = h.exitCode(end, code)
+	}
+	return code
+}
+
+// setUp readies the supervisor for Run: a logger, the spawner, the hooks,
+// and the child subreaper role when asked for (dropped, with a warning,
+// when the kernel refuses it).
 func (s *Supervisor) setUp() {
 	if s.Logger == nil {
 		s.Logger = hclog.NewNullLogger()
 	}
 	s.spawner = newSpawner()
+	s.buildHooks()
 	if s.Subreaper {
 		if err := becomeSubreaper(); err != nil {
 			s.Logger.Warn("cannot become a child subreaper: processes that leave the workload's process group are not tracked", "error", err)
@@ -262,49 +274,32 @@ func (s *Supervisor) setUp() {
 	}
 }
 
-// gateRefused runs a gate's checks of its job before it takes the lock
-// (gateCheck). refused is true, with the exit code, when the gate must not
-// take it; a task that is no gate is never refused.
-func (s *Supervisor) gateRefused(ctx context.Context) (code int, refused bool) {
-	if s.Config.Gate == nil {
-		return 0, false
+// refused runs the hooks' checks before the lock is taken. refused is
+// true, with the exit code, when the lock must not be taken.
+func (s *Supervisor) refused(ctx context.Context) (code int, refused bool) {
+	for _, h := range hooksOf[checkHook](s) {
+		if code, err := h.check(ctx); err != nil {
+			return code, true
+		}
 	}
-	err := s.gateCheck(ctx)
-	if err == nil {
-		return 0, false
-	}
-	s.Logger.Error("gate: not taking the lock", "error", err)
-	s.emit(Event{State: StateStopping, Message: "Gate not started: " + err.Error()})
-	var ge *GateConfigError
-	var pe *lockclient.AllocPermissionError
-	switch {
-	case errors.As(err, &ge):
-		return ExitConfig, true
-	case errors.As(err, &pe):
-		return ExitPermission, true
-	}
-	return ExitInfra, true
+	return 0, false
 }
 
-// acquireOrAdopt takes the lease: a restarted gate takes over the lease its
-// previous run left held (gateAdopt), anyone else waits for the lock
-// (acquire). done is true when Run must return code without a lease.
+// acquireOrAdopt takes the lease: a hook may take it over (a restarted gate
+// adopts the lease its previous run left held), otherwise we wait for the
+// lock (acquire). done is true when Run must return code without a lease.
 func (s *Supervisor) acquireOrAdopt(ctx context.Context, sigs <-chan os.Signal) (lease *lockclient.Lease, code int, done bool) {
-	if g := s.Config.Gate; g != nil && g.Adopt != nil {
-		l, err := s.gateAdopt(ctx)
-		if err != nil {
-			s.Logger.Error("gate: cannot take over the previous run's lease", "error", err)
-			s.emit(Event{State: StateLost, Fence: g.Adopt.Fence, Message: "Lock lost: the restarted gate could not take over its lease (" +
-				err.Error() + "): it fails, and Nomad kills the gated tasks"})
-			return nil, ExitLost, true
+	for _, h := range hooksOf[leaseHook](s) {
+		if l, code, handled, done := h.takeLease(ctx); handled {
+			return l, code, done
 		}
-		return l, 0, false
 	}
 	return s.acquire(ctx, sigs)
 }
 
 // heldRun is the workload running under a held lease: what the hold loop
-// and shutdown act on.
+// and shutdown act on. A run with no command (a gate's) has no workload:
+// cmd, g and exited are nil.
 type heldRun struct {
 	s      *Supervisor
 	lease  *lockclient.Lease
@@ -313,19 +308,26 @@ type heldRun struct {
 	exited chan struct{} // closed once cmd has been waited for
 	lb     *lbSession    // nil without a load balancer
 	log    hclog.Logger
+	end    ending // why the hold ended, once shutdown ran
 }
 
 // startHeld starts the workload under the lease: its process-group guard
 // (which the driver requires), the workload in the guard's group, the
 // subreaper's view of its tree, the guard armed, and the holding event.
 // started is false, with the exit code, when the workload could not start;
-// the lease is then released as finish allows.
+// the lease is then released as finish allows. With no command there is
+// no workload to start: only the holding event.
 func (s *Supervisor) startHeld(lease *lockclient.Lease) (r *heldRun, code int, started bool) {
 	log := s.Logger.With("fence", lease.Fence)
+	if len(s.Config.Command) == 0 {
+		r = &heldRun{s: s, lease: lease, log: log}
+		s.emit(r.held(StateHolding, s.holdingMessage(lease)))
+		return r, 0, true
+	}
 	g, err := startGuard(s.spawner)
 	if err != nil && s.RequireGuard {
 		log.Error("cannot start the process-group guard; not starting the workload", "error", err)
-		s.finish(lease, nil, nil)
+		s.finish(lease, nil, nil, endStartFailed)
 		return nil, ExitInfra, false
 	}
 	if err != nil {
@@ -334,7 +336,7 @@ func (s *Supervisor) startHeld(lease *lockclient.Lease) (r *heldRun, code int, s
 	cmd, g, err := s.startWorkload(lease, g)
 	if err != nil {
 		log.Error("cannot start the workload", "error", err)
-		s.finish(lease, g, nil)
+		s.finish(lease, g, nil, endStartFailed)
 		return nil, startErrorCode(err), false
 	}
 	log.Info("workload started", "pid", cmd.Process.Pid, "pgid", g.pgid)
@@ -347,35 +349,66 @@ func (s *Supervisor) startHeld(lease *lockclient.Lease) (r *heldRun, code int, s
 	}
 	g.arm(s.guardDeadline(lease))
 	r = &heldRun{s: s, lease: lease, g: g, cmd: cmd, log: log}
-	s.emit(r.held(StateHolding, fmt.Sprintf("Acquired lock (fence %d)", lease.Fence)))
-
 	r.exited = make(chan struct{})
 	go func() { _ = cmd.Wait(); close(r.exited) }()
+	s.emit(r.held(StateHolding, s.holdingMessage(lease)))
 	return r, 0, true
+}
+
+// holdingMessage is the holding event's message, as a hook words it.
+func (s *Supervisor) holdingMessage(lease *lockclient.Lease) string {
+	msg := fmt.Sprintf("Acquired lock (fence %d)", lease.Fence)
+	for _, h := range hooksOf[holdHook](s) {
+		if m := h.holdingMessage(lease); m != "" {
+			msg = m
+		}
+	}
+	return msg
 }
 
 // held is an event of the holding states, with the lease's deadlines and
 // the workload's PID and group, which the driver's watchdog reads.
 func (r *heldRun) held(state State, msg string) Event {
-	return Event{State: state, Fence: r.lease.Fence, Message: msg,
-		FenceDeadline: r.lease.FenceDeadline(), StopDeadline: r.lease.StopDeadline(),
-		WorkloadPID: r.cmd.Process.Pid, WorkloadPGID: r.g.pgid}
+	ev := Event{State: state, Fence: r.lease.Fence, Message: msg,
+		FenceDeadline: r.lease.FenceDeadline(), StopDeadline: r.lease.StopDeadline(), LastRenew: r.lease.LastRenew()}
+	if r.cmd != nil {
+		ev.WorkloadPID, ev.WorkloadPGID = r.cmd.Process.Pid, r.g.pgid
+	}
+	return ev
+}
+
+// code is the run's exit code once the workload is stopped: its own, or 0
+// for a run with no workload.
+func (r *heldRun) code() int {
+	if r.cmd == nil {
+		return 0
+	}
+	return exitCode(r.cmd.ProcessState)
 }
 
 // shutdown takes the instance out of the LB first, then stops the
-// workload and releases.
-func (r *heldRun) shutdown(sig syscall.Signal, timeout time.Duration) {
+// workload and releases as the hooks allow.
+func (r *heldRun) shutdown(sig syscall.Signal, timeout time.Duration, end ending) {
 	s, lease, g := r.s, r.lease, r.g
+	r.end = end
 	// The loop no longer re-arms the guard: give it the whole stop
 	// (LB remove, then the grace), still capped by the stop deadline.
-	until := time.Now().Add(s.removeBudget(lease) + s.lbCheckTime() + timeout + 2*time.Second)
+	until := lockclient.BootNow().Add(s.removeBudget(lease) + s.lbCheckTime() + timeout + 2*time.Second)
 	g.arm(earliest(until, lease.StopDeadline()))
 	s.deregister(r.lb, s.removeBudget(lease), r.held, lease.Renewed(), func() {
 		g.arm(earliest(until, lease.StopDeadline()))
 		s.emit(r.held(s.state, s.message))
 	})
-	s.stop(lease, g, r.exited, sig, timeout, r.held)
-	s.finish(lease, g, r.exited)
+	if r.cmd == nil {
+		for _, h := range hooksOf[messageHook](s) {
+			if msg := h.stoppingMessage(end); msg != "" {
+				s.emit(r.held(StateStopping, msg))
+			}
+		}
+	} else {
+		s.stop(lease, g, r.exited, sig, timeout, r.held)
+	}
+	s.finish(lease, g, r.exited, end)
 }
 
 // registerLB starts the load balancer session, when one is configured.
@@ -389,8 +422,12 @@ func (r *heldRun) registerLB() (code int, failed bool) {
 	var err error
 	if r.lb, err = s.startLB(r.lease); err != nil {
 		r.log.Error("cannot register with the load balancer", "error", err)
-		s.emit(r.held(StateStopping, "LB add failed: "+err.Error()))
-		r.shutdown(s.Config.KillSignal, s.Config.KillTimeout)
+		msg := "LB add failed: " + err.Error()
+		for _, h := range hooksOf[messageHook](s) {
+			msg = h.lbFailedMessage(err, s.Config.LB.Config, true)
+		}
+		s.emit(r.held(StateStopping, msg))
+		r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, endLBFailed)
 		return ExitLBFailed, true
 	}
 	return 0, false
@@ -400,18 +437,20 @@ func (r *heldRun) registerLB() (code int, failed bool) {
 // the deadlines; LB events are relayed and other signals forwarded to the
 // workload. The workload's exit, the lease's loss, a failed LB ADD, a stop
 // request or a terminating signal shuts down and ends the run with its
-// exit code.
+// exit code. A hook may word the holding event and ask for the instance
+// to leave the load balancer while the hold goes on (a gate whose
+// allocation is being stopped, before Nomad kills the gated task).
 func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 	s, lease, lb := r.s, r.lease, r.lb
-	// A gate with a command of its own carries its gated task's LB
-	// registration as holdGate does: the REMOVE goes out when the
-	// allocation is being stopped, before Nomad kills the gated tasks.
-	var allocStopping <-chan struct{}
-	if s.Config.Gate != nil && lb != nil {
-		wctx, cancelWatch := context.WithCancel(ctx)
-		defer cancelWatch()
-		allocStopping = s.gateStopping(wctx)
+	hctx, cancelHold := context.WithCancel(ctx)
+	defer cancelHold()
+	var deregisterC []<-chan struct{}
+	for _, h := range hooksOf[holdHook](s) {
+		if c := h.holding(hctx, lease); c != nil {
+			deregisterC = append(deregisterC, c)
+		}
 	}
+	deregister := anyClosed(hctx, deregisterC...)
 
 	for {
 		select {
@@ -424,9 +463,9 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 				return r.lbAddFailed(err)
 			}
 
-		case <-allocStopping:
-			allocStopping = nil
-			r.log.Info("gate: the allocation is being stopped: removing the gated task's upstream before Nomad kills it")
+		case <-deregister:
+			deregister = nil
+			r.log.Info("leaving the load balancer before the workload is stopped", "hooks", len(deregisterC))
 			s.deregister(lb, s.removeBudget(lease), r.held, lease.Renewed(), func() {
 				r.g.arm(s.guardDeadline(lease))
 				s.emit(r.held(s.state, s.message))
@@ -440,7 +479,7 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 		case <-r.exited:
 			code := exitCode(r.cmd.ProcessState)
 			r.log.Info("workload exited", "code", code)
-			r.shutdown(s.Config.KillSignal, s.Config.KillTimeout)
+			r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, endExited)
 			return code
 
 		case <-lease.Lost():
@@ -448,11 +487,9 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 
 		case req := <-s.Stop:
 			r.log.Info("stop requested", "kill_signal", signalName(req.Signal), "kill_timeout", req.Timeout)
-			if s.Config.Gate != nil {
-				s.Config.Gate.stopRequested = true
-			}
-			r.shutdown(req.Signal, req.Timeout)
-			return exitCode(r.cmd.ProcessState)
+			s.stopArrived(endStopRequest)
+			r.shutdown(req.Signal, req.Timeout, endStopRequest)
+			return r.code()
 
 		case sig := <-sigs:
 			if code, stopped := r.signal(sig); stopped {
@@ -462,16 +499,23 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 	}
 }
 
+// stopArrived tells the hooks that a stop arrived, at once.
+func (s *Supervisor) stopArrived(end ending) {
+	for _, h := range hooksOf[stopHook](s) {
+		h.stopArrived(end)
+	}
+}
+
 // lbAddFailed shuts down after the load balancer refused our ADD for good.
 func (r *heldRun) lbAddFailed(err error) int {
 	s := r.s
 	r.log.Error("stopping: the load balancer ADD failed", "error", err)
 	msg := lbAddFailedMessage(err, r.lb.client.Config())
-	if s.Config.Gate != nil {
-		msg = gateLBAddFailedMessage(err, r.lb.client.Config())
+	for _, h := range hooksOf[messageHook](s) {
+		msg = h.lbFailedMessage(err, r.lb.client.Config(), false)
 	}
 	s.emit(r.held(StateStopping, msg))
-	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout)
+	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, endLBFailed)
 	return ExitLBFailed
 }
 
@@ -479,9 +523,9 @@ func (r *heldRun) lbAddFailed(err error) int {
 func (r *heldRun) lost() int {
 	s, lease := r.s, r.lease
 	why := lease.Err()
-	r.log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", time.Until(lease.StopDeadline()).Round(time.Millisecond))
+	r.log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", lockclient.BootUntil(lease.StopDeadline()).Round(time.Millisecond))
 	s.emit(r.held(StateLost, "Lock lost: "+strings.TrimPrefix(why.Error(), "lock lost: ")))
-	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout)
+	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, endLost)
 	return ExitLost
 }
 
@@ -497,8 +541,13 @@ func (r *heldRun) signal(sig os.Signal) (code int, stopped bool) {
 			stopSig = s.Config.KillSignal
 		}
 		r.log.Info("stopping on signal", "signal", sig, "kill_signal", stopSig)
-		r.shutdown(stopSig, s.Config.KillTimeout)
-		return exitCode(r.cmd.ProcessState), true
+		s.stopArrived(endSignal)
+		r.shutdown(stopSig, s.Config.KillTimeout, endSignal)
+		return r.code(), true
+	}
+	if r.cmd == nil {
+		r.log.Debug("signal while holding, no workload to forward it to", "signal", sig)
+		return 0, false
 	}
 	r.log.Debug("forwarding signal", "signal", sig, "pid", r.cmd.Process.Pid)
 	if err := r.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
@@ -518,24 +567,32 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 	}
 	results := make(chan result, 1)
 	s.emit(Event{State: StateWaiting}) // no message: "held by ..." follows if it is held
+	opts := lockclient.AcquireOptions{
+		Wait:    s.Config.Wait,
+		TryOnce: s.Config.EarlyReturn,
+		OnBlocked: func(h lockclient.Holder) {
+			s.emit(Event{State: StateWaiting, Holder: h,
+				Message: fmt.Sprintf("Waiting for lock %s held by %s", s.Config.Path, h)})
+		},
+	}
+	for _, h := range hooksOf[acquireHook](s) {
+		h.acquireOptions(&opts)
+	}
 	go func() {
-		l, err := s.Locker.Acquire(actx, lockclient.AcquireOptions{
-			Wait:    s.Config.Wait,
-			TryOnce: s.Config.EarlyReturn,
-			OnBlocked: func(h lockclient.Holder) {
-				s.emit(Event{State: StateWaiting, Holder: h,
-					Message: fmt.Sprintf("Waiting for lock %s held by %s", s.Config.Path, h)})
-			},
-		})
+		l, err := s.Locker.Acquire(actx, opts)
 		results <- result{l, err}
 	}()
 
 	var interrupted os.Signal
-	stopping := s.gateStopping(actx)
+	var aborts []<-chan struct{}
+	for _, h := range hooksOf[waitHook](s) {
+		aborts = append(aborts, h.abortWait(actx))
+	}
+	stopping := anyClosed(actx, aborts...)
 	for {
 		select {
 		case <-stopping:
-			s.Logger.Info("gate: the allocation is being stopped, no longer waiting for the lock")
+			s.Logger.Info("the allocation is being stopped, no longer waiting for the lock")
 			s.emit(Event{State: StateWaiting, Message: "Allocation stopped while waiting for the lock: not taking it"})
 			interrupted, stopping = syscall.SIGTERM, nil
 			cancel()
@@ -663,24 +720,24 @@ func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struc
 			s.Logger.Warn("signal the workload's process tree", "signal", sig, "error", err)
 		}
 	}
-	deadline := time.Now().Add(timeout)
+	deadline := lockclient.BootNow().Add(timeout)
 	if chans.Closed(lease.Lost()) {
 		deadline = earliest(deadline, lease.StopDeadline())
 	}
 	poll := time.NewTicker(20 * time.Millisecond)
 	defer poll.Stop()
-	grace := time.NewTimer(time.Until(deadline))
+	grace := lockclient.NewBootTimer(lockclient.BootUntil(deadline))
 	defer grace.Stop()
 	lost := lease.Lost()
 	for {
 		select {
-		case <-grace.C:
+		case <-grace.C():
 			s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", timeout)
 			return
 		case <-lost:
 			lost = nil
 			deadline = earliest(deadline, lease.StopDeadline())
-			grace.Reset(time.Until(deadline))
+			grace.Reset(lockclient.BootUntil(deadline))
 		case <-lease.Renewed():
 			// Still ours: keep the guard, and the driver's watchdog (which
 			// reads the deadlines this event publishes), from cutting a long
@@ -720,32 +777,48 @@ type Tree interface {
 	KillAll(timeout time.Duration) error
 }
 
-// finish makes sure no process of the group survives, then releases. If the
-// group cannot be confirmed dead the lock is NOT released: it then expires on
-// the server after 2*TTL + lock delay, so no second holder can overlap.
-func (s *Supervisor) finish(lease *lockclient.Lease, g *group, exited <-chan struct{}) {
+// finish makes sure no process of the group survives, then releases as the
+// hooks allow (end is why the run ends). If the group cannot be confirmed
+// dead the lock is NOT released: it then expires on the server after
+// 2*TTL + lock delay, so no second holder can overlap. A run with no
+// command has no workload to prove dead.
+func (s *Supervisor) finish(lease *lockclient.Lease, g *group, exited <-chan struct{}, end ending) {
+	if len(s.Config.Command) > 0 && !s.workloadDead(g, exited) {
+		return
+	}
+	clean := false
+	for _, h := range hooksOf[releaseHook](s) {
+		release, c := h.mayRelease(lease, end)
+		if !release {
+			return
+		}
+		clean = c
+	}
+	if clean {
+		s.markReleasedClean(lease)
+	}
+	s.release(lease)
+}
+
+// workloadDead SIGKILLs whatever is left of the workload and reports
+// whether every process of it is proven dead.
+func (s *Supervisor) workloadDead(g *group, exited <-chan struct{}) bool {
 	if g != nil {
 		if ok, err := g.killAll(confirmTimeout); !ok {
 			s.Logger.Error("not releasing the lock: the workload's processes could not be confirmed dead; it expires on its own", "error", err)
-			return
+			return false
 		}
 	}
 	if s.Tree != nil {
 		if err := s.Tree.KillAll(confirmTimeout); err != nil {
 			s.Logger.Error("not releasing the lock: the workload's process tree could not be proven dead; it expires on its own", "error", err)
-			return
+			return false
 		}
 	}
 	if exited != nil {
 		<-exited
 	}
-	if s.Config.Gate != nil {
-		if !s.gateMayRelease(lease) {
-			return
-		}
-		s.markReleasedClean(lease)
-	}
-	s.release(lease)
+	return true
 }
 
 // guardDeadline is when the process-group guard kills the workload if the
@@ -759,12 +832,13 @@ func (s *Supervisor) guardDeadline(lease *lockclient.Lease) time.Time {
 
 func (s *Supervisor) release(lease *lockclient.Lease) {
 	timeout := s.Locker.Config().RequestTimeout + time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := lockclient.WithBootTimeout(context.Background(), timeout)
 	defer cancel()
 	err := lease.Release(ctx)
 	if s.OnReleaseTried != nil {
 		tried := err
-		if errors.Is(err, lockclient.ErrLost) {
+		if errors.Is(err, lockclient.ErrLost) || errors.Is(err, lockclient.ErrLeftToExpire) {
+			// Nothing for anyone to release: gone, or left to expire.
 			tried = nil
 		}
 		defer s.OnReleaseTried(tried)
@@ -774,10 +848,19 @@ func (s *Supervisor) release(lease *lockclient.Lease) {
 		s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: "Released lock"})
 	case errors.Is(err, lockclient.ErrLost):
 		s.Logger.Info("nothing to release: the lock was already gone", "reason", err)
+	case errors.Is(err, lockclient.ErrLeftToExpire):
+		s.Logger.Warn("not releasing the lock: left to expire", "reason", err)
+		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: LeftToExpireMessage(err)})
 	default:
 		s.Logger.Warn("release failed; the lock expires on its own", "error", err)
 		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config(), s.PluginReleases)})
 	}
+}
+
+// LeftToExpireMessage is the event of a lock left to expire (see
+// lockclient.ErrLeftToExpire): not released, and why.
+func LeftToExpireMessage(err error) string {
+	return "Lock left to expire, not released: " + strings.TrimPrefix(err.Error(), "release ")
 }
 
 // releaseFailedMessage says that the lock was not released, when it will be

@@ -118,6 +118,8 @@ func slug(variant string) string {
 		return "driver"
 	case VariantGate:
 		return "gate"
+	case VariantGateRaw:
+		return "gateraw"
 	case VariantRawExec:
 		return "raw"
 	case VariantPlainExec:
@@ -202,7 +204,7 @@ func driverBlocks(spec *benchJob, j *job) {
 // hcl renders the job with harness/jobs/bench.nomad.hcl.tmpl (VariantGate:
 // gateHCL).
 func (b *bench) hcl(j *job) string {
-	if j.variant == VariantGate {
+	if isGate(j.variant) {
 		return b.gateHCL(j)
 	}
 	spec := benchJob{ID: j.id, Task: taskName, Count: j.count, Network: j.lbURI != "", FailFast: j.failFast}
@@ -270,7 +272,7 @@ func (b *bench) waitStandbys(t testing.TB, j *job, holder string, n int, settle,
 		allocs, err := b.a.Allocs(j.id)
 		var ready []string
 		for _, al := range allocs {
-			if j.variant == VariantGate {
+			if isGate(j.variant) {
 				if al.ID != holder && al.DesiredStatus == api.AllocDesiredStatusRun && gateWaitingFor(al, settle) {
 					ready = append(ready, al.ID)
 				}
@@ -303,7 +305,7 @@ func (b *bench) supervisorPID(t testing.TB, j *job, allocID string) int {
 	for {
 		var found []harness.Proc
 		var err error
-		if j.variant == VariantDriver || j.variant == VariantGate {
+		if j.variant == VariantDriver || isGate(j.variant) {
 			found, err = harness.SupervisorProcs(allocID)
 		} else {
 			var procs []harness.Proc
@@ -532,12 +534,22 @@ const gateTask = "gate"
 // running the testworkload (which exits on SIGTERM), its records in a bind
 // mount of the records directory.
 func (b *bench) gateHCL(j *job) string {
-	return harness.Jobspec("bench-gate", struct {
+	type gateJob struct {
 		ID, GateTask, Driver, Path, TTL, Delay, Task, Image, Command string
 		Count                                                        int
 		FailFast                                                     bool
 		Args, Volumes                                                []string
-	}{
+	}
+	if j.variant == VariantGateRaw {
+		return harness.Jobspec("bench-gate", gateJob{
+			ID: j.id, GateTask: gateTask, Driver: harness.PluginDriverName,
+			Path: j.path, TTL: TTL.String(), Delay: LockDelay.String(),
+			Task: taskName, Command: b.workload,
+			Count: j.count, FailFast: j.failFast,
+			Args: []string{"-record", j.record, "-marker", j.marker},
+		})
+	}
+	return harness.Jobspec("bench-gate", gateJob{
 		ID: j.id, GateTask: gateTask, Driver: harness.PluginDriverName,
 		Path: j.path, TTL: TTL.String(), Delay: LockDelay.String(),
 		Task: taskName, Image: b.docker.Image, Command: harness.ImageWorkloadPath,
@@ -546,6 +558,10 @@ func (b *bench) gateHCL(j *job) string {
 		Volumes: []string{b.records + ":/records"},
 	})
 }
+
+// isGate reports whether a variant is a gate holding the lock for another
+// task ((d), (e)).
+func isGate(variant string) bool { return variant == VariantGate || variant == VariantGateRaw }
 
 // gateWaitingFor reports whether the allocation's gate has said, at least
 // settle ago, that it waits for the lock (and has not started since).

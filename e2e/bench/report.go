@@ -18,6 +18,9 @@ const (
 	// holding the lock for a docker task of its group: handover and crash
 	// only.
 	VariantGate = "(d) gate + docker app"
+	// VariantGateRaw is a gate holding the lock for a raw_exec task: crash
+	// only.
+	VariantGateRaw = "(e) gate + raw_exec app"
 	// Baselines: the same workload without any lock.
 	VariantRawExec   = "plain raw_exec job"
 	VariantPlainExec = "plain process"
@@ -95,6 +98,8 @@ type Goal struct {
 	Check func(v float64) bool
 	// Bound says what limits the number, for the report's goal section.
 	Bound string
+	// OnMedian applies Check to the median of the runs instead of to each.
+	OnMedian bool
 }
 
 // Below is a goal "every run < x".
@@ -105,6 +110,11 @@ func Below(x float64, u Unit, bound string) *Goal {
 // AtMost is a goal "every run ≤ x".
 func AtMost(x float64, u Unit, bound string) *Goal {
 	return &Goal{Text: "≤ " + u.Format(x), Check: func(v float64) bool { return v <= x }, Bound: bound}
+}
+
+// MedianAtMost is a goal "the median run ≤ x".
+func MedianAtMost(x float64, u Unit, bound string) *Goal {
+	return &Goal{Text: "median ≤ " + u.Format(x), Check: func(v float64) bool { return v <= x }, Bound: bound, OnMedian: true}
 }
 
 // Zero is a goal "the total is 0".
@@ -150,6 +160,12 @@ func (r *Row) Verdict() string {
 			return "met"
 		}
 		return "NOT met"
+	}
+	if r.Goal.OnMedian {
+		if r.Goal.Check(s.Median) {
+			return "met"
+		}
+		return "NOT met (median)"
 	}
 	miss := 0
 	for _, v := range r.Values {

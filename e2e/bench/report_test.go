@@ -50,6 +50,13 @@ func TestVerdictAndRatio(t *testing.T) {
 	if sum.Verdict() != "NOT met" {
 		t.Errorf("sum verdict %q", sum.Verdict())
 	}
+	med := MedianAtMost(1, Seconds, "b")
+	if r := (&Row{Values: []float64{0.4, 0.9, 1.7}, Goal: med}); r.Verdict() != "met" {
+		t.Errorf("a median goal met by the median run (one run above): %q", r.Verdict())
+	}
+	if r := (&Row{Values: []float64{0.4, 1.2, 1.7}, Goal: med}); r.Verdict() != "NOT met (median)" {
+		t.Errorf("a median goal missed by the median run: %q", r.Verdict())
+	}
 	if c := cells(rows, anchor)[6]; c != "1 (anchor)" {
 		t.Errorf("anchor ratio cell %q", c)
 	}

@@ -170,8 +170,16 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	if len(opts.RequireDrivers) == 0 {
 		opts.RequireDrivers = []string{"raw_exec"}
 	}
+	endpoint := ""
 	if opts.Docker != nil {
-		opts.Config = append(slices.Clone(opts.Config), opts.Docker.PluginConfig())
+		endpoint = opts.Docker.Endpoint
+	}
+	opts.Config = slices.Clone(opts.Config)
+	for i, c := range opts.Config {
+		opts.Config[i] = strings.ReplaceAll(c, DockerEndpointPlaceholder, endpoint)
+	}
+	if opts.Docker != nil {
+		opts.Config = append(opts.Config, opts.Docker.PluginConfig())
 		if !slices.Contains(opts.RequireDrivers, "docker") {
 			opts.RequireDrivers = append(slices.Clone(opts.RequireDrivers), "docker")
 		}

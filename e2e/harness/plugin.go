@@ -72,6 +72,11 @@ func SingletonPluginConfig(defaultTTL, defaultDelay string) string {
 		"    allow_root    = true\n    default_user  = \"root\"\n    state_dir     = \""+StateDirPlaceholder+"\"\n")
 }
 
+// DockerEndpointPlaceholder in an AgentOptions.Config snippet becomes the
+// test's private Docker engine (AgentOptions.Docker), through which a gate
+// kills its gated docker tasks, or "" without one.
+const DockerEndpointPlaceholder = "@SINGLETON_DOCKER_ENDPOINT@"
+
 // StateDirPlaceholder in an AgentOptions.Config snippet becomes a directory
 // below the client's data dir.
 const StateDirPlaceholder = "@SINGLETON_STATE_DIR@"
@@ -90,6 +95,9 @@ func singletonPluginConfig(defaultTTL, defaultDelay, extra string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "plugin %q {\n  config {\n", PluginFileName)
 	b.WriteString(extra)
+	if !strings.Contains(extra, "docker_endpoint") {
+		fmt.Fprintf(&b, "    docker_endpoint = %q\n", DockerEndpointPlaceholder)
+	}
 	if defaultTTL != "" {
 		fmt.Fprintf(&b, "    default_ttl   = %q\n", defaultTTL)
 	}

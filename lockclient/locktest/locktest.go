@@ -50,6 +50,7 @@ const (
 	OpRenew   = "renew"
 	OpRelease = "release"
 	OpUpdate  = "update"
+	OpAlloc   = "alloc" // a read of an allocation (Info), blocking or not
 )
 
 // Server is an in-memory lock API for one variable. It is safe for
@@ -69,6 +70,7 @@ type Server struct {
 	releaseErr error
 	onRelease  func()
 	calls      map[string]int
+	allocs     map[string]*api.Allocation // what Info answers, by ID
 	hideLock   bool
 }
 
@@ -127,6 +129,22 @@ const (
 	OtherAlloc = "0th3r000-alloc"
 	OtherNode  = "locktest-node"
 )
+
+// SetItems writes the variable's items, whoever holds the lock: a
+// previous holder's record (lockclient's on-Nomad format, holder.go).
+func (s *Server) SetItems(items map[string]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.items = maps.Clone(items)
+	s.write()
+}
+
+// Items are the variable's items as last written.
+func (s *Server) Items() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.items)
+}
 
 // Free releases the lock, whoever holds it, as its holder would: no lock
 // delay follows.
@@ -367,6 +385,54 @@ func (s *Server) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *a
 	s.items = maps.Clone(v.Items)
 	s.write()
 	return s.variable(v.Path), nil, nil
+}
+
+// SetAllocation makes Info answer with a copy of alloc (by its ID) from now
+// on, and wakes blocking reads: as if the servers' view of it changed.
+// The copy's ModifyIndex is the server's index.
+func (s *Server) SetAllocation(alloc *api.Allocation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.allocs == nil {
+		s.allocs = map[string]*api.Allocation{}
+	}
+	a := *alloc
+	s.allocs[a.ID] = &a
+	s.write()
+	a.ModifyIndex = s.index
+}
+
+// RemoveAllocation makes Info answer 404 for id (a purged job, garbage
+// collection).
+func (s *Server) RemoveAllocation(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.allocs, id)
+	s.write()
+}
+
+// Info is the Allocations API's read of one allocation, as Nomad answers
+// it: the allocation SetAllocation last wrote, or 404. With a WaitIndex it
+// is a blocking query over the server's index (every write passes it).
+func (s *Server) Info(allocID string, q *api.QueryOptions) (*api.Allocation, *api.QueryMeta, error) {
+	ctx := q.Context()
+	if q.WaitIndex > 0 {
+		if err := s.waitPast(ctx, q.WaitIndex, q.WaitTime); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpAlloc]++
+	a, ok := s.allocs[allocID]
+	if !ok {
+		return nil, nil, Error(404, "alloc not found")
+	}
+	out := *a
+	return &out, &api.QueryMeta{LastIndex: s.index}, nil
 }
 
 // String describes the lock for test failures.

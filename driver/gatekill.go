@@ -1,0 +1,181 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/client/lib/cgroupslib"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+)
+
+// The plugin kills a gate's gated tasks itself (see gatedtasks.go) when the
+// gate's supervisor cannot: it crashed or was killed (releaseAfterCrash), or
+// it stopped running past its fence or stop deadline (the watchdog).
+
+const (
+	// gatedReadTimeout bounds the read of the gate's allocation, when the
+	// plugin has no record of its gated tasks yet.
+	gatedReadTimeout = 5 * time.Second
+	// gatedReapEvery is how often, after a crashed gate's lock was
+	// released, the plugin kills again whatever of its gated tasks runs: a
+	// task Nomad was starting when the gate crashed, or one it restarted
+	// before its kill began.
+	gatedReapEvery = 100 * time.Millisecond
+	// gatedReapMin is the shortest such reaping.
+	gatedReapMin = time.Minute
+)
+
+// gatedEnvOf is the gate's node facts, from its spec.
+func gatedEnvOf(spec supervisorSpec) gatedEnv {
+	env := gatedEnv{CgroupMode: cgroupslib.OFF}
+	if spec.Gate != nil {
+		env.DockerEndpoint = spec.Gate.DockerEndpoint
+	}
+	if spec.CgroupPath != "" {
+		env.CgroupMode, env.GateCgroup = cgroupslib.Mode(spec.CgroupMode), spec.CgroupPath
+	}
+	return env
+}
+
+// gatedTasksFunc is a gate supervisor's shim.Gate.Killer: it reads the
+// allocation (for cgroup overrides), records the plan for the plugin, and
+// returns the killer.
+func gatedTasksFunc(dir *securefs.Dir, spec supervisorSpec, locker *lockclient.Locker, log hclog.Logger) shim.GatedTasksFunc {
+	return func(allocID string, tasks []shim.GatedTask) (shim.GatedTasks, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), gatedReadTimeout)
+		defer cancel()
+		alloc, _, err := locker.Allocation(ctx, allocID, spec.Gate.Namespace, 0)
+		if err != nil {
+			log.Warn("gate: cannot read the allocation's task configs: its exec and raw_exec tasks are left to Nomad", "error", err)
+			alloc = nil
+		}
+		env := gatedEnvOf(spec)
+		rec := planGated(allocID, tasks, alloc, env)
+		if err := writeJSON(dir, gatedFile, rec); err != nil {
+			log.Warn("gate: record the gated tasks for the plugin", "error", err)
+		}
+		return newGatedKiller(rec, env)
+	}
+}
+
+// gatedKillerOf returns the killer of gate h's gated tasks: from the
+// record in its state dir, else from its allocation, read with the gate's
+// own identity (and then recorded).
+func (d *Driver) gatedKillerOf(h *taskHandle, spec supervisorSpec) (*gatedKiller, error) {
+	if spec.Gate == nil {
+		return nil, errors.New("not a gate")
+	}
+	env := gatedEnvOf(spec)
+	var rec gatedRecord
+	if err := readJSON(h.dir, gatedFile, &rec); err == nil && rec.AllocID == spec.Gate.AllocID {
+		return newGatedKiller(rec, env)
+	}
+	locker, err := lockclient.New(lockclient.Config{
+		Endpoint: h.taskEndpoint(), Namespace: spec.Namespace, Path: spec.Path,
+		Timing: lockclient.Timing{TTL: spec.TTL, LockDelay: spec.LockDelay}, Logger: h.logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, gatedReadTimeout)
+	defer cancel()
+	alloc, _, err := locker.Allocation(ctx, spec.Gate.AllocID, spec.Gate.Namespace, 0)
+	if err != nil {
+		return nil, fmt.Errorf("read the gate's allocation to find its gated tasks: %w", err)
+	}
+	rec = planGated(spec.Gate.AllocID, gatedTasksFromAlloc(alloc, spec.Gate.Task), alloc, env)
+	if err := writeJSON(h.dir, gatedFile, rec); err != nil {
+		h.logger.Warn("record the gated tasks", "error", err)
+	}
+	return newGatedKiller(rec, env)
+}
+
+// recordGated runs once a gate holds its lock: unless the gate's
+// supervisor recorded its gated tasks (its Killer does, at start), the
+// plugin finds and records them now, so that a crash needs no read of
+// Nomad. The supervisor's task event says which it kills itself.
+func (d *Driver) recordGated(h *taskHandle) {
+	var spec supervisorSpec
+	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.Gate == nil {
+		return
+	}
+	k, err := d.gatedKillerOf(h, spec)
+	if err != nil {
+		h.logger.Warn("gate: cannot find its gated tasks yet; a crash will read them then", "error", err)
+		return
+	}
+	k.close()
+}
+
+// killGated kills and proves dead every gated task of gate h. all is true
+// when none is left to Nomad.
+func (d *Driver) killGated(h *taskHandle, spec supervisorSpec, within time.Duration) (all bool, err error) {
+	k, err := d.gatedKillerOf(h, spec)
+	if err != nil {
+		return false, err
+	}
+	defer k.close()
+	ctx, cancel := context.WithTimeout(d.ctx, within)
+	defer cancel()
+	if err := k.KillAll(ctx); err != nil {
+		return false, err
+	}
+	return len(k.LeftToNomad()) == 0, nil
+}
+
+// reapGated keeps killing gate h's gated tasks for a while after the
+// plugin released its lock: the allocation is failing, and none of its
+// gated tasks may run again beside the next holder.
+func (d *Driver) reapGated(h *taskHandle, spec supervisorSpec, held heldLease) {
+	k, err := d.gatedKillerOf(h, spec)
+	if err != nil {
+		return
+	}
+	defer k.close()
+	until := time.Now().Add(max(gatedReapMin, 2*held.TTL+held.LockDelay))
+	tick := time.NewTicker(gatedReapEvery)
+	defer tick.Stop()
+	for time.Now().Before(until) {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(d.ctx, confirmDeadWithin)
+		if err := k.KillAll(ctx); err != nil {
+			h.logger.Warn("gate: kill the failed allocation's gated tasks again", "error", err)
+		}
+		cancel()
+	}
+}
+
+// gateWatchdog is the watchdog's act for a gate whose supervisor let a
+// deadline pass: it kills the gated tasks, then the supervisor, so that the
+// gate fails (and the crash clean-up releases the lock once they are dead).
+func (d *Driver) gateWatchdog(h *taskHandle, why string) {
+	var spec supervisorSpec
+	if err := readJSON(h.dir, specFile, &spec); err != nil {
+		h.logger.Error("watchdog: read the gate's spec", "error", err)
+	}
+	h.logger.Error("watchdog: killing the gate's gated tasks and its supervisor", "why", why)
+	msg := "Lock lost: watchdog killed the gate and "
+	if _, err := d.killGated(h, spec, confirmDeadWithin); err != nil {
+		h.logger.Error("watchdog: the gated tasks are not proven dead; Nomad kills them once the gate has failed", "error", err)
+		msg += fmt.Sprintf("could not prove its gated tasks dead (%v): ", err)
+	} else {
+		msg += "its gated tasks: "
+	}
+	h.killTask()
+	d.emitEvent(h.cfg, msg+why, map[string]string{"lock_state": string(shim.StateLost)})
+}
+
+func (k *gatedKiller) close() {
+	if k.docker != nil {
+		k.docker.Close()
+	}
+}

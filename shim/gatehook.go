@@ -1,0 +1,162 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// gateHook attaches a gate (see Gate) to the supervisor's life cycle: it
+// checks the job before the lock is taken, adopts a restarted gate's
+// lease, ends the wait for the lock when the allocation is being stopped,
+// waits for the previous holder's gated tasks, takes the gated task out of
+// the load balancer before Nomad kills it, and decides whether the lock may
+// be released, and marked clean, once the hold ends.
+type gateHook struct {
+	s *Supervisor
+	g *Gate
+	// watch closes once the allocation is seen being stopped (or gone)
+	// while the gate holds; at is what was known when a stop arrived.
+	watch <-chan struct{}
+	at    stopArrival
+}
+
+func newGateHook(s *Supervisor, g *Gate) *gateHook { return &gateHook{s: s, g: g} }
+
+func (h *gateHook) hookName() string { return "gate" }
+
+// check refuses a job that cannot be gated safely (gateCheck).
+func (h *gateHook) check(ctx context.Context) (int, error) {
+	s := h.s
+	err := s.gateCheck(ctx)
+	if err == nil {
+		return 0, nil
+	}
+	s.Logger.Error("gate: not taking the lock", "error", err)
+	s.emit(Event{State: StateStopping, Message: "Gate not started: " + err.Error()})
+	var ge *GateConfigError
+	var pe *lockclient.AllocPermissionError
+	switch {
+	case errors.As(err, &ge):
+		return ExitConfig, err
+	case errors.As(err, &pe):
+		return ExitPermission, err
+	}
+	return ExitInfra, err
+}
+
+// takeLease adopts the lease the gate's previous run left held.
+func (h *gateHook) takeLease(ctx context.Context) (*lockclient.Lease, int, bool, bool) {
+	s, g := h.s, h.g
+	if g.Adopt == nil {
+		return nil, 0, false, false
+	}
+	l, err := s.gateAdopt(ctx)
+	if err != nil {
+		s.Logger.Error("gate: cannot take over the previous run's lease", "error", err)
+		s.emit(Event{State: StateLost, Fence: g.Adopt.Fence, Message: "Lock lost: the restarted gate could not take over its lease (" +
+			err.Error() + "): it fails, and Nomad kills the gated tasks"})
+		return nil, ExitLost, true, true
+	}
+	return l, 0, true, false
+}
+
+// abortWait closes when the allocation is being stopped: Nomad cannot
+// kill a task that it has not seen start.
+func (h *gateHook) abortWait(ctx context.Context) <-chan struct{} { return h.s.gateStopping(ctx) }
+
+// acquired waits for the previous holder's gated tasks (gateAwaitPrevious).
+func (h *gateHook) acquired(lease *lockclient.Lease) bool { return h.s.gateAwaitPrevious(lease) }
+
+// holding, with a load balancer, watches the allocation: the gated task's
+// upstream is REMOVEd as soon as the allocation is being stopped, before
+// Nomad kills the gated task.
+func (h *gateHook) holding(ctx context.Context, lease *lockclient.Lease) <-chan struct{} {
+	h.watch = h.s.gateStopping(ctx)
+	if h.s.Config.LB == nil {
+		return nil
+	}
+	return h.watch
+}
+
+// stopArrived records, the moment Nomad's stop arrives, whether the
+// allocation was already seen being stopped, and else reads it at once:
+// the release is decided from that, not from what is true once the gated
+// task's LB REMOVE is done (see gateMayRelease).
+func (h *gateHook) stopArrived(end ending) {
+	if end != endStopRequest {
+		return
+	}
+	if chans.Closed(h.watch) {
+		h.at = stopArrival{seen: true}
+		return
+	}
+	h.at = h.s.readAtStop()
+}
+
+// acquireOptions records in the holder's Items that the gate kills every
+// gated task itself, so the next gate may trust the lock's expiry.
+func (h *gateHook) acquireOptions(opts *lockclient.AcquireOptions) {
+	opts.GatedDirect = h.g.allDirect()
+}
+
+// exitCode: a gate exits 0 only when Nomad stopped it. On any other ending
+// it must fail, so that Nomad kills the tasks it gates (a prestart sidecar
+// that exits 0 is done, and its siblings run on).
+func (h *gateHook) exitCode(end ending, code int) int {
+	if code == 0 && end != endStopRequest {
+		h.s.Logger.Info("gate: exiting non-zero, so that Nomad fails the gate and kills its gated tasks", "ending", end.String())
+		return 1
+	}
+	return code
+}
+
+// holdingMessage words the holding event of a gate with no command of its
+// own: its gated tasks may start, or keep running after a restart.
+func (h *gateHook) holdingMessage(lease *lockclient.Lease) string {
+	if len(h.s.Config.Command) > 0 {
+		return ""
+	}
+	if h.g.Adopt != nil {
+		return fmt.Sprintf("Took over lock (fence %d) from the gate's previous run: the group's other tasks keep running", lease.Fence)
+	}
+	return fmt.Sprintf("Acquired lock (fence %d): the group's other tasks may start", lease.Fence)
+}
+
+// mayRelease releases only after Nomad's own stop of the allocation
+// (gateMayRelease).
+func (h *gateHook) mayRelease(lease *lockclient.Lease, end ending) (bool, bool) {
+	ok := h.s.gateMayRelease(lease, end, h.at)
+	return ok, ok
+}
+
+// capRemoveBudget: a gate's REMOVE after a loss delays its failure, and so
+// Nomad's kill of the gated tasks, which must be dead by the stop deadline.
+func (h *gateHook) capRemoveBudget(lease *lockclient.Lease, budget time.Duration) time.Duration {
+	if !chans.Closed(lease.Lost()) {
+		return budget
+	}
+	return min(budget, lockclient.BootUntil(lease.StopDeadline())-h.g.killBound-gateKillSlack-h.s.lbCheckTime())
+}
+
+func (h *gateHook) stoppingMessage(end ending) string {
+	switch end {
+	case endStopRequest:
+		return "Stopping gate"
+	case endSignal:
+		return "Stopping gate on a signal"
+	}
+	return ""
+}
+
+func (h *gateHook) lbFailedMessage(err error, cfg lbhook.Config, start bool) string {
+	if start {
+		return "LB add failed: " + err.Error() + "; " + gateFailNote
+	}
+	return gateLBAddFailedMessage(err, cfg)
+}

@@ -1,0 +1,176 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// A gate kills its gated tasks itself, and proves them dead, on every
+// ending but Nomad's own stop of its allocation: its lock lost (409, 404,
+// its fence deadline passed), a signal, a failed LB ADD, a gate command
+// that ended, a stop that raced a stop of the allocation. It does so before
+// it exits and before the lock can pass: Nomad's own kill of them, which
+// follows the gate's failure, comes only after the group's shutdown_delay
+// and, on a client cut off from the servers, after its services'
+// deregistration gives up. Those it cannot kill (GatedTasks.Direct does
+// not name them: drivers other than docker, exec, raw_exec, java, exec2)
+// are left to Nomad, within the bound checkGateJob checks. Nomad's own
+// stop of the allocation stays Nomad's: the gated tasks get their
+// kill_signal, kill_timeout and shutdown_delays.
+
+// buildKiller builds the gate's GatedTasks (Gate.Killer) for the gated
+// tasks of alloc and returns the set of those it kills itself.
+func (g *Gate) buildKiller(s *Supervisor, alloc *api.Allocation) map[string]bool {
+	g.tasks = gatedTasksOf(alloc, g.Task)
+	g.killer, g.direct, g.killerErr = nil, nil, nil
+	if g.Killer == nil || len(g.tasks) == 0 {
+		return nil
+	}
+	k, err := g.Killer(g.AllocID, g.tasks)
+	if err != nil {
+		s.Logger.Warn("gate: cannot kill the gated tasks itself; Nomad kills them", "error", err)
+		g.killerErr = err
+		return nil
+	}
+	if k == nil {
+		return nil
+	}
+	direct := map[string]bool{}
+	for _, name := range k.Direct() {
+		if slices.ContainsFunc(g.tasks, func(t GatedTask) bool { return t.Name == name }) {
+			direct[name] = true
+		}
+	}
+	if len(direct) == 0 {
+		return nil
+	}
+	g.killer = k
+	for _, t := range g.tasks {
+		if direct[t.Name] {
+			g.direct = append(g.direct, t.Name)
+		}
+	}
+	return direct
+}
+
+// allDirect reports whether the gate kills every gated task itself.
+func (g *Gate) allDirect() bool {
+	return g.killer != nil && len(g.direct) == len(g.gated) && len(g.gated) > 0
+}
+
+// leftToNomad lists the gated tasks the gate does not kill itself.
+func (g *Gate) leftToNomad() []string {
+	var out []string
+	for _, name := range g.gated {
+		if !slices.Contains(g.direct, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// killerMessage is the task event, at start, that says which gated tasks
+// the gate kills and proves dead itself and which it leaves to Nomad,
+// with their bound.
+func (g *Gate) killerMessage(t lockclient.Timing) string {
+	var parts []string
+	driver := func(name string) string {
+		for _, t := range g.tasks {
+			if t.Name == name {
+				return name + " (" + t.Driver + ")"
+			}
+		}
+		return name
+	}
+	if len(g.direct) > 0 {
+		var names []string
+		for _, n := range g.direct {
+			names = append(names, driver(n))
+		}
+		parts = append(parts, fmt.Sprintf("Gate kills and proves dead itself, whenever it stops other than by Nomad's stop of the allocation: %s; "+
+			"the lock can pass only once they are dead", strings.Join(names, ", ")))
+	}
+	if left := g.leftToNomad(); len(left) > 0 {
+		var names []string
+		for _, n := range left {
+			names = append(names, driver(n))
+		}
+		why := "no driver kill for them"
+		if g.Killer == nil {
+			why = "no direct kill on this client"
+		}
+		if g.killerErr != nil {
+			why = g.killerErr.Error()
+		}
+		parts = append(parts, fmt.Sprintf("Gate leaves to Nomad (%s): %s; killed once the gate fails, within the group's shutdown_delay + "+
+			"kill_timeout + shutdown_delay (at most %s), before the server can expire the lock (ttl + delay %s); the next holder "+
+			"waits for Nomad to report them dead", why, strings.Join(names, ", "), g.killBound, t.TTL+t.LockDelay))
+	}
+	return strings.Join(parts, ". ")
+}
+
+// killDirect kills and proves dead the gated tasks the gate kills itself,
+// retrying until they are proven dead or until is reached. It reports
+// whether they are all proven dead (true when there are none).
+func (s *Supervisor) killDirect(lease *lockclient.Lease, until time.Time, why string) bool {
+	g := s.Config.Gate
+	if g.killer == nil {
+		return true
+	}
+	s.Logger.Info("gate: killing the gated tasks itself", "tasks", strings.Join(g.direct, ","), "why", why)
+	var err error
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithDeadline(context.Background(), earliest(time.Now().Add(gateKillAllTimeout), until))
+		err = g.killer.KillAll(ctx)
+		cancel()
+		if err == nil {
+			s.Logger.Info("gate: the gated tasks are proven dead", "tasks", strings.Join(g.direct, ","))
+			s.emit(stoppingEvent(lease, fmt.Sprintf("Gate killed %s itself (%s): proven dead", strings.Join(g.direct, ", "), why)))
+			return true
+		}
+		s.Logger.Error("gate: cannot prove the gated tasks dead", "error", err, "attempt", attempt+1)
+		if !time.Now().Add(500 * time.Millisecond).Before(until) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	s.emit(stoppingEvent(lease, fmt.Sprintf("Gate could not prove %s dead (%v): the lock is not released; "+
+		"Nomad kills them once the gate has failed, and the next holder waits for Nomad to report them dead", strings.Join(g.direct, ", "), err)))
+	return false
+}
+
+// stoppingEvent is a stopping event with the lease's deadlines, which the
+// plugin's watchdog and crash release read.
+func stoppingEvent(lease *lockclient.Lease, msg string) Event {
+	return Event{State: StateStopping, Fence: lease.Fence, Message: msg,
+		FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline()}
+}
+
+// gateKillRetryFor bounds the retries of a kill that fails while the lease
+// is still ours (a lost one retries until its stop deadline).
+var gateKillRetryFor = 2 * gateKillAllTimeout
+
+// killDirectHeld is killDirect for a lease that is still ours: if the
+// gated tasks cannot be proven dead, the holder's record no longer claims
+// that the gate kills them all (so the next holder waits for Nomad's report
+// of them instead of trusting the lock's expiry), and the lease is left to
+// expire.
+func (s *Supervisor) killDirectHeld(lease *lockclient.Lease, why string) bool {
+	if s.killDirect(lease, earliest(time.Now().Add(gateKillRetryFor), lease.StopDeadline()), why) {
+		return true
+	}
+	if s.Config.Gate.allDirect() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.Locker.Config().RequestTimeout)
+		defer cancel()
+		if err := lease.MarkNotGatedDirect(ctx); err != nil {
+			s.Logger.Error("gate: cannot withdraw the record that it kills its gated tasks itself", "error", err)
+		}
+	}
+	return false
+}
