@@ -84,6 +84,9 @@ func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
 	if err := shim.ParseDuration("plugin config default_delay", pc.DefaultDelay, "10s", &delay); err != nil {
 		return 0, 0, err
 	}
+	if err := shim.LockSettings.CheckMin("delay", delay, "plugin config default_delay"); err != nil {
+		return 0, 0, err
+	}
 	t := lockclient.Timing{TTL: ttl, LockDelay: delay}
 	if err := t.Validate(); err != nil {
 		return 0, 0, fmt.Errorf("plugin config: %w", err)
@@ -319,6 +322,14 @@ func planTask(cfg *drivers.TaskConfig, tc TaskConfig, ttl, delay time.Duration, 
 	return spec, nil
 }
 
+// taskHolder is the holder record of the task, as Nomad's task config
+// names it. A dispatched or periodic job's child is recorded as its parent
+// job, as NOMAD_JOB_PARENT_ID would be.
+func taskHolder(cfg *drivers.TaskConfig) lockclient.Holder {
+	return lockclient.Holder{AllocID: cfg.AllocID, JobID: cmp.Or(cfg.ParentJobID, cfg.JobID),
+		Group: cfg.TaskGroupName, Task: cfg.Name, Node: cfg.NodeName}
+}
+
 // buildSpec turns the validated config into the supervisor's spec, with the
 // task's user resolved and checked against the plugin's user policy.
 func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users userPolicy) (supervisorSpec, error) {
@@ -328,7 +339,7 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait,
 		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
 		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), SecretsDir: cfg.TaskDir().SecretsDir, ShareNomadToken: tc.ShareNomadToken,
-		OOMScoreAdj: tc.OOMScoreAdj,
+		OOMScoreAdj: tc.OOMScoreAdj, Holder: taskHolder(cfg),
 	}
 	if g := sc.Gate; g != nil {
 		spec.Gate = &gateSpec{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace}

@@ -121,6 +121,10 @@ func TestPluginConfigDefaults(t *testing.T) {
 		!strings.Contains(err.Error(), "default_ttl") {
 		t.Fatalf("want the field named, got %v", err)
 	}
+	if _, _, err := (PluginConfig{DefaultDelay: "1ns"}).defaults(); err == nil ||
+		!strings.Contains(err.Error(), "plugin config default_delay = 1ns is below its minimum of 100ms") {
+		t.Fatalf("want the minimum named, got %v", err)
+	}
 	ttl, delay, err := PluginConfig{}.defaults()
 	if err != nil || ttl != 15*time.Second || delay != 5*time.Second {
 		t.Fatalf("empty plugin config: %s %s %v", ttl, delay, err)
@@ -394,5 +398,72 @@ func TestLockBlockDecodes(t *testing.T) {
 	}
 	if _, diags, _ := hclutils.ParseHclInterface(job.TaskGroups[0].Tasks[0].Config, spec, nil); !diags.HasErrors() {
 		t.Error("config.lock.backoff (a flag of lock only) was accepted")
+	}
+}
+
+// A jobspec that sets a duration to 1ns would make the root supervisor
+// spin against the LB, the health-checked port or Nomad: each is refused,
+// naming its field and minimum.
+func TestJobspecDurationsBelowTheirMinimum(t *testing.T) {
+	tc := decodeJobspecConfig(t, `
+      config {
+        command = "/bin/true"
+        lock { renew = "1ns" }
+        load_balancer {
+          uri              = "http://127.0.0.1:1/baragon/v2/request"
+          service_id       = "web"
+          base_path        = "/web"
+          groups           = ["prod-lb"]
+          port             = "http"
+          request_timeout  = "1ns"
+          poll_interval    = "1ns"
+          add_deadline     = "1ns"
+          remove_deadline  = "1ns"
+          recheck_interval = "1ns"
+        }
+        health_check {
+          type     = "tcp"
+          interval = "1ns"
+          timeout  = "1ns"
+        }
+      }`)
+	cfg := &drivers.TaskConfig{ID: "a/t/1", JobID: "j", JobName: "j", TaskGroupName: "g", Name: "t", Env: map[string]string{"NOMAD_HOST_ADDR_http": "127.0.0.1:8080"}}
+	_, err := tc.shimConfig(cfg, 10*time.Second, time.Second)
+	for _, want := range []string{
+		"config.lock.renew = 1ns is below its minimum of 1s",
+		"request_timeout = 1ns is below its minimum of 100ms",
+		"poll_interval = 1ns is below its minimum of 100ms",
+		"add_deadline = 1ns is below its minimum of 100ms",
+		"remove_deadline = 1ns is below its minimum of 100ms",
+		"load_balancer.recheck_interval = 1ns is below its minimum of 1s",
+		"health_check.interval = 1ns is below its minimum of 100ms",
+		"health_check.timeout = 1ns is below its minimum of 100ms",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v\nwant it to say %q", err, want)
+		}
+	}
+}
+
+// The holder record names the task as Nomad's task config does. A job's env
+// block may set NOMAD_ALLOC_ID and the like in the task environment, where
+// the supervisor runs; the record must not follow it (the next gate waits
+// for the allocation it names, and the LB request ids are made of it).
+func TestHolderRecordComesFromTheTaskConfig(t *testing.T) {
+	for k, v := range map[string]string{"NOMAD_ALLOC_ID": "forged-alloc", "NOMAD_JOB_ID": "forged-job",
+		"NOMAD_JOB_PARENT_ID": "forged-parent", "NOMAD_GROUP_NAME": "forged-group", "NOMAD_TASK_NAME": "forged-task",
+		"NOMAD_NODE_NAME": "forged-node"} {
+		t.Setenv(k, v)
+	}
+	cfg := &drivers.TaskConfig{ID: "0b0e7c52-2a3b-4c5d-8e9f-0a1b2c3d4e5f/t/1", AllocID: "0b0e7c52-2a3b-4c5d-8e9f-0a1b2c3d4e5f",
+		JobID: "web/dispatch-1", ParentJobID: "web", TaskGroupName: "g", Name: "t", NodeName: "node-1",
+		Env: map[string]string{"NOMAD_ALLOC_ID": "forged-alloc"}}
+	h := supervisorSpec{Holder: taskHolder(cfg)}.holder()
+	if h.AllocID != cfg.AllocID || h.JobID != "web" || h.Group != "g" || h.Task != "t" || h.Node != "node-1" || h.PID != os.Getpid() {
+		t.Errorf("holder %+v, want alloc %s, job web (the parent), group g, task t, node node-1 and this PID", h, cfg.AllocID)
+	}
+	cfg.ParentJobID, cfg.NodeName = "", ""
+	if h := (supervisorSpec{Holder: taskHolder(cfg)}).holder(); h.JobID != cfg.JobID || h.Node == "" || h.Node == "forged-node" {
+		t.Errorf("holder %+v, want job %s and the host name for the node", h, cfg.JobID)
 	}
 }

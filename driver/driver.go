@@ -217,7 +217,7 @@ func (d *Driver) emitEvent(cfg *drivers.TaskConfig, msg string, annotations map[
 		TaskName:    cfg.Name,
 		AllocID:     cfg.AllocID,
 		Timestamp:   time.Now(),
-		Message:     msg,
+		Message:     eventMessage(msg),
 		Annotations: annotations,
 	}
 	d.eventsMu.Lock()

@@ -25,9 +25,10 @@ import (
 //
 // The token goes only to the Nomad agent: through the task's api.sock (the
 // Task API takes ACL tokens as well as workload identities), on a
-// connection whose server runs as root and is the very program that
-// started the plugin, so that a socket a task user put in place of api.sock
-// never sees it.
+// connection whose server runs as root and is the very process that
+// started the plugin (the plugin's parent, with the executable it had at
+// start), so that a socket a task user put in place of api.sock never sees
+// it: not even one of Nomad's own helpers run from the agent's binary.
 
 // readReleaseToken reads the operator's token file. It must be a regular
 // file owned by root that nobody else may read or write: it holds a secret,
@@ -119,11 +120,23 @@ func (d *Driver) operatorEndpoint(h *taskHandle) (lockclient.Endpoint, error) {
 	return lockclient.Endpoint{
 		Address: "unix://" + filepath.Join(h.cfg.TaskDir().SecretsDir, "api.sock"), Token: token,
 		TaskAPI: true, RootPeer: true,
-		Peer: func(pid int32) error {
-			if id, err := exeOf(int(pid)); err != nil || id != agent {
-				return fmt.Errorf("the socket's server (pid %d) is not the Nomad agent that started the plugin: not sending it the release token", pid)
-			}
-			return nil
-		},
+		Peer: agentPeer(agent),
 	}, nil
+}
+
+// agentPeer accepts as the socket's server only the plugin's parent, the
+// agent that started it, while it still runs the executable it ran then.
+// The executable alone is not enough: Nomad's own root helpers (logmon,
+// executor) run from the agent's binary and serve sockets a task user can
+// point api.sock at.
+func agentPeer(agent exeID) func(pid int32) error {
+	return func(pid int32) error {
+		if ppid := os.Getppid(); int(pid) != ppid || ppid <= 1 {
+			return fmt.Errorf("the socket's server (pid %d) is not the Nomad agent that started the plugin (pid %d): not sending it the release token", pid, ppid)
+		}
+		if id, err := exeOf(int(pid)); err != nil || id != agent {
+			return fmt.Errorf("the socket's server (pid %d) no longer runs the Nomad agent's executable: not sending it the release token", pid)
+		}
+		return nil
+	}
 }

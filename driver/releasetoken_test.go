@@ -75,3 +75,27 @@ func TestExeOf(t *testing.T) {
 		t.Fatalf("PID 1 and this test have the same executable %v", self)
 	}
 }
+
+// The token goes to the plugin's parent alone. Another process running the
+// same executable (as Nomad's logmon and executor run the agent's) is
+// refused: here this test process stands for such a helper, since it runs
+// the executable the check is given but is not the plugin's parent.
+func TestReleaseTokenGoesOnlyToThePluginsParent(t *testing.T) {
+	parent, err := exeOf(os.Getppid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agentPeer(parent)(int32(os.Getppid())); err != nil {
+		t.Errorf("the plugin's parent, running the agent's executable, refused: %v", err)
+	}
+	self, err := exeOf(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agentPeer(self)(int32(os.Getpid())); err == nil || !strings.Contains(err.Error(), "is not the Nomad agent that started the plugin") {
+		t.Errorf("a process with the agent's executable that is not the plugin's parent: %v, want it refused", err)
+	}
+	if err := agentPeer(self)(int32(os.Getppid())); err == nil || !strings.Contains(err.Error(), "no longer runs the Nomad agent's executable") {
+		t.Errorf("the parent running another executable: %v, want it refused", err)
+	}
+}

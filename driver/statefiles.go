@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/textclip"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
@@ -126,6 +127,12 @@ type supervisorSpec struct {
 	UID    *uint32
 	GID    uint32
 	Groups []uint32
+	// Holder names the task in the lock's holder record (allocation, job,
+	// group, task, node), from Nomad's task config: never from the task
+	// environment, whose NOMAD_ALLOC_ID and the like the job's env block
+	// can override. The next gate waits for the allocation it names, and
+	// the LB request ids are made of it.
+	Holder lockclient.Holder
 	// SecretsDir is the task's secrets dir, from the plugin (never from the
 	// task environment, which a job can set): where the Task API socket is.
 	SecretsDir string
@@ -163,6 +170,20 @@ type supervisorStatus struct {
 	SupervisorPID int
 	UpdatedBoot   int64
 }
+
+// maxEventMessage bounds the message of every task event and of the
+// status and exit files: task events are stored in Nomad's Raft log, and the
+// plugin reads those files with a cap (maxFileSize); a status it cannot read
+// would leave the watchdog acting on stale deadlines. The LB's text is
+// bounded where it enters (lbhook.MaxLBText); this is the backstop for
+// whatever else a message carries.
+const maxEventMessage = 2048
+
+// maxHolderID bounds the holder_alloc_id annotation of a task event.
+const maxHolderID = 64
+
+// eventMessage is msg bounded to maxEventMessage, its cut marked.
+func eventMessage(msg string) string { return textclip.Clip(msg, maxEventMessage) }
 
 // taskEventLine is one line of events.jsonl.
 type taskEventLine struct {

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/client/lib/cgroupslib"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/textclip"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
@@ -53,7 +55,7 @@ func runSupervisor(path string) int {
 		return shim.ExitConfig
 	}
 	code, msg := superviseTask(dir, spec, log)
-	es := exitStatus{ExitCode: code, Message: msg}
+	es := exitStatus{ExitCode: code, Message: eventMessage(msg)}
 	if spec.CgroupPath != "" {
 		tree := &taskCgroup{mode: cgroupslib.Mode(spec.CgroupMode), path: spec.CgroupPath}
 		es.OOMKilled = tree.oomKilledSince(spec.OOMKillsAtStart)
@@ -86,7 +88,7 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 	}
 	cfg.LB = lb
 
-	holder := lockclient.HolderFromEnv(os.Getenv)
+	holder := spec.holder()
 	locker, err := shim.NewLocker(cfg, log, holder)
 	if err != nil {
 		log.Error("cannot set up the lock", "error", err)
@@ -157,6 +159,16 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 	go routeSignals(dir, log, forward, stops)
 
 	return sup.Run(context.Background(), forward), ""
+}
+
+// holder is the lock's holder record: the task as the plugin named it in
+// the spec (see supervisorSpec.Holder), this host and this process.
+func (spec supervisorSpec) holder() lockclient.Holder {
+	h := spec.Holder
+	h.Hostname, _ = os.Hostname()
+	h.Node = cmp.Or(h.Node, h.Hostname)
+	h.PID = os.Getpid()
+	return h
 }
 
 // shimConfig is the supervisor's config for spec, before its load balancer.
@@ -272,7 +284,7 @@ type publisher struct {
 
 // note appends a task event that is not a state change.
 func (p *publisher) note(msg string) {
-	if err := appendJSONLine(p.dir, eventsFile, taskEventLine{Time: time.Now(), Message: msg}); err != nil {
+	if err := appendJSONLine(p.dir, eventsFile, taskEventLine{Time: time.Now(), Message: eventMessage(msg)}); err != nil {
 		p.log.Warn("write event", "error", err)
 	}
 }
@@ -285,7 +297,7 @@ func (p *publisher) observe(ev shim.Event) {
 		return
 	}
 	st := supervisorStatus{
-		State: string(ev.State), Message: ev.Message, Path: p.path, Fence: ev.Fence,
+		State: string(ev.State), Message: eventMessage(ev.Message), Path: p.path, Fence: ev.Fence,
 		FenceDeadlineBoot: lockclient.BootNanos(ev.FenceDeadline), StopDeadlineBoot: lockclient.BootNanos(ev.StopDeadline),
 		LastRenewBoot: lockclient.BootNanos(ev.LastRenew),
 		WorkloadPID:   ev.WorkloadPID, WorkloadPGID: ev.WorkloadPGID,
@@ -306,9 +318,11 @@ func (p *publisher) observe(ev shim.Event) {
 
 // appendEvent adds ev to events.jsonl, which the plugin turns into a task event.
 func (p *publisher) appendEvent(ev shim.Event) {
-	line := taskEventLine{Time: ev.Time, State: string(ev.State), Message: ev.Message, Fence: ev.Fence}
+	line := taskEventLine{Time: ev.Time, State: string(ev.State), Message: eventMessage(ev.Message), Fence: ev.Fence}
 	if !ev.Holder.IsZero() {
-		line.Holder = ev.Holder.AllocID
+		// From the lock's Items, which whoever may write the lock path
+		// writes: an allocation ID is 36 bytes.
+		line.Holder = textclip.Clip(ev.Holder.AllocID, maxHolderID)
 	}
 	if err := appendJSONLine(p.dir, eventsFile, line); err != nil {
 		p.log.Warn("write event", "error", err)

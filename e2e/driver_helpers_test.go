@@ -82,6 +82,8 @@ type drvJob struct {
 	killTimeout, killSignal string
 	// memoryMax, if not 0, is the task's memory_max (-1: no limit).
 	memoryMax int
+	// env is the task's env block (nil for none).
+	env map[string]string
 }
 
 func newDrvJob(t *testing.T, name string, count int) *drvJob {
@@ -117,13 +119,13 @@ func (j *drvJob) hcl(t *testing.T) string {
 		Command, Lock, ConfigExtra, KillTimeout, KillSignal string
 		Count, MemoryMax                                    int
 		FailFast, Identity                                  bool
-		Meta                                                map[string]string
+		Meta, Env                                           map[string]string
 		Args                                                []string
 	}{
 		ID: j.id, Update: j.update, Group: drvGroup, GroupExtra: j.groupExtra, Task: drvTask, Driver: j.driver, User: j.user,
 		Command: command, Lock: lock, ConfigExtra: j.configExtra,
 		KillTimeout: cmp.Or(j.killTimeout, drvKillTimeout), KillSignal: j.killSignal,
-		Count: j.count, MemoryMax: j.memoryMax, FailFast: j.failFast, Identity: !j.noIdentity, Meta: j.meta,
+		Count: j.count, MemoryMax: j.memoryMax, FailFast: j.failFast, Identity: !j.noIdentity, Meta: j.meta, Env: j.env,
 		Args: append([]string{"-record", j.record, "-marker", j.marker}, j.args...),
 	})
 }

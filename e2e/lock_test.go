@@ -576,6 +576,7 @@ func testPlainBadFlags(t *testing.T, a *harness.Agent) {
 		{name: "bad duration", flags: []string{"-ttl", "soon"}, want: "-ttl"},
 		{name: "TTL below Nomad's minimum", flags: []string{"-ttl", "5s"}, want: "TTL 5s is out of range"},
 		{name: "zero delay", flags: []string{"-delay", "0s"}, want: "lock delay 0s must be greater than 0"},
+		{name: "renew below its minimum", flags: []string{"-renew", "1ns"}, want: "-renew = 1ns is below its minimum of 1s"},
 		{name: "unknown kill signal", flags: []string{"-kill-signal", "SIGFOO"}, want: "-kill-signal"},
 		{name: "token in argv", flags: []string{"-token", "s3cr3t-t0ken"}, want: "-token is refused"},
 		{name: "bad path", path: "nomad/web/lock", want: "below nomad/jobs/"},
@@ -593,6 +594,7 @@ func testPlainBadFlags(t *testing.T, a *harness.Agent) {
 		{name: "lb: missing service", flags: lbFlagsWith("-lb-service-id", ""), want: "service_id is required"},
 		{name: "lb: unreadable authkey file", flags: lbFlagsWith("-lb-authkey-file", "/nonexistent/authkey"), want: "authkey_file: open"},
 		{name: "lb: bad CA file", flags: lbFlagsWith("-lb-ca-file", "/etc/hostname"), want: "holds no PEM certificate"},
+		{name: "lb: poll below its minimum", flags: lbFlagsWith("-lb-poll-interval", "1ns"), want: "poll_interval = 1ns is below its minimum of 100ms"},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -20,9 +20,6 @@ import (
 // unknown request id on GET, or an unknown service on the state GET.
 var ErrNotFound = errors.New("not found")
 
-// bodyExcerpt bounds how much of an error body goes into a message.
-const bodyExcerpt = 512
-
 // CallError is a failed HTTP call. State says how the failure counts, as in
 // Singularity: UNKNOWN (transport error, timeout, 5xx, 408, 429, unparseable
 // 2xx, any non-2xx on GET or DELETE) or FAILED (any other non-2xx on POST).
@@ -53,7 +50,8 @@ func (e *CallError) Error() string {
 		}
 	}
 	if e.Err != nil {
-		fmt.Fprintf(&b, ": %v", e.Err)
+		// A TLS error can list every name of the LB's certificate.
+		fmt.Fprintf(&b, ": %s", clipLB(e.Err.Error()))
 	}
 	return b.String()
 }
@@ -280,11 +278,8 @@ func (c *Client) failure(id string, ce *CallError) (BaragonResponse, error) {
 
 // excerpt returns the start of an answer body, auth key redacted.
 func (c *Client) excerpt(body []byte) string {
-	s := strings.ToValidUTF8(string(body), "\uFFFD")
-	if len(s) > bodyExcerpt {
-		s = s[:bodyExcerpt] + "…"
-	}
-	return c.redact.String(strings.TrimSpace(s))
+	// Redacted before it is cut, so that no part of the key survives a cut.
+	return clipLB(c.redact.String(strings.TrimSpace(string(body))))
 }
 
 // do sends one HTTP request bounded by RequestTimeout and reads at most

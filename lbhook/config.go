@@ -50,6 +50,17 @@ const (
 	authKeyParam = "authkey"
 )
 
+// The least value of each duration (zero still takes the default). Below
+// the first two the root supervisor would busy-loop against an LB API of
+// the job's choosing; a deadline shorter than one poll ends every request
+// before its first answer could be read.
+const (
+	MinRequestTimeout = 100 * time.Millisecond
+	MinPollInterval   = 100 * time.Millisecond
+	MinAddDeadline    = MinPollInterval
+	MinRemoveDeadline = MinPollInterval
+)
+
 // idPattern is Baragon's pattern for request and service ids.
 var idPattern = regexp.MustCompile(`^[^\s/|]+$`)
 
@@ -89,13 +100,14 @@ type Config struct {
 	Group string
 	// RackID is our upstream's rackId ("" omits it).
 	RackID string
-	// RequestTimeout bounds each HTTP call (default 2s).
+	// RequestTimeout bounds each HTTP call (default 2s, at least 100ms).
 	RequestTimeout time.Duration
-	// PollInterval is the wait between polls (default 500ms).
+	// PollInterval is the wait between polls (default 500ms, at least 100ms).
 	PollInterval time.Duration
-	// AddDeadline is when an unfinished ADD is cancelled (default 1m).
+	// AddDeadline is when an unfinished ADD is cancelled (default 1m, at
+	// least 100ms).
 	AddDeadline time.Duration
-	// RemoveDeadline bounds a REMOVE with its retries (default 10s).
+	// RemoveDeadline bounds a REMOVE with its retries (default 10s, at least 100ms).
 	RemoveDeadline time.Duration
 	// AuthKeyFile holds the auth key. When empty, the key comes from the
 	// environment (ClientOptions.AuthKeyEnv), or there is none.
@@ -158,10 +170,10 @@ func (c Config) Validate() error {
 	if _, err := json.Marshal(c.Options); err != nil {
 		add(fmt.Errorf("options cannot be sent as JSON: %w", err))
 	}
-	add(validateDuration("request_timeout", c.RequestTimeout))
-	add(validateDuration("poll_interval", c.PollInterval))
-	add(validateDuration("add_deadline", c.AddDeadline))
-	add(validateDuration("remove_deadline", c.RemoveDeadline))
+	add(validateDuration("request_timeout", c.RequestTimeout, MinRequestTimeout))
+	add(validateDuration("poll_interval", c.PollInterval, MinPollInterval))
+	add(validateDuration("add_deadline", c.AddDeadline, MinAddDeadline))
+	add(validateDuration("remove_deadline", c.RemoveDeadline, MinRemoveDeadline))
 	switch {
 	case c.AuthKey != "":
 		_, err := parseAuthKey(c.AuthKey, "authkey_file")
@@ -249,9 +261,13 @@ func validateTag(name, v string) error {
 	return nil
 }
 
-func validateDuration(name string, d time.Duration) error {
-	if d < 0 {
+// validateDuration refuses a negative d, and a set d below min.
+func validateDuration(name string, d, min time.Duration) error {
+	switch {
+	case d < 0:
 		return fmt.Errorf("%s must not be negative (got %s)", name, d)
+	case d > 0 && d < min:
+		return fmt.Errorf("%s = %s is below its minimum of %s", name, d, min)
 	}
 	return nil
 }

@@ -60,6 +60,13 @@ func TestValidate(t *testing.T) {
 		{"negative poll", func(c *Config) { c.PollInterval = -1 }, "poll_interval must not be negative"},
 		{"negative add deadline", func(c *Config) { c.AddDeadline = -1 }, "add_deadline must not be negative"},
 		{"negative remove deadline", func(c *Config) { c.RemoveDeadline = -1 }, "remove_deadline must not be negative"},
+		{"1ns timeout", func(c *Config) { c.RequestTimeout = 1 }, "request_timeout = 1ns is below its minimum of 100ms"},
+		{"1ns poll", func(c *Config) { c.PollInterval = 1 }, "poll_interval = 1ns is below its minimum of 100ms"},
+		{"1ns add deadline", func(c *Config) { c.AddDeadline = 1 }, "add_deadline = 1ns is below its minimum of 100ms"},
+		{"1ns remove deadline", func(c *Config) { c.RemoveDeadline = 1 }, "remove_deadline = 1ns is below its minimum of 100ms"},
+		{"every minimum", func(c *Config) {
+			c.RequestTimeout, c.PollInterval, c.AddDeadline, c.RemoveDeadline = MinRequestTimeout, MinPollInterval, MinAddDeadline, MinRemoveDeadline
+		}, ""},
 		{"unreadable authkey file", func(c *Config) { c.AuthKeyFile = filepath.Join(dir, "missing") }, "authkey_file: open"},
 		{"empty authkey file", func(c *Config) { c.AuthKeyFile = emptyKey }, "is empty"},
 		{"two-line authkey file", func(c *Config) { c.AuthKeyFile = twoLines }, "more than one line"},

@@ -4,11 +4,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/textclip"
 )
 
 // maxBodyBytes bounds how much of an answer the client reads. A longer body
 // is treated as unreadable (UNKNOWN).
 const maxBodyBytes = 1 << 20
+
+// MaxLBText bounds what one piece of an LB's answer (its message, its
+// request id, an unknown state, an excerpt of its body) may put into an
+// error, a log line or a task event; a longer piece is cut and marked so.
+// The LB is the job's choice, and task events are stored in Nomad's Raft
+// log: an answer must not be able to fill it.
+const MaxLBText = 400
+
+// clipLB bounds one piece of the LB's text to MaxLBText (valid UTF-8).
+func clipLB(s string) string { return textclip.Clip(s, MaxLBText) }
 
 // errNotObject is returned for a body that is valid JSON but not an object.
 var errNotObject = errors.New("body is not a JSON object")
@@ -44,8 +56,9 @@ func DecodeResponse(data []byte) (BaragonResponse, error) {
 		resp = BaragonResponse{}
 	}
 	resp.LoadBalancerState = state
-	resp.Message = message
-	resp.LoadBalancerRequestID, _ = decodeOptionalString(raw["loadBalancerRequestId"])
+	resp.Message = clipLB(message)
+	id, _ := decodeOptionalString(raw["loadBalancerRequestId"])
+	resp.LoadBalancerRequestID = clipLB(id)
 	return resp, nil
 }
 
@@ -62,7 +75,7 @@ func decodeState(raw json.RawMessage) (RequestState, error) {
 	}
 	state := RequestState(*s)
 	if !state.Valid() {
-		return "", fmt.Errorf("loadBalancerState %q is not a Baragon request state", *s)
+		return "", fmt.Errorf("loadBalancerState %q is not a Baragon request state", clipLB(*s))
 	}
 	return state, nil
 }

@@ -143,7 +143,7 @@ func rootCause(err error) string {
 		}
 		err = ue.Err
 	}
-	return err.Error()
+	return clipLB(err.Error())
 }
 
 func errText(err error) string {

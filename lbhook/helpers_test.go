@@ -215,7 +215,7 @@ func testConfig(uri string) Config {
 		PortLabel:      "http",
 		Owners:         []string{"team@example.com"},
 		RequestTimeout: 300 * time.Millisecond,
-		PollInterval:   5 * time.Millisecond,
+		PollInterval:   MinPollInterval,
 		AddDeadline:    3 * time.Second,
 		RemoveDeadline: 3 * time.Second,
 	}

@@ -107,14 +107,15 @@ type OutcomeError struct {
 	Deadline time.Duration
 }
 
-// Error says which request ended how, and why.
+// Error says which request ended how, and why. The request id and the
+// message, which may be the LB's, say at most MaxLBText each.
 func (e *OutcomeError) Error() string {
-	msg := fmt.Sprintf("lb request %s ended %s", e.RequestID, e.State)
+	msg := fmt.Sprintf("lb request %s ended %s", clipLB(e.RequestID), e.State)
 	if e.State == StateCanceled {
 		msg += fmt.Sprintf(" (not final within its %s deadline)", e.Deadline)
 	}
 	if e.Message != "" {
-		msg += ": " + e.Message
+		msg += ": " + clipLB(e.Message)
 	}
 	return msg
 }

@@ -132,10 +132,10 @@ func TestAddOutcomes(t *testing.T) {
 		{"invalid", func(_ *testing.T, _ *lb, cfg *Config) { cfg.Groups = []string{"missing"} }, StateInvalidRequestNoop,
 			"ended INVALID_REQUEST_NOOP: Invalid request due to non-existent load balancer groups: [missing]"},
 		{"cancelled at the add deadline", func(_ *testing.T, l *lb, cfg *Config) {
-			cfg.AddDeadline = 30 * time.Millisecond
+			cfg.AddDeadline = MinAddDeadline
 			l.srv.Pause()
 			l.front.on(http.MethodDelete, 1, also(l.srv.Resume))
-		}, StateCanceled, "ended CANCELED (not final within its 30ms deadline)"},
+		}, StateCanceled, "ended CANCELED (not final within its 100ms deadline)"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

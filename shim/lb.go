@@ -20,8 +20,12 @@ import (
 const ExitLBFailed = 74
 
 // DefaultLBRecheck is how often a registered holder checks that the LB still
-// has its upstream, and re-adds it if it vanished out of band.
-const DefaultLBRecheck = 10 * time.Second
+// has its upstream, and re-adds it if it vanished out of band. MinLBRecheck
+// is the least recheck_interval: the check is a GET of the service's state.
+const (
+	DefaultLBRecheck = 10 * time.Second
+	MinLBRecheck     = time.Second
+)
 
 // LoadBalancer is the optional LB registration of the one live instance.
 type LoadBalancer struct {
@@ -44,10 +48,14 @@ type HealthCheck struct {
 	Grace    time.Duration // wait before the first check
 }
 
-// Health check defaults.
+// Health check defaults, and the least interval and timeout (zero takes the
+// default): below them the root supervisor would busy-loop against a port
+// of the job's choosing. A grace of 0 (check at once) is fine.
 const (
 	DefaultHealthInterval = time.Second
 	DefaultHealthTimeout  = time.Second
+	MinHealthInterval     = 100 * time.Millisecond
+	MinHealthTimeout      = 100 * time.Millisecond
 )
 
 // Validate checks the health check with the fix in each message.
@@ -67,6 +75,8 @@ func (h *HealthCheck) Validate() error {
 	if h.Interval < 0 || h.Timeout < 0 || h.Grace < 0 {
 		errs = append(errs, errors.New("health_check interval, timeout and grace must not be negative"))
 	}
+	errs = append(errs, checkMin("health_check.interval", h.Interval, MinHealthInterval),
+		checkMin("health_check.timeout", h.Timeout, MinHealthTimeout))
 	return errors.Join(errs...)
 }
 
@@ -79,10 +89,20 @@ func (lb *LoadBalancer) Validate() error {
 	if lb.Recheck < 0 {
 		errs = append(errs, fmt.Errorf("load_balancer.recheck_interval %s must not be negative", lb.Recheck))
 	}
+	errs = append(errs, checkMin("load_balancer.recheck_interval", lb.Recheck, MinLBRecheck))
 	if lb.Health != nil {
 		errs = append(errs, lb.Health.Validate())
 	}
 	return errors.Join(errs...)
+}
+
+// checkMin refuses a positive d below min (zero takes the default; a
+// negative d has its own error).
+func checkMin(field string, d, min time.Duration) error {
+	if d > 0 && d < min {
+		return fmt.Errorf("%s = %s is below its minimum of %s", field, d, min)
+	}
+	return nil
 }
 
 // PortAddress resolves a Nomad port label to host:port from the task

@@ -258,7 +258,7 @@ func (r *followRig) follow(alloc string) {
 	r.t.Helper()
 	lb := &LoadBalancer{Config: lbhook.Config{URI: r.uri, ServiceID: followService, BasePath: "/web",
 		Groups: []string{lbapi.DefaultGroup}, PortLabel: "http", RequestTimeout: time.Second,
-		PollInterval: 5 * time.Millisecond, AddDeadline: 5 * time.Second, RemoveDeadline: 2 * time.Second}.WithDefaults(),
+		PollInterval: lbhook.MinPollInterval, AddDeadline: 5 * time.Second, RemoveDeadline: 2 * time.Second}.WithDefaults(),
 		Upstream: r.addr[alloc], Recheck: time.Second,
 		Health: &HealthCheck{Type: "tcp", Address: r.addr[alloc], Interval: 50 * time.Millisecond, Timeout: 200 * time.Millisecond}}
 	client, err := lbhook.NewClient(lb.Config, lbhook.ClientOptions{})

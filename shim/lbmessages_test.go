@@ -56,3 +56,18 @@ func TestLBFailureMessages(t *testing.T) {
 		})
 	}
 }
+
+// The audit's case: a FAILED answer with a 1 MiB message made a 1 MiB task
+// event. The LB's part of the event is now bounded and marked as cut.
+func TestLBMessageOfAHugeAnswerIsBounded(t *testing.T) {
+	cfg := lbhook.Config{URI: "http://lb.example:8080/baragon/v2/request", ServiceID: "web", AddDeadline: time.Minute}
+	failed := &lbhook.OutcomeError{RequestID: "a1-ADD-7", State: lbhook.StateFailed, Message: "Apply failed {" + strings.Repeat("x", 1<<20) + "}"}
+	for what, msg := range map[string]string{
+		"add failed":    lbAddFailedMessage(failed, cfg),
+		"remove failed": lbRemoveFailedMessage(failed, cfg, "10.0.0.1:8080"),
+	} {
+		if len(msg) > 2*lbhook.MaxLBText+400 || !strings.Contains(msg, "…(cut from ") || !strings.Contains(msg, "could not apply the change") {
+			t.Errorf("%s: %d bytes: %.200q…", what, len(msg), msg)
+		}
+	}
+}

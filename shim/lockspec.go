@@ -42,6 +42,9 @@ type LockSetting struct {
 	// Usage is lock's help for the flag; a word in backquotes names the
 	// flag's argument (see flag.UnquoteUsage).
 	Usage string
+	// Min is the least value of a duration setting (0: no minimum). Below
+	// it the root supervisor would busy-loop against Nomad.
+	Min time.Duration
 	// field is the Config field the setting sets: a *string, *int, *bool,
 	// *time.Duration or *syscall.Signal.
 	field func(*Config) any
@@ -65,17 +68,17 @@ var LockSettings = LockSpec{
 	{Name: "ttl", In: InDriver | InFileLock | InFlags, Default: DefaultTTL.String(),
 		Usage: "lock TTL, 10s to 24h",
 		field: func(c *Config) any { return &c.TTL }},
-	{Name: "delay", In: InDriver | InFileLock | InFlags, Default: DefaultLockDelay.String(),
-		Usage: "lock delay after an unclean loss, > 0; nomad var lock's default is 15s",
+	{Name: "delay", In: InDriver | InFileLock | InFlags, Default: DefaultLockDelay.String(), Min: 100 * time.Millisecond,
+		Usage: "lock delay after an unclean loss, at least 100ms; nomad var lock's default is 15s",
 		field: func(c *Config) any { return &c.LockDelay }},
-	{Name: "renew", In: InDriver | InFileLock | InFlags, Default: "TTL/2",
-		Usage: "renew interval, below the TTL less the fence margin",
+	{Name: "renew", In: InDriver | InFileLock | InFlags, Default: "TTL/2", Min: time.Second,
+		Usage: "renew interval, at least 1s and below the TTL less the fence margin",
 		field: func(c *Config) any { return &c.Renew }},
 	{Name: "wait", In: InDriver | InFileLock | InFlags,
 		Usage: "give up (exit 75) if the lock is not acquired within this time; 0 waits forever",
 		field: func(c *Config) any { return &c.Wait }},
-	{Name: "backoff", In: InFileLock | InFlags, Default: DefaultMaxBackoff.String(),
-		Usage: "cap of the jittered backoff after API errors",
+	{Name: "backoff", In: InFileLock | InFlags, Default: DefaultMaxBackoff.String(), Min: 100 * time.Millisecond,
+		Usage: "cap of the jittered backoff after API errors, at least 100ms",
 		field: func(c *Config) any { return &c.Backoff }},
 	{Name: "max_retry", In: InFileLock | InFlags,
 		Usage: "give up waiting after N consecutive API errors; 0 retries until -wait ends",
@@ -94,6 +97,26 @@ var LockSettings = LockSpec{
 	{Name: "kill_timeout", In: InDriver | InFileTop | InFlags, Default: DefaultKillTimeout.String(),
 		Usage: "grace before SIGKILL; keep it below the task's kill_timeout",
 		field: func(c *Config) any { return &c.KillTimeout }},
+}
+
+// checkMin refuses a duration below the setting's minimum. Zero is left to
+// Config.Validate: it means the default, or Nomad's own reading of 0 (delay).
+func (s LockSetting) checkMin(label string, d time.Duration) error {
+	if s.Min > 0 && d != 0 && d < s.Min {
+		return fmt.Errorf("%s = %s is below its minimum of %s", label, d, s.Min)
+	}
+	return nil
+}
+
+// CheckMin refuses a duration d, given for the setting named name (as
+// label: a plugin config default), below that setting's minimum.
+func (spec LockSpec) CheckMin(name string, d time.Duration, label string) error {
+	for _, s := range spec {
+		if s.Name == name {
+			return s.checkMin(label, d)
+		}
+	}
+	panic("no lock setting " + name)
 }
 
 // Flag is the setting's flag name: its Name with dashes.
@@ -152,7 +175,10 @@ func (s LockSetting) set(c *Config, v, label string) error {
 	case *string:
 		*dst = v
 	case *time.Duration:
-		return ParseDuration(label, v, "10s", dst)
+		if err := ParseDuration(label, v, "10s", dst); err != nil {
+			return err
+		}
+		return s.checkMin(label, *dst)
 	case *syscall.Signal: // kill_signal, the only one
 		sig, err := ParseSignal(v)
 		*dst, c.KillSignalSet = sig, true

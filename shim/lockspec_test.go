@@ -62,3 +62,35 @@ func TestLockSettingKinds(t *testing.T) {
 		t.Errorf("flag %q", s.Flag())
 	}
 }
+
+// A duration below its setting's minimum would make the root supervisor
+// busy-loop against Nomad (a 1ns renew or backoff): it is refused with the
+// setting's name, as the user wrote it, and the minimum. The minimum itself
+// is accepted, and so is 0, which Config.Validate judges (the default, or
+// Nomad's own 15s for a delay).
+func TestLockDurationsHaveMinimums(t *testing.T) {
+	label := func(s LockSetting) string { return "config.lock." + s.Name }
+	want := map[string]time.Duration{"delay": 100 * time.Millisecond, "renew": time.Second, "backoff": 100 * time.Millisecond}
+	for _, s := range LockSettings {
+		if s.Kind() != KindDuration || s.Name == "ttl" || s.Name == "wait" || s.Name == "kill_timeout" {
+			continue // ttl: Nomad's 10s-24h; wait and kill_timeout: any length is a choice, none loops
+		}
+		if s.Min != want[s.Name] {
+			t.Errorf("%s: minimum %s, want %s", s.Name, s.Min, want[s.Name])
+		}
+		c := DefaultConfig()
+		err := LockSpec{s}.Apply(&c, LockValues{s.Name: "1ns"}, label)
+		if msg := "config.lock." + s.Name + " = 1ns is below its minimum of " + s.Min.String(); err == nil || err.Error() != msg {
+			t.Errorf("%s = 1ns: error %v, want %q", s.Name, err, msg)
+		}
+		for _, ok := range []string{s.Min.String(), "0s"} {
+			if err := (LockSpec{s}).Apply(&c, LockValues{s.Name: ok}, label); err != nil {
+				t.Errorf("%s = %s: %v", s.Name, ok, err)
+			}
+		}
+	}
+	if err := LockSettings.CheckMin("delay", time.Nanosecond, "plugin config default_delay"); err == nil ||
+		!strings.Contains(err.Error(), "plugin config default_delay = 1ns is below its minimum of 100ms") {
+		t.Errorf("CheckMin: %v", err)
+	}
+}

@@ -37,16 +37,24 @@ func newSubreaperTree(own ...int) *subreaperTree {
 	return t
 }
 
+// proc names one process for good: its PID and its start time (a reused
+// PID has another start time).
+type proc struct {
+	pid   int
+	start uint64
+}
+
 // descendants lists our live descendants other than the guard, and reaps
 // orphans of ours that are zombies.
-func (t *subreaperTree) descendants(guard int) ([]int, error) {
+func (t *subreaperTree) descendants(guard int) ([]proc, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, fmt.Errorf("list /proc: %w", err)
 	}
 	type info struct {
-		ppid int
-		gone bool // zombie or dead
+		ppid  int
+		gone  bool // zombie or dead
+		start uint64
 	}
 	procs := map[int]info{}
 	for _, e := range entries {
@@ -55,10 +63,10 @@ func (t *subreaperTree) descendants(guard int) ([]int, error) {
 			continue
 		}
 		if stat, err := procfs.Read(pid); err == nil {
-			procs[pid] = info{ppid: stat.PPID, gone: stat.Gone()}
+			procs[pid] = info{ppid: stat.PPID, gone: stat.Gone(), start: stat.StartTime}
 		}
 	}
-	var out []int
+	var out []proc
 	for pid, p := range procs {
 		if pid == guard {
 			continue
@@ -78,7 +86,7 @@ func (t *subreaperTree) descendants(guard int) ([]int, error) {
 				continue
 			}
 		}
-		out = append(out, pid)
+		out = append(out, proc{pid, p.start})
 	}
 	return out, nil
 }
@@ -104,26 +112,38 @@ func descendsFrom(ppid, self int, parentOf func(int) (int, bool)) bool {
 	return false
 }
 
-// signalAll sends sig to every descendant, each through a pidfd opened
-// before its parent is checked again, so a reused PID is never hit.
+// signalAll sends sig to every descendant (see signal).
 func (t *subreaperTree) signalAll(sig syscall.Signal, guard int) (int, error) {
-	pids, err := t.descendants(guard)
+	procs, err := t.descendants(guard)
 	if err != nil {
 		return 0, err
 	}
-	for _, pid := range pids {
-		fd, err := unix.PidfdOpen(pid, 0)
-		if err != nil {
-			continue
-		}
-		if stat, err := procfs.Read(pid); err == nil && (stat.PPID > 1 || stat.PPID == t.self) {
-			// Still parented (not re-parented to an init that is not
-			// us): when lock is PID 1 of a container, orphans are ours.
-			_ = unix.PidfdSendSignal(fd, sig, nil, 0)
-		}
-		unix.Close(fd)
+	for _, p := range procs {
+		t.signal(p, sig)
 	}
-	return len(pids), nil
+	return len(procs), nil
+}
+
+// signal sends sig to p through a pidfd, once the process the pidfd holds
+// is proven to be p: its start time is the one the scan saw. Between the
+// scan and pidfd_open, p may have died and its PID gone to another
+// process (anywhere on the host: lock may run as root), which must not be
+// hit; once the pidfd is open, the PID can no longer change hands.
+func (t *subreaperTree) signal(p proc, sig syscall.Signal) {
+	fd, err := unix.PidfdOpen(p.pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	stat, err := procfs.Read(p.pid)
+	if err != nil || stat.StartTime != p.start {
+		return
+	}
+	if stat.PPID > 1 || stat.PPID == t.self {
+		// Still parented (not re-parented to an init that is not
+		// us): when lock is PID 1 of a container, orphans are ours.
+		_ = unix.PidfdSendSignal(fd, sig, nil, 0)
+	}
 }
 
 // guardedTree binds the tree to the group's guard, which is a descendant

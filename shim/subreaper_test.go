@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
@@ -107,5 +108,30 @@ func TestDescendsFromAsPID1(t *testing.T) {
 		if got := descendsFrom(parents[tc.pid], tc.self, parentOf); got != tc.want {
 			t.Errorf("descendsFrom(pid %d, self %d) = %t, want %t", tc.pid, tc.self, got, tc.want)
 		}
+	}
+}
+
+// Between the scan of /proc and pidfd_open, a descendant may die and its PID
+// go to another process. The subreaper signals only the process the scan
+// saw: one whose start time differs is left alone. The child here stands
+// for that other process: a SIGKILL aimed at its PID with another start time
+// must not reach it, so the SIGTERM sent next (with its own) is what ends it.
+func TestSubreaperSignalsOnlyTheProcessItScanned(t *testing.T) {
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill() })
+	stat, err := procfs.Read(child.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := newSubreaperTree()
+	tree.signal(proc{pid: child.Process.Pid, start: stat.StartTime + 1}, syscall.SIGKILL)
+	tree.signal(proc{pid: child.Process.Pid, start: stat.StartTime}, syscall.SIGTERM)
+	_ = child.Wait()
+	ws, _ := child.ProcessState.Sys().(syscall.WaitStatus)
+	if !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Errorf("the child ended with %v, want SIGTERM: the SIGKILL for a process of another start time reached it", child.ProcessState)
 	}
 }

@@ -406,9 +406,9 @@ func (r *heldRun) shutdown(sig syscall.Signal, timeout time.Duration, end ending
 			}
 		}
 	} else {
-		s.stop(lease, g, r.exited, sig, timeout, r.held)
+		r.stop(sig, timeout)
 	}
-	s.finish(lease, g, r.exited, end)
+	s.finish(r.lease, g, r.exited, end)
 }
 
 // registerLB starts the load balancer session, when one is configured.
@@ -700,18 +700,26 @@ func (s *Supervisor) workloadEnv(lease *lockclient.Lease) []string {
 }
 
 // stop ends the workload: sig to the group, grace until every member is gone
-// or timeout passes (cut short by the lease's stop deadline if the lock is
-// lost meanwhile), then SIGKILL to the group. A workload that already exited
-// with no stragglers left is not signalled at all.
-func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struct{}, sig syscall.Signal,
-	timeout time.Duration, held func(State, string) Event) {
+// or timeout passes, then SIGKILL to the group (in finish). A workload that
+// already exited with no stragglers left is not signalled at all.
+//
+// A graceful stop of a healthy lock gets its whole timeout: renewals go on
+// and push the guard's deadline and the deadlines the driver's watchdog
+// reads. Only a lost lease cuts the grace, to the lease's stop deadline
+// (before the server can free the lock), and an event says so. A loss that
+// the server did not declare (renews late or failing past the fence
+// deadline, as on a loaded machine) is tried back (see retake): if the lock
+// is still ours, the grace is whole again on the lease retaken, which
+// replaces r.lease.
+func (r *heldRun) stop(sig syscall.Signal, timeout time.Duration) {
+	s, g, exited := r.s, r.g, r.exited
 	if chans.Closed(exited) {
 		if s.treeEmpty(g) {
 			return
 		}
 		s.Logger.Info("workload exited but left processes behind, stopping them", "signal", sig)
 	}
-	s.emit(held(StateStopping, "Stopping workload with "+signalName(sig)))
+	s.emit(r.held(StateStopping, "Stopping workload with "+signalName(sig)))
 	if err := g.signal(sig); err != nil {
 		s.Logger.Warn("signal workload group", "signal", sig, "error", err)
 	}
@@ -720,36 +728,84 @@ func (s *Supervisor) stop(lease *lockclient.Lease, g *group, exited <-chan struc
 			s.Logger.Warn("signal the workload's process tree", "signal", sig, "error", err)
 		}
 	}
-	deadline := lockclient.BootNow().Add(timeout)
-	if chans.Closed(lease.Lost()) {
-		deadline = earliest(deadline, lease.StopDeadline())
-	}
+	began := lockclient.BootNow()
+	end := began.Add(timeout)
+	deadline := graceEnd(end, r.lease)
 	poll := time.NewTicker(20 * time.Millisecond)
 	defer poll.Stop()
 	grace := lockclient.NewBootTimer(lockclient.BootUntil(deadline))
 	defer grace.Stop()
-	lost := lease.Lost()
+	var lost <-chan struct{}
+	if !chans.Closed(r.lease.Lost()) {
+		lost = r.lease.Lost() // lost before the stop: lost() said so
+	}
+	rt := newRetaker(s)
+	defer func() {
+		if l := rt.stop(); l != nil {
+			r.lease = l // retaken as the stop ended: finish releases it
+		}
+	}()
 	for {
 		select {
 		case <-grace.C():
-			s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", timeout)
+			if deadline.Before(end) {
+				s.emit(r.held(StateStopping, fmt.Sprintf("Killing the workload with SIGKILL after %s of its kill_timeout (%s): "+
+					"the lock was lost (%s), and the workload must be gone before Nomad can free the lock",
+					lockclient.BootNow().Sub(began).Round(time.Second), timeout, lostReason(r.lease))))
+			} else {
+				s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", timeout)
+			}
 			return
 		case <-lost:
 			lost = nil
-			deadline = earliest(deadline, lease.StopDeadline())
+			deadline = graceEnd(end, r.lease)
 			grace.Reset(lockclient.BootUntil(deadline))
-		case <-lease.Renewed():
+			msg := fmt.Sprintf("Lock lost while stopping the workload (%s): it now has %s left before SIGKILL, not the %s left of its kill_timeout",
+				lostReason(r.lease), lockclient.BootUntil(deadline).Round(time.Second), lockclient.BootUntil(end).Round(time.Second))
+			if !deadline.Before(end) {
+				msg = fmt.Sprintf("Lock lost while stopping the workload (%s): its kill_timeout ends before the lock's stop deadline, so its grace is not cut",
+					lostReason(r.lease))
+			}
+			if rt.start(r.lease) {
+				msg += "; renewing it again, as Nomad did not say it is no longer ours"
+			}
+			s.emit(r.held(StateStopping, msg))
+		case l := <-rt.retaken:
+			r.lease, lost = l, l.Lost()
+			deadline = graceEnd(end, l)
+			grace.Reset(lockclient.BootUntil(deadline))
+			g.arm(earliest(deadline.Add(2*time.Second), l.StopDeadline()))
+			s.emit(r.held(StateStopping, fmt.Sprintf("Lock renewed again: it was still ours; the workload keeps its kill_timeout (%s, %s left)",
+				timeout, lockclient.BootUntil(deadline).Round(time.Second))))
+		case <-r.lease.Renewed():
 			// Still ours: keep the guard, and the driver's watchdog (which
 			// reads the deadlines this event publishes), from cutting a long
 			// kill_timeout short.
-			g.arm(earliest(deadline.Add(2*time.Second), lease.StopDeadline()))
-			s.emit(held(s.state, s.message))
+			g.arm(earliest(deadline.Add(2*time.Second), r.lease.StopDeadline()))
+			s.emit(r.held(s.state, s.message))
 		case <-poll.C:
 			if chans.Closed(exited) && s.treeEmpty(g) {
 				return
 			}
 		}
 	}
+}
+
+// graceEnd is when a stop's grace ends: end (its kill_timeout after the
+// stop began), cut to the lease's stop deadline once the lease is lost.
+func graceEnd(end time.Time, lease *lockclient.Lease) time.Time {
+	if chans.Closed(lease.Lost()) {
+		return earliest(end, lease.StopDeadline())
+	}
+	return end
+}
+
+// lostReason is why the lease was lost, without the "lock lost: " prefix.
+func lostReason(lease *lockclient.Lease) string {
+	if err := lease.Err(); err != nil {
+		return strings.TrimPrefix(err.Error(), "lock lost: ")
+	}
+	return "no reason given"
 }
 
 // treeEmpty reports whether no process of the workload is left: none in its
