@@ -88,7 +88,7 @@ func (d *Driver) gatedKillerOf(h *taskHandle, spec supervisorSpec) (*gatedKiller
 	if err != nil {
 		return nil, fmt.Errorf("read the gate's allocation to find its gated tasks: %w", err)
 	}
-	rec = planGated(spec.Gate.AllocID, gatedTasksFromAlloc(alloc, spec.Gate.Task), alloc, env)
+	rec = planGated(spec.Gate.AllocID, shim.GatedTasksOf(alloc, spec.Gate.Task), alloc, env)
 	if err := writeJSON(h.dir, gatedFile, rec); err != nil {
 		h.logger.Warn("record the gated tasks", "error", err)
 	}
@@ -163,15 +163,12 @@ func (d *Driver) gateWatchdog(h *taskHandle, why string) {
 		h.logger.Error("watchdog: read the gate's spec", "error", err)
 	}
 	h.logger.Error("watchdog: killing the gate's gated tasks and its supervisor", "why", why)
-	msg := "Lock lost: watchdog killed the gate and "
-	if _, err := d.killGated(h, spec, confirmDeadWithin); err != nil {
+	_, err := d.killGated(h, spec, confirmDeadWithin)
+	if err != nil {
 		h.logger.Error("watchdog: the gated tasks are not proven dead; Nomad kills them once the gate has failed", "error", err)
-		msg += fmt.Sprintf("could not prove its gated tasks dead (%v): ", err)
-	} else {
-		msg += "its gated tasks: "
 	}
 	h.killTask()
-	d.emitEvent(h.cfg, msg+why, map[string]string{"lock_state": string(shim.StateLost)})
+	d.emitEvent(h.cfg, watchdogGateMessage(err, why), map[string]string{"lock_state": string(shim.StateLost)})
 }
 
 func (k *gatedKiller) close() {
