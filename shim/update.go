@@ -93,9 +93,7 @@ func (h *updateHook) deferTo(ctx context.Context) (time.Duration, bool) {
 	if h.told != succ.ID {
 		h.told = succ.ID
 		h.s.Logger.Info("lock free: giving way to a newer version of the group", "successor", succ.ID, "version", succ.JobVersion, "grace", h.grace)
-		h.s.notify(Event{State: StateWaiting, Message: fmt.Sprintf(
-			"Lock free: giving way for up to %s to allocation %s of job version %d (rolling update), then taking it if still free",
-			h.grace, shortAlloc(succ.ID), succ.JobVersion)})
+		h.s.notify(Event{State: StateWaiting, Message: updateGivingWayMessage(h.grace, shortAlloc(succ.ID), succ.JobVersion)})
 	}
 	return h.grace, false
 }
@@ -110,10 +108,7 @@ func (h *updateHook) readFailed(err error) {
 	}
 	h.off = true
 	h.s.Logger.Warn("rolling updates: the task's identity may not read its job's allocations", "error", err)
-	h.s.notify(Event{State: StateWaiting, Message: fmt.Sprintf(
-		`Rolling updates: the workload identity may not read job %q's allocations, so this standby takes the lock even from a newer version (two handovers per update). `+
-			`Add namespace %q { capabilities = ["read-job"] } to the task's policy (examples/acl/singleton-update.policy.hcl; docs/updates.md)`,
-		h.jobID, nsOrDefault(h.namespace))})
+	h.s.notify(Event{State: StateWaiting, Message: updateNoReadJobMessage(h.jobID, nsOrDefault(h.namespace))})
 }
 
 func nsOrDefault(ns string) string {
