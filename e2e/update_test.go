@@ -114,7 +114,9 @@ func TestDriverBrokenNewVersionFallsBackToOldStandby(t *testing.T) {
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
 
 	const grace = 4 * time.Second
-	j := newDrvJob(t, "update-broken", 2)
+	// The holder starts alone, at index 0, which Nomad replaces first; the
+	// standby joins at index 1.
+	j := newDrvJob(t, "update-broken", 1)
 	j.update = `    max_parallel      = 1
     min_healthy_time  = "2s"
     healthy_deadline  = "1m"
@@ -124,6 +126,9 @@ func TestDriverBrokenNewVersionFallsBackToOldStandby(t *testing.T) {
 	j.run(t, a)
 	j.waitStart(t, 60*time.Second, nil)
 	drvWaitDeployment(t, a, j.id, 0, 2*time.Minute)
+	j.count = 2
+	j.run(t, a)
+	drvWaitDeployment(t, a, j.id, 1, 2*time.Minute)
 	// Both v0 allocations run: one holds, the other waits.
 	a.WaitAllocs(t, j.id, 2, "running", 60*time.Second)
 
