@@ -13,17 +13,24 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
-// waitGateHolding returns once a gate holds its lock: Nomad starts the
-// group's other tasks only when StartTask has returned (a prestart sidecar
-// is then running), so a standby never starts them. A gate whose supervisor
+// waitHolding returns once a task that starts on lock holds its lock. A
+// gate: Nomad starts the group's other tasks only when StartTask has
+// returned (a prestart sidecar is then running), so a standby never starts
+// them. A start = "on_lock" task: Nomad registers its services and runs its
+// poststart tasks only then, so only on the holder. A task whose supervisor
 // ends first (its allocation stopped while it waited, a job it cannot gate
 // safely, no permission) fails to start, with its reason.
-func (d *Driver) waitGateHolding(h *taskHandle, root *securefs.Dir, path string) error {
-	d.emitEvent(h.cfg, fmt.Sprintf("Gate waiting for lock %s: the group's other tasks start once it is held", path),
-		map[string]string{"lock_state": string(shim.StateWaiting)})
+func (d *Driver) waitHolding(h *taskHandle, root *securefs.Dir, path string) error {
+	msg := fmt.Sprintf("Waiting for lock %s: the task starts, and Nomad registers its services, once it is held", path)
+	if h.gate {
+		msg = fmt.Sprintf("Gate waiting for lock %s: the group's other tasks start once it is held", path)
+	}
+	d.emitEvent(h.cfg, msg, map[string]string{"lock_state": string(shim.StateWaiting)})
 	select {
 	case <-h.holding:
-		go d.recordGated(h)
+		if h.gate {
+			go d.recordGated(h)
+		}
 		return nil
 	case <-h.done:
 	case <-d.ctx.Done():
@@ -40,6 +47,9 @@ func (d *Driver) waitGateHolding(h *taskHandle, root *securefs.Dir, path string)
 	why := cmp.Or(msg, "its supervisor exited")
 	if res != nil && res.Err != nil {
 		why += " (" + res.Err.Error() + ")"
+	}
+	if !h.gate {
+		return fmt.Errorf("task %q did not take its lock: %s", h.cfg.Name, why)
 	}
 	return fmt.Errorf("gate %q did not take its lock: %s", h.cfg.Name, why)
 }
@@ -131,17 +141,20 @@ func (g *gateLeases) take(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.Ado
 	return &k.Lease
 }
 
-// supersedeGate ends the supervisor of an earlier start of the same gate
-// (same allocation and task) that still runs, and returns its lease for the
-// new one to take over. Nomad starts a gate again while one runs only when
-// it lost the first: the agent restarted while StartTask waited for the lock
+// supersedeStart ends the supervisor of an earlier start of the same task
+// that starts on lock (same allocation and task: a gate, or start =
+// "on_lock") that still runs, and returns its lease for a new gate to take
+// over. Nomad starts such a task again while one runs only when it lost
+// the first: the agent restarted while StartTask waited for the lock
 // (Nomad keeps no handle for a start that has not returned, and reattaches
 // to this plugin), or it could not recover the task. Left alone, the first
 // would hold (or win) the lock for nobody, and the new one would wait for it
 // for ever. The gated tasks never started for a start Nomad lost, and for a
 // task Nomad could not recover the new gate takes the lease over, so they
-// are never left without it.
-func (d *Driver) supersedeGate(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
+// are never left without it. A start = "on_lock" task's workload dies with
+// its supervisor (its group guard, and the plugin's kill of its cgroup),
+// and the new start waits for the lock like any other.
+func (d *Driver) supersedeStart(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
 	var adopt *shim.AdoptLease
 	for _, old := range d.tasks.all() {
 		if old.holding == nil || old.cfg.ID == cfg.ID || old.cfg.AllocID != cfg.AllocID || old.cfg.Name != cfg.Name || old.exited() {
@@ -149,14 +162,14 @@ func (d *Driver) supersedeGate(cfg *drivers.TaskConfig, root *securefs.Dir) *shi
 		}
 		var held heldLease
 		_ = readJSON(old.dir, leaseFile, &held)
-		if err := old.kill("superseded by a new start of the same gate"); err != nil {
-			old.logger.Error("end the superseded gate supervisor", "error", err)
+		if err := old.kill("superseded by a new start of the same task"); err != nil {
+			old.logger.Error("end the superseded supervisor", "error", err)
 		}
 		d.tasks.delete(old.cfg.ID)
 		if err := removeTaskState(root, old.cfg); err != nil {
-			old.logger.Warn("remove the superseded gate's state dir", "error", err)
+			old.logger.Warn("remove the superseded task's state dir", "error", err)
 		}
-		if held.LockID != "" {
+		if held.LockID != "" && old.gate {
 			old.logger.Info("a new start of this gate takes its lease over", "fence", held.Fence)
 			adopt = &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}
 		}

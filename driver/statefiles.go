@@ -97,7 +97,10 @@ type supervisorSpec struct {
 	TaskID string
 	// Gate holds the lock for the group's other tasks (config.gate): its
 	// allocation, task and namespace, from Nomad.
-	Gate        *gateSpec `json:",omitempty"`
+	Gate *gateSpec `json:",omitempty"`
+	// StartOnLock: the task starts once it holds the lock (config.start =
+	// "on_lock"), and its supervisor watches its allocation meanwhile.
+	StartOnLock bool `json:",omitempty"`
 	Path        string
 	Namespace   string
 	Command     []string

@@ -180,6 +180,8 @@ func (spec supervisorSpec) shimConfig() shim.Config {
 	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
 	if g := spec.Gate; g != nil {
 		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}
+	} else if spec.StartOnLock {
+		cfg.WatchAlloc = &shim.AllocWatch{AllocID: spec.Holder.AllocID, Namespace: spec.Namespace, Who: onLockWho}
 	}
 	return cfg
 }
