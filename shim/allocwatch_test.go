@@ -63,7 +63,9 @@ func TestWatchAllocWaitingAllocationStopped(t *testing.T) {
 			if _, ok := r.find(func(ev Event) bool { return ev.State.Holds() }); ok {
 				t.Errorf("the standby held the lock; events:\n%s", r.eventLog())
 			}
-			if _, ok := r.find(func(ev Event) bool { return strings.Contains(ev.Message, "Allocation stopped while waiting for the lock") }); !ok {
+			if _, ok := r.find(func(ev Event) bool {
+				return strings.Contains(ev.Message, "Allocation stopped while waiting for the lock")
+			}); !ok {
 				t.Errorf("no event says why it stopped waiting; events:\n%s", r.eventLog())
 			}
 			if strings.Contains(r.out.String(), "started") {
