@@ -209,3 +209,60 @@ func testDrvServiceAtOnce(t *testing.T, a *harness.Agent) {
 	}
 	t.Logf("holder %s; the catalog lists all three allocations, standbys included", drvShort(first.AllocID))
 }
+
+// TestDriverServicesACL: with ACLs on, a start = "on_lock" task whose
+// identity has the gate policy (write on the lock path, read-job) applied
+// to it alone waits pending as a standby, and a stop of its allocation ends
+// it within seconds. Without read-job it does not wait unwatched: it fails
+// at start, naming the capability and config.start, and never runs.
+func TestDriverServicesACL(t *testing.T) {
+	t.Parallel()
+	harness.BuildTestWorkload(t)
+	opts := drvAgentOptions(t, false)
+	opts.ACLs = true
+	a := harness.StartAgent(t, opts)
+
+	ok := newDrvJob(t, "onlock-acl", 2)
+	ok.start = "on_lock"
+	denied := newDrvJob(t, "onlock-acl-denied", 1)
+	denied.start, denied.failFast = "on_lock", true
+	applyGatePolicyTo(t, a, ok.id, drvGroup, drvTask, ok.lockPath(), true)
+	applyGatePolicyTo(t, a, denied.id, drvGroup, drvTask, denied.lockPath(), false)
+	ok.run(t, a)
+	denied.run(t, a)
+
+	first := ok.waitStart(t, 90*time.Second, nil)
+	standby := drvOnLockStandbys(t, a, ok, first.AllocID, 1)[0]
+	sup := drvSupervisor(t, standby)
+	t0 := harness.MonoNow()
+	a.Nomad(t, "alloc", "stop", "-detach", standby)
+	drvWaitGone(t, sup.PID, 30*time.Second)
+	drvWaitTerminal(t, a, standby, 30*time.Second)
+	stopped := time.Duration(harness.MonoNow() - t0)
+	harness.Measure(t, "onlock_acl_standby_stop_alloc_terminal", stopped)
+	if stopped > 20*time.Second {
+		t.Errorf("the waiting standby took %s to stop under ACLs, want seconds", stopped)
+	}
+
+	var evs []*api.TaskEvent
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		allocs, _ := a.Allocs(denied.id)
+		evs = evs[:0]
+		for _, al := range allocs {
+			e, _ := a.TaskEvents(al.ID, drvTask)
+			evs = append(evs, e...)
+		}
+		if m := drvMatching(evs, "permission denied", `capabilities = ["read-job"]`, `config.start = "on_lock"`); len(m) > 0 {
+			t.Logf("without read-job: %s", drvEventText(m[0]))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no event naming read-job and config.start within 60s; events:\n%s", drvFormatEvents(evs))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if recs, _ := harness.ReadRecords(denied.record); len(recs) > 0 {
+		t.Errorf("the workload of an on_lock task without read-job ran: %v", recs)
+	}
+}
