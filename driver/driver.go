@@ -344,6 +344,9 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
 		done:   make(chan struct{}),
 	}
+	// A recovered gate is still a gate: its watchdog kills its gated tasks.
+	var spec supervisorSpec
+	h.gate = readJSON(dir, specFile, &spec) == nil && spec.Gate != nil
 	tail := &eventTail{dir: dir}
 	tail.restore()
 
