@@ -2,9 +2,12 @@ package driver
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
@@ -174,5 +177,107 @@ func (d *Driver) supersedeStart(cfg *drivers.TaskConfig, root *securefs.Dir) *sh
 			adopt = &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}
 		}
 	}
+	if a := d.supersedeUnknown(cfg, root); a != nil {
+		adopt = a
+	}
 	return adopt
+}
+
+// supersedeUnknown ends the supervisors of earlier starts of the same task
+// (same allocation and task name) that this plugin process does not know:
+// the agent restarted, and restarted its plugins, while StartTask waited
+// for the lock, so Nomad, which keeps no handle for a start that has not
+// returned, starts the task again, and no handle reaches the first start's
+// supervisor, which runs on in its own session. It is found by its state
+// dir (root-only) and proven by the PID and start time its status records
+// (findSupervisor), then SIGKILLed; if it ran a workload, the task cgroup
+// is emptied too. Its lock, if it held one, is not released (it may have
+// had a workload): a gate's is returned for the new start to take over,
+// any other expires on the server.
+func (d *Driver) supersedeUnknown(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
+	if root == nil || !allocIDPattern.MatchString(cfg.AllocID) {
+		return nil
+	}
+	alloc, err := root.Sub(cfg.AllocID, false)
+	if err != nil {
+		return nil
+	}
+	defer alloc.Close()
+	names, err := alloc.Names()
+	if err != nil {
+		d.logger.Warn("list the allocation's state dirs", "alloc_id", cfg.AllocID, "error", err)
+		return nil
+	}
+	known := map[string]bool{}
+	for _, h := range d.tasks.all() {
+		known[url.PathEscape(strings.TrimPrefix(h.cfg.ID, h.cfg.AllocID+"/"))] = true
+	}
+	prefix := url.PathEscape(cfg.Name + "/")
+	var adopt *shim.AdoptLease
+	for _, name := range names {
+		if !strings.HasPrefix(name, prefix) || known[name] || name == url.PathEscape(strings.TrimPrefix(cfg.ID, cfg.AllocID+"/")) {
+			continue
+		}
+		if a := d.endUnknownStart(cfg, alloc, name); a != nil {
+			adopt = a
+		}
+	}
+	return adopt
+}
+
+// endUnknownStart ends the supervisor whose state dir is name below alloc
+// (see supersedeUnknown) and removes the dir once it is dead.
+func (d *Driver) endUnknownStart(cfg *drivers.TaskConfig, alloc *securefs.Dir, name string) *shim.AdoptLease {
+	log := d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name, "state_dir", name)
+	dir, err := alloc.Sub(name, false)
+	if err != nil {
+		return nil
+	}
+	defer dir.Close()
+	var st supervisorStatus
+	var spec supervisorSpec
+	var held heldLease
+	_ = readJSON(dir, statusFile, &st)
+	_ = readJSON(dir, specFile, &spec)
+	_ = readJSON(dir, leaseFile, &held)
+	if st.SupervisorPID > 0 && st.SupervisorTicks > 0 {
+		proc, err := findSupervisor(st.SupervisorPID, st.SupervisorTicks)
+		switch {
+		case errors.Is(err, errSupervisorGone):
+		case err != nil:
+			log.Error("an earlier start of this task may still run; not removing its state", "pid", st.SupervisorPID, "error", err)
+			return nil
+		default:
+			log.Warn("ending the supervisor of an earlier start of this task that the plugin no longer knows "+
+				"(the agent restarted while it waited for the lock)", "pid", st.SupervisorPID, "lock_state", st.State)
+			_ = proc.signal(syscall.SIGKILL)
+			gone := make(chan struct{})
+			go func() { _, _ = proc.wait(); close(gone) }()
+			select {
+			case <-gone:
+			case <-time.After(killWait):
+				log.Error("the earlier start's supervisor did not exit after SIGKILL; not removing its state", "pid", st.SupervisorPID)
+				return nil
+			}
+		}
+	} else if st.SupervisorPID > 0 {
+		log.Warn("an earlier start of this task records no supervisor start time; leaving it alone", "pid", st.SupervisorPID)
+		return nil
+	}
+	if st.WorkloadPID != 0 {
+		if cg, err := newTaskCgroup(cfg); err == nil && cg != nil {
+			if err := cg.KillAll(killWait); err != nil {
+				log.Error("empty the task cgroup of the earlier start", "error", err)
+			}
+		}
+	}
+	if err := alloc.RemoveSub(name); err != nil {
+		log.Warn("remove the earlier start's state dir", "error", err)
+	}
+	d.emitEvent(cfg, "Ended an earlier start of this task that Nomad lost while it waited for the lock (the agent restarted); "+
+		"this start takes its place", map[string]string{"lock_state": string(shim.StateWaiting)})
+	if held.LockID != "" && spec.Gate != nil {
+		return &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}
+	}
+	return nil
 }

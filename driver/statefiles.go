@@ -171,7 +171,11 @@ type supervisorStatus struct {
 	WorkloadPID   int
 	WorkloadPGID  int
 	SupervisorPID int
-	UpdatedBoot   int64
+	// SupervisorTicks is the supervisor's start time (clock ticks since
+	// boot, /proc/<pid>/stat): with SupervisorPID it proves the process is
+	// still the supervisor (findSupervisor).
+	SupervisorTicks uint64 `json:",omitempty"`
+	UpdatedBoot     int64
 }
 
 // maxEventMessage bounds the message of every task event and of the

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -272,6 +273,12 @@ func joinCgroups(procsFiles []string) error {
 	return errors.Join(errs...)
 }
 
+// selfTicks is this process's start time in clock ticks (0 if unknown).
+var selfTicks = sync.OnceValue(func() uint64 {
+	t, _ := startTicks(os.Getpid())
+	return t
+})
+
 // publisher writes the supervisor's events for the plugin: every event
 // refreshes status.json; a change of state or message is also appended to
 // events.jsonl, which the plugin turns into task events. A notice (an LB
@@ -303,7 +310,7 @@ func (p *publisher) observe(ev shim.Event) {
 		FenceDeadlineBoot: lockclient.BootNanos(ev.FenceDeadline), StopDeadlineBoot: lockclient.BootNanos(ev.StopDeadline),
 		LastRenewBoot: lockclient.BootNanos(ev.LastRenew),
 		WorkloadPID:   ev.WorkloadPID, WorkloadPGID: ev.WorkloadPGID,
-		SupervisorPID: os.Getpid(), UpdatedBoot: bootNow(),
+		SupervisorPID: os.Getpid(), SupervisorTicks: selfTicks(), UpdatedBoot: bootNow(),
 	}
 	if err := writeJSON(p.dir, statusFile, st); err != nil {
 		p.log.Warn("write status", "error", err)

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -265,4 +267,87 @@ func TestDriverServicesACL(t *testing.T) {
 	if recs, _ := harness.ReadRecords(denied.record); len(recs) > 0 {
 		t.Errorf("the workload of an on_lock task without read-job ran: %v", recs)
 	}
+}
+
+// TestDriverServicesClientRestart: the client agent restarts while a
+// start = "on_lock" standby waits in StartTask. Nomad keeps no handle for a
+// start that has not returned and starts the task again: the plugin ends
+// the first start's supervisor, so each allocation has one supervisor, the
+// holder keeps the lock, the catalog lists it alone, and after a stop of
+// the holder the standby's new start takes over.
+// drvOnLockRestartTTL outlasts the client's stop and start with a waiting
+// standby.
+const drvOnLockRestartTTL = 60 * time.Second
+
+func TestDriverServicesClientRestart(t *testing.T) {
+	t.Parallel()
+	harness.BuildTestWorkload(t)
+	a := harness.StartAgent(t, drvAgentOptions(t, false))
+	j := newDrvJob(t, "svc-restart", 2)
+	j.start, j.service = "on_lock", "drv-svc-restart"
+	// The holder lives through the agent's downtime (its Task API is gone
+	// meanwhile) only within its fence deadline. A client agent with a
+	// StartTask that has not returned does not stop on SIGINT (Nomad's
+	// client waits for it): the harness kills it after StopTimeout (30s).
+	j.lockBlock = fmt.Sprintf("ttl = %q\n          delay = %q", drvOnLockRestartTTL.String(), drvDelayHCL)
+	j.run(t, a)
+	first := j.waitStart(t, 90*time.Second, nil)
+	holder := first.AllocID
+	standby := drvOnLockStandbys(t, a, j, holder, 1)[0]
+	drvWaitService(t, a, j.service, 60*time.Second, holder)
+	holderSup, standbySup := drvSupervisor(t, holder), drvSupervisor(t, standby)
+
+	drvWaitRenew(t, a, holder, drvOnLockRestartTTL)
+	stopAt := harness.MonoNow()
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	stoppedAt := harness.MonoNow()
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	harness.Measure(t, "onlock_client_stop", time.Duration(stoppedAt-stopAt))
+	if d := time.Duration(harness.MonoNow() - stopAt); d >= drvOnLockRestartTTL-2*time.Second {
+		t.Errorf("the client was down for %s, want less than TTL - margin: fix the test timing", d)
+	}
+	// The standby's first supervisor ends, superseded by the new start's
+	// (or, with a new plugin process, by the allocation watch of nobody:
+	// then it would still run, which this test catches).
+	drvWaitGone(t, standbySup.PID, 90*time.Second)
+	drvOnLockStandbys(t, a, j, holder, 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		procs, err := harness.SupervisorProcs(standby)
+		if err == nil && len(procs) == 1 && procs[0].PID != standbySup.PID {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("standby %s: supervisors %v (err %v), want one new one", drvShort(standby), procs, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if procs, err := harness.SupervisorProcs(holder); err != nil || len(procs) != 1 || procs[0].PID != holderSup.PID {
+		log, _ := os.ReadFile(a.Client().LogPath())
+		var lines []string
+		for _, l := range strings.Split(string(log), "\n") {
+			if strings.Contains(l, holder) || strings.Contains(l, "singleton") {
+				lines = append(lines, l)
+			}
+		}
+		t.Fatalf("the holder's supervisor %d did not live through the restart: now %v (err %v); events:\n%s\nclient log:\n%s",
+			holderSup.PID, procs, err, drvFormatEvents(drvEvents(t, a, holder)), strings.Join(lines, "\n"))
+	}
+	drvCheckServiceStays(t, a, j.service, 3*time.Second, holder)
+	if n := len(drvStarts(j.records(t))); n != 1 {
+		t.Errorf("%d workload starts across the restart, want the holder's alone", n)
+	}
+
+	t0 := harness.MonoNow()
+	a.Nomad(t, "alloc", "stop", "-detach", holder)
+	next := j.waitStart(t, 90*time.Second, func(r harness.Record) bool { return r.Mono > t0 })
+	if next.AllocID != standby {
+		t.Errorf("the new holder is %s, want the standby %s", drvShort(next.AllocID), drvShort(standby))
+	}
+	listed := drvWaitService(t, a, j.service, 90*time.Second, next.AllocID)
+	harness.Measure(t, "onlock_after_client_restart_stop_to_catalog_new_holder", time.Duration(listed-t0))
 }
