@@ -24,9 +24,9 @@ import (
 // ends first (its allocation stopped while it waited, a job it cannot gate
 // safely, no permission) fails to start, with its reason.
 func (d *Driver) waitHolding(h *taskHandle, root *securefs.Dir, path string) error {
-	msg := fmt.Sprintf("Waiting for lock %s: the task starts, and Nomad registers its services, once it is held", path)
+	msg := onLockWaitingMessage(path)
 	if h.gate {
-		msg = fmt.Sprintf("Gate waiting for lock %s: the group's other tasks start once it is held", path)
+		msg = gateWaitingMessage(path)
 	}
 	d.emitEvent(h.cfg, msg, map[string]string{"lock_state": string(shim.StateWaiting)})
 	select {

@@ -87,7 +87,7 @@ func drvCheckServiceStays(t *testing.T, a *harness.Agent, name string, d time.Du
 // are pending, their task waiting for the lock, and returns them.
 func drvOnLockStandbys(t *testing.T, a *harness.Agent, j *drvJob, holder string, n int) []string {
 	t.Helper()
-	want := "Waiting for lock " + j.lockPath() + ": the task starts, and Nomad registers its services, once it is held"
+	want := "Pending until lock " + j.lockPath() + " is held: the task starts, and Nomad registers its services, then"
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var out []string
@@ -143,7 +143,7 @@ func testDrvServiceOnLock(t *testing.T, a *harness.Agent) {
 	}
 	// `nomad alloc status` shows a standby pending, waiting for the lock.
 	st := a.Nomad(t, "alloc", "status", standbys[0])
-	if !strings.Contains(st, "Waiting for lock "+j.lockPath()) || !strings.Contains(st, "pending") {
+	if !strings.Contains(st, "Pending until lock "+j.lockPath()) || !strings.Contains(st, "pending") {
 		t.Errorf("nomad alloc status of standby %s does not show it pending and waiting for the lock:\n%s", drvShort(standbys[0]), st)
 	}
 	t.Logf("holder %s, standbys %s %s wait for the lock; the catalog lists the holder alone", drvShort(holder), drvShort(standbys[0]), drvShort(standbys[1]))

@@ -124,7 +124,7 @@ func (h *allocWatchHook) check(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	h.s.Logger.Error("not taking the lock: cannot watch the allocation", "error", err)
-	h.s.emit(Event{State: StateStopping, Message: "Not started: " + err.Error()})
+	h.s.emit(Event{State: StateStopping, Message: watchNotStartedMessage(err)})
 	var pe *lockclient.AllocPermissionError
 	if errors.As(err, &pe) {
 		return ExitPermission, err

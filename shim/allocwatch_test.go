@@ -84,7 +84,7 @@ func TestWatchAllocWithoutReadJob(t *testing.T) {
 	if code := r.exit(); code != ExitPermission {
 		t.Errorf("exit %d, want ExitPermission (%d)", code, ExitPermission)
 	}
-	ev, ok := r.find(func(ev Event) bool { return strings.HasPrefix(ev.Message, "Not started: ") })
+	ev, ok := r.find(func(ev Event) bool { return strings.HasPrefix(ev.Message, evWatchNotStarted.Prefix) })
 	if !ok {
 		t.Fatalf("no event says why; events:\n%s", r.eventLog())
 	}
