@@ -274,8 +274,7 @@ func (d *Driver) endUnknownStart(cfg *drivers.TaskConfig, alloc *securefs.Dir, n
 	if err := alloc.RemoveSub(name); err != nil {
 		log.Warn("remove the earlier start's state dir", "error", err)
 	}
-	d.emitEvent(cfg, "Ended an earlier start of this task that Nomad lost while it waited for the lock (the agent restarted); "+
-		"this start takes its place", map[string]string{"lock_state": string(shim.StateWaiting)})
+	d.emitEvent(cfg, supersededStartMessage(), map[string]string{"lock_state": string(shim.StateWaiting)})
 	if held.LockID != "" && spec.Gate != nil {
 		return &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}
 	}
