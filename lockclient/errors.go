@@ -26,9 +26,13 @@ var (
 
 // ConfigError is an invalid setting found before any request is sent, or a
 // 400 from Nomad. The message says which setting to change.
-type ConfigError struct{ Msg string }
+type ConfigError struct {
+	Msg string
+	Err error // a sentinel the message stands for, if any
+}
 
 func (e *ConfigError) Error() string { return e.Msg }
+func (e *ConfigError) Unwrap() error { return e.Err }
 
 func configErrorf(format string, args ...any) error {
 	return &ConfigError{Msg: fmt.Sprintf(format, args...)}
