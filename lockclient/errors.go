@@ -144,7 +144,7 @@ func identityRejected(err error) bool {
 func (c *Locker) classify(op string, err error) error {
 	switch statusCode(err) {
 	case http.StatusForbidden:
-		return &PermissionError{Op: op, Path: c.cfg.Path, Namespace: c.cfg.Namespace, JobID: c.cfg.Holder.JobID, Err: err}
+		return &PermissionError{Op: op, Path: c.policyPath(), Namespace: c.cfg.Namespace, JobID: c.cfg.Holder.JobID, Err: err}
 	case http.StatusUnauthorized:
 		return fmt.Errorf("%s %s: token rejected (HTTP 401): add `identity { env = true }` to the task: %w", op, c.cfg.Path, err)
 	case http.StatusBadRequest:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -58,6 +59,15 @@ func (l *Locker) slotLockers() []*Locker {
 			log: l.cfg.Logger.With("path", c.Path)})
 	}
 	return slots
+}
+
+// policyPath is the variable path an ACL policy must grant: a semaphore
+// slot's lock needs every slot, <prefix>/*.
+func (l *Locker) policyPath() string {
+	if l.cfg.Holder.Holders == 0 {
+		return l.cfg.Path
+	}
+	return strings.TrimSuffix(l.cfg.Path, "/slot-"+strconv.Itoa(l.cfg.Holder.Slot)) + "/*"
 }
 
 // slotOrder is the order a contender tries the slots in: its preferred

@@ -250,3 +250,15 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+func TestSemaphorePermissionErrorGrantsEverySlot(t *testing.T) {
+	vars := locktest.NewVars()
+	vars.Server(lockclient.SlotPath(semPrefix, 0)).FailAcquire(locktest.Error(403, "Permission denied"))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := vars.Locker(t, semConfig(2, 0, "a")).Acquire(ctx, lockclient.AcquireOptions{})
+	var pe *lockclient.PermissionError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), `path "`+semPrefix+`/*"`) {
+		t.Fatalf("err = %v, want a PermissionError whose policy grants %s/*", err, semPrefix)
+	}
+}

@@ -67,7 +67,7 @@ var LockSettings = LockSpec{
 	{Name: "namespace", In: InFileLock | InFlags,
 		Usage: "the lock variable's `namespace` (default: the task's)",
 		field: func(c *Config) any { return &c.Namespace }},
-	{Name: "holders", In: InFileLock | InFlags, FlagName: "n",
+	{Name: "holders", In: InDriver | InFileLock | InFlags, FlagName: "n",
 		Usage: "at most `N` holders at once: a semaphore of N slots under the path, each a lock at <path>/slot-<i>; " +
 			"the workload gets its slot (0 to N-1) in NOMAD_LOCK_SLOT; 0 is one lock at the path (see docs/semaphore.md)",
 		field: func(c *Config) any { return &c.Holders }},
