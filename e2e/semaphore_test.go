@@ -217,3 +217,71 @@ func allocIndex(t *testing.T, a *harness.Agent, allocID string) int {
 	}
 	return n
 }
+
+// TestDriverSemaphore: four allocations of a singleton task with
+// lock { holders = 2 }. Two workloads run, one per slot; a graceful stop
+// hands a slot over at once, and so does a SIGKILL of a holder's
+// supervisor, whose slot the plugin releases once the task is proven dead.
+func TestDriverSemaphore(t *testing.T) {
+	t.Parallel()
+	harness.BuildTestWorkload(t)
+	a := harness.StartAgent(t, drvAgentOptions(t, true))
+	const n = 2
+	j := newDrvJob(t, "semaphore", 4)
+	j.lockBlock = fmt.Sprintf("ttl = %q\n          delay = %q\n          holders = %d", drvTTLHCL, drvDelayHCL, n)
+	j.failFast = true
+	j.run(t, a)
+	prefix := j.lockPath()
+
+	a.WaitAllocs(t, j.id, 4, api.AllocClientStatusRunning, 60*time.Second)
+	holders := map[int]harness.Record{}
+	harness.WaitRecord(t, j.record, 60*time.Second, func(r harness.Record) bool {
+		if isMainStart(r) {
+			holders[slotOf(t, prefix, r)] = r
+		}
+		return len(holders) == n
+	})
+	for _, id := range drvRunning(t, a, j.id) {
+		if id != holders[0].AllocID && id != holders[1].AllocID {
+			drvWaitEvent(t, a, id, 30*time.Second, "Waiting for lock")
+		}
+	}
+	for s, r := range holders {
+		drvWaitEvent(t, a, r.AllocID, 30*time.Second, fmt.Sprintf("Acquired slot %d of %d", s, n))
+	}
+	sampler := j.sampler(t)
+	sampler.WaitSeen(t, 30*time.Second, holders[0].PID, holders[1].PID)
+
+	old := holders[0]
+	if err := a.StopAlloc(old.AllocID); err != nil {
+		t.Fatalf("stop alloc %s: %v", old.AllocID, err)
+	}
+	next := j.waitStart(t, 30*time.Second, func(r harness.Record) bool { return r.Instance != old.Instance && r.LockPath == old.LockPath })
+	stop := j.waitEnd(t, old.Instance, 10*time.Second)
+	handover := time.Duration(next.Mono - stop.Mono)
+	harness.Measure(t, "driver_semaphore_slot_handover", handover)
+	if handover < 0 || handover > 3*time.Second {
+		t.Errorf("slot 0 handed over %s after its workload stopped, want 0 ≤ gap < 3s", handover)
+	}
+
+	crashed := holders[1]
+	sup := drvSupervisor(t, crashed.AllocID)
+	killAt := harness.MonoNow()
+	if err := syscall.Kill(sup.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	gone := drvWaitGone(t, crashed.PID, 5*time.Second)
+	taken := j.waitStart(t, 2*drvTTL+drvDelay+10*time.Second, func(r harness.Record) bool {
+		return r.Instance != crashed.Instance && r.LockPath == crashed.LockPath
+	})
+	takeover := time.Duration(taken.Mono - killAt)
+	harness.Measure(t, "driver_semaphore_slot_crash_takeover", takeover)
+	if takeover > crashTakeoverBound {
+		t.Errorf("slot 1 taken %s after its supervisor was killed, want < %s (not 2×TTL + delay)", takeover, crashTakeoverBound)
+	}
+	drvWaitEvent(t, a, crashed.AllocID, 15*time.Second, "Released lock on behalf of crashed supervisor")
+	time.Sleep(500 * time.Millisecond)
+	sum := sampler.Stop()
+	checkSlots(t, prefix, n, j.records(t), sum, harness.KnownEnd{PID: crashed.PID, Mono: gone})
+	t.Logf("sampler: %s", sum)
+}
