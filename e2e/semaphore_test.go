@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
@@ -284,4 +285,72 @@ func TestDriverSemaphore(t *testing.T) {
 	sum := sampler.Stop()
 	checkSlots(t, prefix, n, j.records(t), sum, harness.KnownEnd{PID: crashed.PID, Mono: gone})
 	t.Logf("sampler: %s", sum)
+}
+
+// TestLockSemaphoreWaitCost: three `lock -n 3` holders and twenty waiters
+// against one agent. Parked waiters send nothing until a slot changes: the
+// agent's CPU while they wait is about what the holders' renews cost alone.
+func TestLockSemaphoreWaitCost(t *testing.T) {
+	t.Parallel()
+	a := harness.StartAgent(t, harness.AgentOptions{Dev: true})
+	s := newScenario(t, "sem-wait-cost")
+	flags := lockArgs(s.path, "-n", "3")
+	var procs []*harness.Process
+	for range 3 {
+		procs = append(procs, startPlainLock(t, a, flags, s.workloadArgv(t)...))
+	}
+	harness.WaitRecord(t, s.record, 60*time.Second, func(harness.Record) bool {
+		return countStarts(readRecords(t, s.record), harness.RoleMain) == 3
+	})
+	t.Cleanup(func() {
+		for _, p := range procs {
+			_ = p.Signal(syscall.SIGTERM)
+		}
+	})
+	const window = 20 * time.Second
+	agentPID := a.Server().PID()
+	base := cpuOver(t, window, agentPID)
+
+	var waiters []int
+	for range 20 {
+		p := startPlainLock(t, a, flags, s.workloadArgv(t)...)
+		procs = append(procs, p)
+		waiters = append(waiters, p.PID())
+	}
+	for _, p := range procs[3:] {
+		p.WaitOutput("semaphore slots are held, waiting", 60*time.Second)
+	}
+	time.Sleep(time.Second) // every waiter has parked its blocking queries
+	parked := cpuOver(t, window, agentPID)
+	waiting := cpuOver(t, window, waiters...)
+	harness.Measure(t, "semaphore_agent_cpu_3_holders", fmt.Sprintf("%.2f%%", base*100))
+	harness.Measure(t, "semaphore_agent_cpu_3_holders_20_waiters", fmt.Sprintf("%.2f%%", parked*100))
+	harness.Measure(t, "semaphore_20_waiters_own_cpu", fmt.Sprintf("%.2f%%", waiting*100))
+	if parked-base > 0.05 {
+		t.Errorf("20 parked waiters cost the agent %.1f%% of a core more than the holders alone (%.1f%% → %.1f%%), want < 5%%",
+			(parked-base)*100, base*100, parked*100)
+	}
+	if n := countStarts(readRecords(t, s.record), harness.RoleMain); n != 3 {
+		t.Errorf("%d workloads started, want the 3 holders only", n)
+	}
+}
+
+// cpuOver is the CPU the processes used over d, as a fraction of one core.
+func cpuOver(t *testing.T, d time.Duration, pids ...int) float64 {
+	t.Helper()
+	ticks := func() uint64 {
+		var sum uint64
+		for _, pid := range pids {
+			st, err := procfs.Read(pid)
+			if err != nil {
+				t.Fatalf("read /proc/%d/stat: %v", pid, err)
+			}
+			sum += st.UTime + st.STime
+		}
+		return sum
+	}
+	before, began := ticks(), time.Now()
+	time.Sleep(d)
+	used := time.Duration(ticks()-before) * procfs.ClockTick
+	return float64(used) / float64(time.Since(began))
 }
