@@ -137,27 +137,6 @@ func cgroupOverride(alloc *api.Allocation, task string) string {
 	return "it is not in the allocation's group"
 }
 
-// gatedTasksFromAlloc lists the tasks a gate guards: every other task of
-// its group but poststop ones (shim.checkGateJob refuses the rest).
-func gatedTasksFromAlloc(alloc *api.Allocation, gate string) []shim.GatedTask {
-	var out []shim.GatedTask
-	if alloc.Job == nil {
-		return nil
-	}
-	for _, g := range alloc.Job.TaskGroups {
-		if g.Name == nil || *g.Name != alloc.TaskGroup {
-			continue
-		}
-		for _, t := range g.Tasks {
-			if t.Name == gate || (t.Lifecycle != nil && t.Lifecycle.Hook == api.TaskLifecycleHookPoststop) {
-				continue
-			}
-			out = append(out, shim.GatedTask{Name: t.Name, Driver: t.Driver})
-		}
-	}
-	return out
-}
-
 // gatedKiller is shim.GatedTasks for one allocation.
 type gatedKiller struct {
 	rec    gatedRecord

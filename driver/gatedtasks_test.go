@@ -34,7 +34,7 @@ func TestPlanGatedKillsOnlyWhatItCanFind(t *testing.T) {
 		&api.Task{Name: "vm", Driver: "qemu"},
 		&api.Task{Name: "cleanup", Driver: "raw_exec", Lifecycle: &api.TaskLifecycle{Hook: api.TaskLifecycleHookPoststop}},
 	)
-	tasks := gatedTasksFromAlloc(alloc, "gate")
+	tasks := shim.GatedTasksOf(alloc, "gate")
 	var names []string
 	for _, g := range tasks {
 		names = append(names, g.Name)

@@ -88,7 +88,7 @@ func (d *Driver) gatedKillerOf(h *taskHandle, spec supervisorSpec) (*gatedKiller
 	if err != nil {
 		return nil, fmt.Errorf("read the gate's allocation to find its gated tasks: %w", err)
 	}
-	rec = planGated(spec.Gate.AllocID, gatedTasksFromAlloc(alloc, spec.Gate.Task), alloc, env)
+	rec = planGated(spec.Gate.AllocID, shim.GatedTasksOf(alloc, spec.Gate.Task), alloc, env)
 	if err := writeJSON(h.dir, gatedFile, rec); err != nil {
 		h.logger.Warn("record the gated tasks", "error", err)
 	}

@@ -8,7 +8,8 @@
 # removes the upstream; and it removes it when the allocation stops.
 #
 # Why a sidecar, and not a poststart `lock lb add` with a poststop
-# `lock lb remove`: those run once per allocation, but a docker task's
+# `lock lb remove` (retired: both now exit 64 and name this pattern):
+# those run once per allocation, but a docker task's
 # tenures are not. After a `docker kill` (or an OOM kill, or a crash) Nomad
 # restarts only the task, so the allocation's poststop never runs, and when
 # the allocation later wins the lock back its poststart does not run again:

@@ -21,8 +21,8 @@ type Holder struct {
 	// Upstream is the host:port the holder registers with the load balancer.
 	Upstream string
 	// PreviousUpstream is the upstream of the holder before this one, copied
-	// at acquire, so an LB hook outside the supervisor (`lock lb add`) can
-	// swap it out.
+	// at acquire, so an LB hook outside the supervisor (`lock lb follow`)
+	// can swap it out.
 	PreviousUpstream string
 	AcquiredAt       time.Time
 	TTL              time.Duration

@@ -223,11 +223,7 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 // fence deadline; no proof by then counts as a loss.
 func (ls *Lease) stillOurs(ctx context.Context) bool {
 	l := ls.locker
-	end := l.clock.Now().Add(l.cfg.RequestTimeout)
-	if fence := ls.FenceDeadline(); fence.Before(end) {
-		end = fence
-	}
-	rctx, cancel := l.clock.WithDeadline(ctx, end)
+	rctx, cancel := ls.requestContext(ctx)
 	defer cancel()
 	bo := l.newBackoff()
 	for {
@@ -284,13 +280,20 @@ func (ls *Lease) watchLoop(ctx context.Context, changed chan<- struct{}) {
 	}
 }
 
-func (ls *Lease) renewOnce(ctx context.Context) error {
+// requestContext bounds one request (retries included) of the renew path:
+// RequestTimeout from now, never past the fence deadline.
+func (ls *Lease) requestContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	l := ls.locker
 	deadline := l.clock.Now().Add(l.cfg.RequestTimeout)
 	if fence := ls.FenceDeadline(); fence.Before(deadline) {
 		deadline = fence
 	}
-	rctx, cancel := l.clock.WithDeadline(ctx, deadline)
+	return l.clock.WithDeadline(ctx, deadline)
+}
+
+func (ls *Lease) renewOnce(ctx context.Context) error {
+	l := ls.locker
+	rctx, cancel := ls.requestContext(ctx)
 	defer cancel()
 	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: ls.id}}
 	_, _, err := l.vars.RenewLock(v, l.writeOptions(rctx))

@@ -34,36 +34,6 @@ func (l *Locker) Status(ctx context.Context) (Status, error) {
 	return l.statusOf(ctx, snap), nil
 }
 
-// WaitHeldBy blocks (on blocking queries, not polling) until the lock is
-// held by allocID, and returns that status: its Fence is the holder's fence.
-func (l *Locker) WaitHeldBy(ctx context.Context, allocID string) (Status, error) {
-	bo := l.newBackoff()
-	var index uint64
-	for {
-		snap, next, err := l.read(ctx, index)
-		switch {
-		case err != nil && (permanent(err) || ctx.Err() != nil):
-			return Status{}, err
-		case err != nil:
-			if err := sleep(ctx, l.clock, bo.NextBackOff()); err != nil {
-				return Status{}, err
-			}
-			continue
-		}
-		bo.Reset()
-		st := l.statusOf(ctx, snap)
-		if st.Exists && st.Holder.AllocID == allocID && (st.Held || !st.HeldKnown) {
-			return st, nil
-		}
-		if next == 0 {
-			if err := sleep(ctx, l.clock, time.Second); err != nil {
-				return Status{}, err
-			}
-		}
-		index = next
-	}
-}
-
 // StatusAfter is a blocking read of the lock: it answers once the
 // variable's ModifyIndex passes index (at once for index 0, or after the
 // blocking wait), with the lock's status and the index to pass next time.

@@ -63,8 +63,8 @@ type Config struct {
 	Gate *Gate
 	// UpstreamPort is a Nomad port label (-upstream-port, lock.upstream_port)
 	// whose host:port, Upstream, is recorded as the holder's upstream in the
-	// lock's Items without any LB request of our own: for `lock lb add` in a
-	// lifecycle task, whose next holder then swaps this upstream out of the
+	// lock's Items without any LB request of our own: for a `lock lb follow`
+	// sidecar, whose next holder's ADD then swaps this upstream out of the
 	// LB (even if we die without a REMOVE). With LB set, LB.Upstream is
 	// recorded instead.
 	UpstreamPort string
@@ -114,7 +114,7 @@ func (c Config) Validate() error {
 }
 
 // ValidateLock checks what a command that runs nothing under the lock needs
-// (`lock lb add` waits for the lock's holder, `lock status` reads it): its
+// (`lock lb follow` follows the lock's holder, `lock status` reads it): its
 // path and lease timing.
 func (c Config) ValidateLock() error { return errors.Join(c.lockErrors()...) }
 

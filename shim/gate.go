@@ -125,9 +125,9 @@ func isGated(task *api.Task, gate string) bool {
 	return task.Name != gate && (lc == nil || lc.Hook == api.TaskLifecycleHookPoststart && !lc.Sidecar)
 }
 
-// gatedTasksOf lists the tasks the gate holds the lock for, with their
-// drivers, in the job's order.
-func gatedTasksOf(alloc *api.Allocation, gate string) []GatedTask {
+// GatedTasksOf lists the tasks the gate task gate holds the lock for in
+// alloc, with their drivers, in the job's order.
+func GatedTasksOf(alloc *api.Allocation, gate string) []GatedTask {
 	tg, err := gateGroup(alloc)
 	if err != nil {
 		return nil

@@ -27,7 +27,7 @@ import (
 // buildKiller builds the gate's GatedTasks (Gate.Killer) for the gated
 // tasks of alloc and returns the set of those it kills itself.
 func (g *Gate) buildKiller(s *Supervisor, alloc *api.Allocation) map[string]bool {
-	g.tasks = gatedTasksOf(alloc, g.Task)
+	g.tasks = GatedTasksOf(alloc, g.Task)
 	g.killer, g.direct, g.killerErr = nil, nil, nil
 	if g.Killer == nil || len(g.tasks) == 0 {
 		return nil

@@ -94,7 +94,7 @@ var LockSettings = LockSpec{
 		field: func(c *Config) any { return &c.EarlyReturn }},
 	{Name: "upstream_port", In: InFileLock | InFlags,
 		Usage: "record the host:port of this Nomad port `label` as the holder's upstream in the lock, " +
-			`for "lock lb follow" (or "lock lb add") lifecycle tasks: the next holder's ADD then removes it from the LB even if this instance dies`,
+			`for a "lock lb follow" sidecar: the next holder's ADD then removes it from the LB even if this instance dies`,
 		field: func(c *Config) any { return &c.UpstreamPort }},
 	{Name: "kill_signal", In: InDriver | InFileTop | InFlags, Default: "SIGTERM",
 		Usage: "signal for the workload's process group on loss or stop; " +

@@ -235,7 +235,7 @@ load_balancer {
 }
 
 // -upstream-port records the port's host:port as the holder's upstream
-// (for `lock lb add` in a lifecycle task); a label the task lacks is an
+// (for a `lock lb follow` sidecar); a label the task lacks is an
 // error naming the fix.
 func TestUpstreamPortFlag(t *testing.T) {
 	t.Setenv("NOMAD_HOST_ADDR_http", "10.0.0.7:25001")

@@ -13,8 +13,7 @@ const (
 	runHelpHead = `Usage:
   lock [flags] <path> <command> [args...]   run command while holding the lock at <path>
   lock status [flags] <path>                show who holds the lock at <path> (lock status -h)
-  lock lb follow|add|remove|state [flags] [<path>]
-                                            LB hooks for lifecycle tasks (lock lb -h)
+  lock lb follow|state [flags] [<path>]     LB sidecar for a task that runs lock (lock lb -h)
   lock version
 
 Runs <command> (no shell, arguments exact) only while it holds a TTL lock on the
@@ -35,8 +34,6 @@ Exit codes: the command's own code (128+N if killed by signal N); 64 config erro
 `
 	lbHelpHead = `Usage:
   lock lb follow [flags] <lock path>   keep this allocation in the LB for each of its tenures
-  lock lb add    [flags] <lock path>   wait until this allocation holds the lock, then ADD it
-  lock lb remove [flags] <lock path>   REMOVE what "lock lb add" registered in this allocation
   lock lb state  [flags]               print the service's upstreams
 
 For a Nomad task that holds the lock itself (e.g. a docker task with lock as its
@@ -47,12 +44,12 @@ passes (tcp on -lb-port if none is given), removing the previous holder's in the
 same request; it REMOVEs it when the tenure ends, when the check fails twice in a
 row, and when the sidecar is stopped. Give the lock holder -upstream-port with
 the same port label: the previous holder's upstream is read from its record.
-"lock lb add" (poststart) and "lock lb remove" (poststop) register once per
-allocation only: an allocation that wins the lock back is not added again.
+"lock lb add" and "lock lb remove" are retired: they registered once per
+allocation only; they now exit 64 and name "lock lb follow".
 `
 	lbHelpTail = `
 Exit codes: 0 done (follow: stopped), 64 config, 69 LB or Nomad unreachable, 74
-the LB refused the request, 75 -wait passed, 77 the token cannot read the lock.
+the LB refused the request, 77 the token cannot read the lock.
 `
 	statusHelpHead = `Usage:
   lock status [flags] <path>
