@@ -26,7 +26,8 @@ func TestLockSemaphore(t *testing.T) {
 	t.Parallel()
 	a := harness.StartAgent(t, harness.AgentOptions{Dev: true})
 	runConcurrently(t, []subtest{
-		{"two_of_four", func(t *testing.T) { testSemaphoreTwoOfFour(t, a) }},
+		{"two_of_four", func(t *testing.T) { testSemaphoreNOfNPlusTwo(t, a, 2) }},
+		{"three_of_five", func(t *testing.T) { testSemaphoreNOfNPlusTwo(t, a, 3) }},
 		{"replacement_retakes_its_slot", func(t *testing.T) { testSemaphoreReplacementRetakesItsSlot(t, a) }},
 	})
 }
@@ -70,19 +71,18 @@ func checkSlots(t *testing.T, prefix string, n int, recs []harness.Record, sum h
 	}
 }
 
-// testSemaphoreTwoOfFour: four allocations contend for two slots. Two
+// testSemaphoreNOfNPlusTwo: n+2 allocations contend for n slots. n
 // workloads run, one per slot; a graceful stop of a holder hands its slot
 // to a standby at once, a SIGKILL of a holder's `lock` after the server's
-// expiry; never three at once, never two on a slot.
-func testSemaphoreTwoOfFour(t *testing.T, a *harness.Agent) {
-	const n = 2
-	s := newScenario(t, "sem-two-of-four")
-	g := s.lockGroup(t, 4, []string{"-n", strconv.Itoa(n)}, nil)
+// expiry; never more than n at once, never two on a slot.
+func testSemaphoreNOfNPlusTwo(t *testing.T, a *harness.Agent, n int) {
+	s := newScenario(t, fmt.Sprintf("sem-%d-of-%d", n, n+2))
+	g := s.lockGroup(t, n+2, []string{"-n", strconv.Itoa(n)}, nil)
 	g.failFast = true // the crashed allocation must not come back and compete
 	a.RunJobHCL(t, jobHCL(s.job, "service", g))
 	t.Cleanup(func() { _ = a.Purge(s.job) })
 
-	a.WaitAllocs(t, s.job, 4, api.AllocClientStatusRunning, 60*time.Second)
+	a.WaitAllocs(t, s.job, n+2, api.AllocClientStatusRunning, 60*time.Second)
 	holders := map[int]harness.Record{} // by slot
 	harness.WaitRecord(t, s.record, 60*time.Second, func(r harness.Record) bool {
 		if isMainStart(r) {
@@ -91,10 +91,14 @@ func testSemaphoreTwoOfFour(t *testing.T, a *harness.Agent) {
 		return len(holders) == n
 	})
 	sampler := harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker, Filter: harness.Proc.IsMainWorkload})
-	sampler.WaitSeen(t, 30*time.Second, holders[0].PID, holders[1].PID)
-	allocs := a.WaitAllocs(t, s.job, 4, api.AllocClientStatusRunning, 10*time.Second)
+	holding := map[string]bool{}
+	for _, r := range holders {
+		sampler.WaitSeen(t, 30*time.Second, r.PID)
+		holding[r.AllocID] = true
+	}
+	allocs := a.WaitAllocs(t, s.job, n+2, api.AllocClientStatusRunning, 10*time.Second)
 	for _, al := range allocs {
-		if al.ID != holders[0].AllocID && al.ID != holders[1].AllocID {
+		if !holding[al.ID] {
 			a.WaitAllocLog(t, al.ID, taskName, "stderr", 30*time.Second, "semaphore slots are held, waiting")
 		}
 	}
@@ -111,7 +115,7 @@ func testSemaphoreTwoOfFour(t *testing.T, a *harness.Agent) {
 		return r.Instance == old.Instance && r.Event == harness.EventStop
 	})
 	handover := time.Duration(next.Mono - stop.Mono)
-	harness.Measure(t, "semaphore_slot_handover", handover)
+	harness.Measure(t, fmt.Sprintf("semaphore_n%d_slot_handover", n), handover)
 	if handover < 0 || handover > 3*time.Second {
 		t.Errorf("slot 0 handed over %s after its workload stopped, want 0 ≤ gap < 3s", handover)
 	}
@@ -136,7 +140,7 @@ func testSemaphoreTwoOfFour(t *testing.T, a *harness.Agent) {
 		return r.Instance != crashed.Instance && r.LockPath == crashed.LockPath
 	})
 	takeover := time.Duration(taken.Mono - killAt)
-	harness.Measure(t, "semaphore_slot_crash_takeover", takeover)
+	harness.Measure(t, fmt.Sprintf("semaphore_n%d_slot_crash_takeover", n), takeover)
 	if takeover > 30*time.Second {
 		t.Errorf("slot 1 taken %s after the crash, want < 30s (2×TTL + delay + slack)", takeover)
 	}
