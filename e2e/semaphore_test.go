@@ -191,6 +191,12 @@ func testSemaphoreReplacementRetakesItsSlot(t *testing.T, a *harness.Agent) {
 		t.Errorf("the replacement of index 1 took slot %d, want its own slot 1", got)
 	}
 
+	// A contender asking another N is refused, naming both.
+	code, _, errOut := runLock(t, a, append(lockArgs(s.path, "-n", "2"), "/bin/true")...)
+	if code != 64 || !strings.Contains(errOut, "has 3 holders") || !strings.Contains(errOut, "asks for 2") {
+		t.Errorf("lock -n 2 on a semaphore of 3: exit %d, stderr %q; want 64 naming both values", code, errOut)
+	}
+
 	code, out, errOut := runLock(t, a, "status", s.path)
 	if code != 0 {
 		t.Fatalf("lock status exited %d: %s", code, errOut)

@@ -62,3 +62,39 @@ func TestRunSemaphoreSlotInTheWorkloadEnv(t *testing.T) {
 		t.Error("the other allocation's slot 1 was released")
 	}
 }
+
+// A slot lost to another holder stops the workload as a lost lock does,
+// and leaves the other slots alone.
+func TestRunSemaphoreSlotLostStopsTheWorkload(t *testing.T) {
+	vars := locktest.NewVars()
+	const prefix = "locks/sem"
+	cfg := lockclient.Config{Path: prefix, Timing: locktest.Timing(), Holders: 2, Holder: lockclient.Holder{AllocID: "self"}}
+	out := &proctest.SyncBuffer{}
+	sup := &Supervisor{
+		Config: Config{Path: prefix, Holders: 2,
+			Command:    []string{"/bin/sh", "-c", `echo "slot=$NOMAD_LOCK_SLOT"; exec sleep 30`},
+			KillSignal: syscall.SIGTERM, KillTimeout: time.Second},
+		Locker: vars.Locker(t, cfg), Stdout: out, Stderr: out, Env: []string{"PATH=/usr/bin:/bin"},
+	}
+	code := make(chan int, 1)
+	go func() { code <- sup.Run(context.Background(), nil) }()
+	deadline := time.Now().Add(ceiling)
+	for !strings.Contains(out.String(), "slot=0") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the workload did not start on slot 0; output %q", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	vars.Server(lockclient.SlotPath(prefix, 0)).TakeOver(100 * time.Millisecond)
+	select {
+	case c := <-code:
+		if c != ExitLost {
+			t.Errorf("exit code %d, want %d (lock lost)", c, ExitLost)
+		}
+	case <-time.After(ceiling):
+		t.Fatal("the supervisor did not stop its workload after its slot was taken")
+	}
+	if n := vars.Server(lockclient.SlotPath(prefix, 1)).Calls(locktest.OpAcquire); n != 0 {
+		t.Errorf("%d acquires of slot 1, want none: slot 0 was free", n)
+	}
+}
