@@ -107,9 +107,24 @@ func (l *Locker) acquireSlot(ctx context.Context, opts AcquireOptions) (*Lease, 
 	pending := slotOrder(l.cfg.PreferSlot, n)
 	changed := map[int]bool{} // the pending slots whose variable changed
 	var reported Holder
+	checked := false
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, l.waitError(ctx, opts)
+		}
+		if !checked {
+			// Every slot's record before any acquire: a free slot says
+			// nothing of the N the others were taken with.
+			switch err := l.checkAllHolders(ctx); {
+			case err != nil && permanent(err):
+				return nil, err
+			case err != nil:
+				if err := retryAfter(err); err != nil {
+					return nil, l.waitError(ctx, opts, err)
+				}
+				continue
+			}
+			checked = true
 		}
 		var apiErr error
 		for _, i := range pending {
@@ -202,6 +217,21 @@ func (l *Locker) trySlot(ctx context.Context, i int, opts AcquireOptions) (*Leas
 	lease.Slot, lease.Holders = i, l.cfg.Holders
 	l.log.Info("semaphore slot acquired", "slot", i, "holders", l.cfg.Holders, "fence", lease.Fence)
 	return lease, holder, index, nil
+}
+
+// checkAllHolders reads every slot once and refuses a different N
+// recorded in any.
+func (l *Locker) checkAllHolders(ctx context.Context) error {
+	for _, sl := range l.slots {
+		snap, _, err := sl.read(ctx, 0)
+		if err != nil {
+			return err
+		}
+		if err := l.checkHolders(sl.cfg.Path, snap.items()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkHolders refuses a slot whose recorded N differs from ours.

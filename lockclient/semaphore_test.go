@@ -143,7 +143,8 @@ func TestSemaphoreRefusesAContenderAskingAnotherN(t *testing.T) {
 		vars := locktest.NewVars()
 		acquireWithin(t, vars.Locker(t, semConfig(2, 0, "first")), lockclient.AcquireOptions{})
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := vars.Locker(t, semConfig(asked, 0, "other")).Acquire(ctx, lockclient.AcquireOptions{})
+		// Index 2 prefers slot 2 of 3, which the semaphore of 2 never wrote.
+		_, err := vars.Locker(t, semConfig(asked, 2, "other")).Acquire(ctx, lockclient.AcquireOptions{})
 		cancel()
 		var ce *lockclient.ConfigError
 		if !errors.Is(err, lockclient.ErrHoldersMismatch) || !errors.As(err, &ce) {
