@@ -103,6 +103,10 @@ type supervisorSpec struct {
 	StartOnLock bool `json:",omitempty"`
 	Path        string
 	Namespace   string
+	// Holders is the semaphore's N (config.lock.holders; 0: one lock at
+	// Path), AllocIndex the allocation's index, whose slot it tries first.
+	Holders     int `json:",omitempty"`
+	AllocIndex  int `json:",omitempty"`
 	Command     []string
 	TTL         time.Duration
 	LockDelay   time.Duration
