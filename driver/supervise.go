@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -180,6 +181,8 @@ func (spec supervisorSpec) shimConfig() shim.Config {
 	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
 	if g := spec.Gate; g != nil {
 		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}
+	} else if spec.StartOnLock {
+		cfg.WatchAlloc = &shim.AllocWatch{AllocID: spec.Holder.AllocID, Namespace: spec.Namespace, Who: onLockWho}
 	}
 	return cfg
 }
@@ -271,6 +274,12 @@ func joinCgroups(procsFiles []string) error {
 	return errors.Join(errs...)
 }
 
+// selfTicks is this process's start time in clock ticks (0 if unknown).
+var selfTicks = sync.OnceValue(func() uint64 {
+	t, _ := startTicks(os.Getpid())
+	return t
+})
+
 // publisher writes the supervisor's events for the plugin: every event
 // refreshes status.json; a change of state or message is also appended to
 // events.jsonl, which the plugin turns into task events. A notice (an LB
@@ -302,7 +311,7 @@ func (p *publisher) observe(ev shim.Event) {
 		FenceDeadlineBoot: lockclient.BootNanos(ev.FenceDeadline), StopDeadlineBoot: lockclient.BootNanos(ev.StopDeadline),
 		LastRenewBoot: lockclient.BootNanos(ev.LastRenew),
 		WorkloadPID:   ev.WorkloadPID, WorkloadPGID: ev.WorkloadPGID,
-		SupervisorPID: os.Getpid(), UpdatedBoot: bootNow(),
+		SupervisorPID: os.Getpid(), SupervisorTicks: selfTicks(), UpdatedBoot: bootNow(),
 	}
 	if err := writeJSON(p.dir, statusFile, st); err != nil {
 		p.log.Warn("write status", "error", err)

@@ -61,6 +61,10 @@ type Config struct {
 	// Gate holds the lock for the other tasks of the allocation (the
 	// driver's `gate = true`); nil for none. A gate's Command may be empty.
 	Gate *Gate
+	// WatchAlloc ends the wait for the lock when the run's allocation is
+	// being stopped (the driver's start = "on_lock"); nil for none. A gate
+	// watches its allocation anyway.
+	WatchAlloc *AllocWatch
 	// UpstreamPort is a Nomad port label (-upstream-port, lock.upstream_port)
 	// whose host:port, Upstream, is recorded as the holder's upstream in the
 	// lock's Items without any LB request of our own: for a `lock lb follow`

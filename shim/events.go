@@ -50,6 +50,11 @@ var (
 	evLBRemoveSkipped   = events.New("lb-remove-skipped", "LB remove skipped: no time is left before the workload must be gone; ")
 )
 
+// A run that starts on lock (AllocWatch).
+var evWatchNotStarted = events.New("on-lock-not-started", "Not waiting for the lock, as the allocation cannot be watched: ")
+
+func watchNotStartedMessage(err error) string { return evWatchNotStarted.Text("%v", err) }
+
 // A gate.
 var (
 	evGateNotStarted    = events.New("gate-not-started", "Gate not started: ")

@@ -122,6 +122,7 @@ func eventExamples() map[string][]string {
 		"lb-remove-skipped": {lbRemoveSkippedMessage("10.0.0.1:8080", "web")},
 
 		"gate-not-started":       {gateNotStartedMessage(&GateConfigError{Msg: `gate "lock": must be a prestart sidecar`})},
+		"on-lock-not-started":    {watchNotStartedMessage(errors.New("read allocation a1: permission denied"))},
 		"gate-adopt-failed":      {gateAdoptFailedMessage(&lockclient.LostError{Reason: "the lease of the previous run (fence 3) is no longer held"})},
 		"gate-acquired":          {gateAcquiredMessage(7)},
 		"gate-took-over":         {gateTookOverMessage(7)},
