@@ -305,7 +305,8 @@ func describeIntervals(ivs []harness.Interval) string {
 // takes 3s to stop after SIGTERM. The holder's gate supervisor and the
 // plugin are frozen just after a renew (nothing else stops a gated app: it
 // runs under another driver), and the plugin is thawed inside
-// [2×TTL, 2×TTL + delay] after that renew, then the supervisor. The
+// [2×TTL, 2×TTL + delay] after that renew; the supervisor once the
+// plugin's watchdog has killed it. The
 // plugin's watchdog kills the gated app and the frozen supervisor, and its
 // crash release, judging by the last renew the supervisor recorded, must
 // leave the lock to expire: a release then would let the pending expiry
@@ -336,18 +337,27 @@ func expiryFrozenGateTrial(t *testing.T, a *harness.Agent, records, name string,
 	frozen, at := time.Now(), harness.MonoNow()
 	// The last acknowledged renew was sent just before the freeze.
 	time.Sleep(time.Until(frozen.Add(2*expiryTTL + 2*time.Second)))
-	for _, pid := range []int{plugin, sup} {
-		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil && err != syscall.ESRCH {
-			t.Fatal(err)
-		}
-		time.Sleep(time.Second) // the plugin's watchdog acts first
+	// The plugin's watchdog acts first: it kills the holder's app
+	// (SIGKILL: no end record), then the still frozen supervisor.
+	if err := syscall.Kill(plugin, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("froze the holder's gate and the plugin (alloc %s) at +%s after its app's start, thawed %s later",
-		drvShort(holder), frozen.Sub(first.Wall).Round(time.Millisecond), time.Since(frozen).Round(time.Millisecond))
-
-	// The plugin's watchdog kills the holder's app (SIGKILL: no end record).
+	thawed := time.Since(frozen)
 	gone := drvWaitGone(t, app.PID, 60*time.Second)
 	known := []harness.KnownEnd{{PID: first.PID, Mono: gone}}
+	// The supervisor is thawed only once the watchdog has killed it (or
+	// after 30s): thawed earlier, it would find its lease past the fence
+	// deadline and end it itself, and the plugin's crash release, which
+	// this row is about, would not run.
+	for until := time.Now().Add(30 * time.Second); drvAlive(sup) && time.Now().Before(until); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := syscall.Kill(sup, syscall.SIGCONT); err != nil && err != syscall.ESRCH {
+		t.Fatal(err)
+	}
+	t.Logf("froze the holder's gate and the plugin (alloc %s) at +%s after its app's start, thawed the plugin %s later; the app was gone %s after the thaw",
+		drvShort(holder), frozen.Sub(first.Wall).Round(time.Millisecond), thawed.Round(time.Millisecond),
+		(time.Duration(gone-at) - thawed).Round(time.Millisecond))
 	next := j.start(t, holder, at, 2*expiryTTL+expiryDelay+30*time.Second)
 	tr.Takeover = time.Duration(next.Mono - at)
 	harness.Measure(t, "expiry_frozen_gate_takeover_after_freeze", tr.Takeover)
