@@ -133,39 +133,19 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"work_dir":          hclspec.NewAttr("work_dir", "string", false),
 	"denied_envvars":    hclspec.NewAttr("denied_envvars", "list(string)", false),
 	"lock":              hclspec.NewBlock("lock", false, lockBlockSpec()),
-	"load_balancer": hclspec.NewBlock("load_balancer", false, hclspec.NewObject(map[string]*hclspec.Spec{
-		"uri":        hclspec.NewAttr("uri", "string", false),
-		"service_id": hclspec.NewAttr("service_id", "string", false),
-		"base_path":  hclspec.NewAttr("base_path", "string", false),
-		"groups":     hclspec.NewAttr("groups", "list(string)", false),
-		"port":       hclspec.NewAttr("port", "string", false),
-		"owners":     hclspec.NewAttr("owners", "list(string)", false),
-		// Any JSON values (lists such as nginxExtraConfigs, numbers, maps):
-		// "any" keeps the value's own type, which reaches the plugin as a
-		// msgpack map. ("map(any)" would make every value one type.)
-		"options":          hclspec.NewAttr("options", "any", false),
-		"template_name":    hclspec.NewAttr("template_name", "string", false),
-		"domains":          hclspec.NewAttr("domains", "list(string)", false),
-		"additional_paths": hclspec.NewAttr("additional_paths", "list(string)", false),
-		"group":            hclspec.NewAttr("group", "string", false),
-		"rack_id":          hclspec.NewAttr("rack_id", "string", false),
-		"request_timeout":  hclspec.NewAttr("request_timeout", "string", false),
-		"poll_interval":    hclspec.NewAttr("poll_interval", "string", false),
-		"add_deadline":     hclspec.NewAttr("add_deadline", "string", false),
-		"remove_deadline":  hclspec.NewAttr("remove_deadline", "string", false),
-		"authkey_file":     hclspec.NewAttr("authkey_file", "string", false),
-		"ca_file":          hclspec.NewAttr("ca_file", "string", false),
-		"recheck_interval": hclspec.NewAttr("recheck_interval", "string", false),
-	})),
-	"health_check": hclspec.NewBlock("health_check", false, hclspec.NewObject(map[string]*hclspec.Spec{
-		"type":     hclspec.NewAttr("type", "string", false),
-		"path":     hclspec.NewAttr("path", "string", false),
-		"port":     hclspec.NewAttr("port", "string", false),
-		"interval": hclspec.NewAttr("interval", "string", false),
-		"timeout":  hclspec.NewAttr("timeout", "string", false),
-		"grace":    hclspec.NewAttr("grace", "string", false),
-	})),
+	"load_balancer":     hclspec.NewBlock("load_balancer", false, settingsSpec(shim.LBSettings)),
+	"health_check":      hclspec.NewBlock("health_check", false, settingsSpec(shim.HealthSettings)),
 })
+
+// settingsSpec is the HCL schema of the load_balancer or health_check
+// block, from its settings' declarations (shim.LBSettings).
+func settingsSpec(settings []shim.LBSetting) *hclspec.Spec {
+	attrs := map[string]*hclspec.Spec{}
+	for _, s := range settings {
+		attrs[s.Name] = hclspec.NewAttr(s.Name, s.Type, false)
+	}
+	return hclspec.NewObject(attrs)
+}
 
 // lockBlockSpec is config.lock: the settings shim.LockSettings allows
 // InDriver, each an optional string attribute (durations and signals are

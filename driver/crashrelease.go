@@ -63,12 +63,12 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 	}
 	log := h.logger.With("lock", held.Path, "fence", held.Fence)
 	ann := map[string]string{"lock_state": string(shim.StateReleased), "fence": strconv.FormatUint(held.Fence, 10)}
-	whose := "crashed supervisor"
+	whose := whoseCrashed
 	switch {
 	case held.IdentityRejected:
-		whose = "supervisor, whose task's identity no longer authenticates"
+		whose = whoseIdentityRejected
 	case !crashed:
-		whose = "supervisor, which could not prove its workload dead"
+		whose = whoseNotProven
 	}
 
 	var spec supervisorSpec
@@ -106,8 +106,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 		// next holder in.
 		log.Warn("gate ended holding the lock: not releasing it while its gated tasks may run")
 		if crashed {
-			d.emitEvent(h.cfg, fmt.Sprintf("Lock kept after the gate's %s: Nomad kills the gated tasks now that the gate has failed, "+
-				"and the lock expires on the server within 2×TTL + delay (%s)", whose, 2*held.TTL+held.LockDelay), ann)
+			d.emitEvent(h.cfg, crashGateLockKeptMessage(whose, 2*held.TTL+held.LockDelay), ann)
 		}
 		return // the lease record stays: a restarted gate takes it over (gateLeases)
 	}
@@ -117,24 +116,23 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 	}
 	if err := h.killRemains(confirmDeadWithin); err != nil {
 		log.Error("supervisor died holding the lock, but its processes are not confirmed dead: not releasing", "error", err)
-		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay", whose, err), ann)
+		d.emitEvent(h.cfg, crashNotReleasedMessage(whose, err, 0), ann)
 		return
 	}
 	via, err := d.releaseHeld(h, held, spec.Gate, gatedDead, log)
 	switch {
 	case err == nil:
 		log.Info("released the lock on behalf of the supervisor", "via", via)
-		d.emitEvent(h.cfg, fmt.Sprintf("Released lock on behalf of %s (fence %d)%s", whose, held.Fence, via), ann)
+		d.emitEvent(h.cfg, crashReleasedMessage(whose, held.Fence, via), ann)
 	case errors.Is(err, lockclient.ErrLost):
 		log.Info("the supervisor's lock was already gone", "reason", err)
 	case errors.Is(err, lockclient.ErrLeftToExpire):
 		log.Warn("not releasing the supervisor's lock: left to expire", "reason", err)
 		ann["lock_state"] = string(shim.StateStopping)
-		d.emitEvent(h.cfg, fmt.Sprintf("Lock of %s not released on its behalf (fence %d): %s", whose, held.Fence, shim.LeftToExpireMessage(err)), ann)
+		d.emitEvent(h.cfg, crashLeftToExpireMessage(whose, held.Fence, err), ann)
 	default:
 		log.Error("could not release the supervisor's lock; it expires on the server", "error", err)
-		d.emitEvent(h.cfg, fmt.Sprintf("Lock not released on behalf of %s (%v); it expires on the server after 2×TTL + delay (%s)",
-			whose, err, 2*held.TTL+held.LockDelay), ann)
+		d.emitEvent(h.cfg, crashNotReleasedMessage(whose, err, 2*held.TTL+held.LockDelay), ann)
 		return
 	}
 	_ = h.dir.Remove(leaseFile)
@@ -274,8 +272,7 @@ func (d *Driver) removeAfterCrash(h *taskHandle) (wait func(within time.Duration
 	left := time.Duration(st.StopDeadlineBoot - bootNow())
 	if st.StopDeadlineBoot == 0 || left <= 0 {
 		h.logger.Warn("crashed gate's upstream not removed from the load balancer: its stop deadline has passed", "upstream", reg.Upstream.Upstream)
-		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after the gate's crash skipped: its stop deadline has passed, so the lock may be free; "+
-			"%s stays in load balancer service %s until the next holder's ADD replaces it", reg.Upstream.Upstream, reg.Config.ServiceID),
+		d.emitEvent(h.cfg, crashLBRemoveSkippedMessage(reg.Upstream.Upstream, reg.Config.ServiceID),
 			map[string]string{"upstream": reg.Upstream.Upstream})
 		return wait
 	}
@@ -317,18 +314,13 @@ func (d *Driver) removeCrashedUpstream(h *taskHandle, reg lbRegistration, budget
 	}
 	if err != nil {
 		log.Error("could not remove the crashed supervisor's upstream from the load balancer", "error", err)
-		d.emitEvent(h.cfg, fmt.Sprintf("LB remove after supervisor crash failed: %s; %s may stay in load balancer service %s until the next holder's ADD replaces it",
-			lbhook.Diagnose(err, reg.Config.WithDefaults()), reg.Upstream.Upstream, reg.Config.ServiceID), map[string]string{"upstream": reg.Upstream.Upstream})
+		d.emitEvent(h.cfg, crashLBRemoveFailedMessage(err, reg.Config, reg.Upstream.Upstream), map[string]string{"upstream": reg.Upstream.Upstream})
 		return
 	}
 	if dropRecord {
 		_ = h.dir.Remove(lbFile)
 	}
 	log.Info("removed the crashed supervisor's upstream from the load balancer")
-	msg := fmt.Sprintf("Removed %s from load balancer on behalf of crashed supervisor", reg.Upstream.Upstream)
-	if lbhook.RemovedAnyway(resp) {
-		msg += fmt.Sprintf(" (request %s ended %s, but the LB's state shows the upstream gone)", resp.LoadBalancerRequestID, resp.LoadBalancerState)
-	}
-	d.emitEvent(h.cfg, msg,
+	d.emitEvent(h.cfg, crashLBRemovedMessage(reg.Upstream.Upstream, resp),
 		map[string]string{"upstream": reg.Upstream.Upstream})
 }

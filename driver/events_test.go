@@ -2,14 +2,19 @@ package driver
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/events"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
@@ -57,5 +62,36 @@ func TestEventMessagesAreBounded(t *testing.T) {
 			!strings.Contains(m, "…(cut from ") {
 			t.Errorf("message %d: %d bytes, valid UTF-8 %v, start %.40q, end %q", i, len(m), utf8.ValidString(m), m, m[max(0, len(m)-40):])
 		}
+	}
+}
+
+// TestEventsDocumented: every kind of event the plugin words itself is
+// listed in docs/troubleshooting.md, each rendering matching how a row of
+// its tables says it begins, with what it means and what to do.
+func TestEventsDocumented(t *testing.T) {
+	refused := errors.New("dial tcp 10.0.0.9:8080: connect: connection refused")
+	cfg := lbhook.Config{URI: "http://lb.example:8080/baragon/v2/request", ServiceID: "web"}
+	leftToExpire := fmt.Errorf("release nomad/jobs/web/lock: %w",
+		lockclient.Timing{TTL: 15 * time.Second, LockDelay: 5 * time.Second}.MayRelease(time.Now().Add(-time.Minute), time.Now()))
+	examples := map[string][]string{
+		"gate-waiting": {gateWaitingMessage("nomad/jobs/web/lock")},
+		"no-cgroup":    {noCgroupMessage()},
+		"watchdog": {watchdogMessage(watchdogUnresponsive(3 * time.Second)),
+			watchdogMessage(watchdogStillRunning(3 * time.Second))},
+		"watchdog-gate": {watchdogGateMessage(nil, watchdogUnresponsive(3*time.Second)),
+			watchdogGateMessage(refused, watchdogStillRunning(3*time.Second))},
+		"crash-released": {crashReleasedMessage(whoseCrashed, 7, ""), crashReleasedMessage(whoseNotProven, 7, ""),
+			crashReleasedMessage(whoseIdentityRejected, 7, ", with the plugin's release_token_file")},
+		"crash-not-released": {crashNotReleasedMessage(whoseCrashed, refused, 0),
+			crashNotReleasedMessage(whoseCrashed, refused, 35*time.Second)},
+		"crash-left-to-expire":    {crashLeftToExpireMessage(whoseCrashed, 7, leftToExpire)},
+		"crash-gate-lock-kept":    {crashGateLockKeptMessage(whoseCrashed, 35*time.Second)},
+		"crash-lb-removed":        {crashLBRemovedMessage("10.0.0.1:8080", lbhook.BaragonResponse{LoadBalancerState: lbhook.StateSuccess})},
+		"crash-lb-remove-failed":  {crashLBRemoveFailedMessage(refused, cfg, "10.0.0.1:8080")},
+		"crash-lb-remove-skipped": {crashLBRemoveSkippedMessage("10.0.0.1:8080", "web")},
+		"oom-killed":              {oomKilledMessage()},
+	}
+	for _, p := range events.CheckPackage("../docs/troubleshooting.md", "driver", examples) {
+		t.Error(p)
 	}
 }

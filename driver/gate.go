@@ -19,7 +19,7 @@ import (
 // ends first (its allocation stopped while it waited, a job it cannot gate
 // safely, no permission) fails to start, with its reason.
 func (d *Driver) waitGateHolding(h *taskHandle, root *securefs.Dir, path string) error {
-	d.emitEvent(h.cfg, fmt.Sprintf("Gate waiting for lock %s: the group's other tasks start once it is held", path),
+	d.emitEvent(h.cfg, gateWaitingMessage(path),
 		map[string]string{"lock_state": string(shim.StateWaiting)})
 	select {
 	case <-h.holding:

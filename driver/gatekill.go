@@ -163,15 +163,12 @@ func (d *Driver) gateWatchdog(h *taskHandle, why string) {
 		h.logger.Error("watchdog: read the gate's spec", "error", err)
 	}
 	h.logger.Error("watchdog: killing the gate's gated tasks and its supervisor", "why", why)
-	msg := "Lock lost: watchdog killed the gate and "
-	if _, err := d.killGated(h, spec, confirmDeadWithin); err != nil {
+	_, err := d.killGated(h, spec, confirmDeadWithin)
+	if err != nil {
 		h.logger.Error("watchdog: the gated tasks are not proven dead; Nomad kills them once the gate has failed", "error", err)
-		msg += fmt.Sprintf("could not prove its gated tasks dead (%v): ", err)
-	} else {
-		msg += "its gated tasks: "
 	}
 	h.killTask()
-	d.emitEvent(h.cfg, msg+why, map[string]string{"lock_state": string(shim.StateLost)})
+	d.emitEvent(h.cfg, watchdogGateMessage(err, why), map[string]string{"lock_state": string(shim.StateLost)})
 }
 
 func (k *gatedKiller) close() {

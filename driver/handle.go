@@ -144,11 +144,11 @@ func (d *Driver) watchdog(h *taskHandle) {
 	switch state := shim.State(st.State); {
 	case state.Holds():
 		if st.FenceDeadlineBoot > 0 && now > st.FenceDeadlineBoot+grace {
-			why = fmt.Sprintf("supervisor unresponsive %s past its fence deadline", time.Duration(now-st.FenceDeadlineBoot).Round(time.Millisecond))
+			why = watchdogUnresponsive(time.Duration(now - st.FenceDeadlineBoot).Round(time.Millisecond))
 		}
 	case state == shim.StateLost || state == shim.StateStopping:
 		if st.StopDeadlineBoot > 0 && now > st.StopDeadlineBoot+grace {
-			why = fmt.Sprintf("workload still running %s past its stop deadline", time.Duration(now-st.StopDeadlineBoot).Round(time.Millisecond))
+			why = watchdogStillRunning(time.Duration(now - st.StopDeadlineBoot).Round(time.Millisecond))
 		}
 	}
 	if why == "" || (!gate && !h.workloadAlive(st.WorkloadPGID)) {
@@ -169,7 +169,7 @@ func (d *Driver) watchdog(h *taskHandle) {
 	h.logger.Error("watchdog: killing the task", "why", why)
 	h.killTask()
 	if first {
-		d.emitEvent(h.cfg, "Lock lost: watchdog killed the workload: "+why, map[string]string{"lock_state": string(shim.StateLost)})
+		d.emitEvent(h.cfg, watchdogMessage(why), map[string]string{"lock_state": string(shim.StateLost)})
 	}
 }
 
@@ -187,8 +187,8 @@ func (h *taskHandle) workloadAlive(pgid int) bool {
 // exitResult is the task's exit: the supervisor's exit code (the workload's
 // own, or a documented lock code) from exit.json, else from the wait status.
 // errOOMKilled is the exit message of a task whose memory cgroup OOM-killed a
-// workload process (the docker driver says "OOM Killed" too).
-var errOOMKilled = errors.New("OOM Killed: a workload process went over the task's memory limit; raise resources.memory (or memory_max)")
+// workload process (oomKilledMessage).
+var errOOMKilled = errors.New(oomKilledMessage())
 
 func (d *Driver) exitResult(h *taskHandle, ps *os.ProcessState, waitErr error) *drivers.ExitResult {
 	var es exitStatus

@@ -150,8 +150,7 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 		sup.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
 	}
 	if spec.CgroupPath == "" {
-		pub.note("No task cgroup on this client (cgroups are disabled): nothing can prove every process of the task dead, " +
-			"so the lock is never released early; after each stop it expires on the server (2×TTL + delay)")
+		pub.note(noCgroupMessage())
 	}
 
 	forward := make(chan os.Signal, 16)

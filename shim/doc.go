@@ -5,8 +5,10 @@
 //
 // It reads no command line and no file: each front end (the lock CLI in
 // shim/cmd/lock, the driver's task config) builds a Config from the settings
-// declared here (LockSettings, LBSpec, HealthSpec), and Config.Validate
-// judges it before anything starts.
+// declared here (LockSettings; LBSpec and HealthSpec, whose settings,
+// LBSettings and HealthSettings, give the driver's schema and the CLI's
+// flags), and Config.Validate judges it before anything starts. Every task
+// event's text is worded in events.go.
 package shim
 
 // Version is set at build time with -ldflags "-X .../shim.Version=...".

@@ -424,17 +424,15 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 		// Never released while the gated tasks may run, even if the
 		// server still holds it for us.
 		killed := s.killDirect(lease, lease.StopDeadline(), "the lock was lost")
-		msg := "Gate lost the lock: it fails now"
+		var direct []string
 		if g.killer != nil && killed {
-			msg += fmt.Sprintf("; it killed %s itself, proven dead", strings.Join(g.direct, ", "))
+			direct = g.direct
 		}
-		if left := g.leftToNomad(); len(left) > 0 || !killed {
-			if !killed {
-				left = g.gated
-			}
-			msg += fmt.Sprintf(", and Nomad kills the gated tasks (%s) before the server can expire the lock", strings.Join(left, ", "))
+		left := g.leftToNomad()
+		if !killed {
+			left = g.gated
 		}
-		s.emit(Event{State: StateLost, Fence: lease.Fence, Message: msg})
+		s.emit(Event{State: StateLost, Fence: lease.Fence, Message: gateLostMessage(direct, left)})
 		return false
 	}
 	var why string
@@ -451,9 +449,7 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 			// plugin asks Nomad with the operator's token whether the
 			// allocation is stopped or gone before it releases.
 			s.Logger.Warn("gate: the allocation's identity no longer authenticates; leaving the release to the plugin", "error", err)
-			s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: "Gate's workload identity no longer authenticates " +
-				"(`nomad job stop -purge` removes it with the allocation): the plugin releases the lock with its release_token_file " +
-				"once Nomad confirms the allocation stopped; without one the lock expires on the server within 2×TTL + delay (" + expiry.String() + ")"})
+			s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: gateIdentityRejectedMessage(expiry)})
 			s.OnReleaseTried(err)
 			return false
 		case err != nil:
@@ -479,10 +475,8 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 		}
 		why = "the gate stopped by itself (" + end.String() + ")"
 	}
-	msg := fmt.Sprintf("Lock kept: %s, so the gated tasks (%s) may still run. A restarted gate takes the lease over; "+
-		"otherwise Nomad kills them, and the lock expires on the server within 2×TTL + delay (%s)", why, strings.Join(g.gated, ", "), expiry)
 	s.Logger.Warn("gate: not releasing the lock", "why", why)
-	s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: msg})
+	s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: gateLockKeptMessage(why, g.gated, expiry)})
 	return false
 }
 
@@ -609,10 +603,8 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			announced = true
 			s.Logger.Warn("gate: the lock was free while the previous holder's gated tasks may still run; waiting for them",
 				"previous_alloc", prev.AllocID, "tasks", strings.Join(alive, ","))
-			s.emit(Event{State: StateWaiting, Fence: lease.Fence, Holder: prev, Message: fmt.Sprintf(
-				"Holding lock %s, but the previous holder %s still runs %s as far as Nomad knows (its lock was released "+
-					"behind its back, or it expired while its node was cut off): waiting until Nomad reports them dead, at most %s",
-				s.Config.Path, prev, strings.Join(alive, ", "), time.Until(until).Round(time.Second))})
+			s.emit(Event{State: StateWaiting, Fence: lease.Fence, Holder: prev, Message: gateAwaitPreviousMessage(
+				s.Config.Path, prev, alive, time.Until(until).Round(time.Second))})
 		}
 		if (holdOn || !time.Now().Before(until)) && !s.keepAwaiting(alloc, prev, g.Task, &holdOn) {
 			return true
@@ -636,9 +628,7 @@ func (s *Supervisor) keepAwaiting(alloc *api.Allocation, prev lockclient.Holder,
 	if !*holdOn {
 		s.Logger.Warn("gate: the previous holder's gate still runs on a client the servers reach; waiting until Nomad reports it or its gated tasks dead",
 			"previous_alloc", prev.AllocID)
-		s.emit(Event{State: StateWaiting, Holder: prev, Message: fmt.Sprintf("Still waiting: the previous holder %s's gate task is "+
-			"reported running by a client the servers reach (a gate frozen or stuck?), so its gated tasks may run; the wait ends "+
-			"when Nomad reports them or that gate dead", prev)})
+		s.emit(Event{State: StateWaiting, Holder: prev, Message: gateStillAwaitingMessage(prev)})
 	}
 	*holdOn = true
 	return true

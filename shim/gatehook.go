@@ -3,7 +3,6 @@ package shim
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
@@ -38,7 +37,7 @@ func (h *gateHook) check(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	s.Logger.Error("gate: not taking the lock", "error", err)
-	s.emit(Event{State: StateStopping, Message: "Gate not started: " + err.Error()})
+	s.emit(Event{State: StateStopping, Message: gateNotStartedMessage(err)})
 	var ge *GateConfigError
 	var pe *lockclient.AllocPermissionError
 	switch {
@@ -59,8 +58,7 @@ func (h *gateHook) takeLease(ctx context.Context) (*lockclient.Lease, int, bool,
 	l, err := s.gateAdopt(ctx)
 	if err != nil {
 		s.Logger.Error("gate: cannot take over the previous run's lease", "error", err)
-		s.emit(Event{State: StateLost, Fence: g.Adopt.Fence, Message: "Lock lost: the restarted gate could not take over its lease (" +
-			err.Error() + "): it fails, and Nomad kills the gated tasks"})
+		s.emit(Event{State: StateLost, Fence: g.Adopt.Fence, Message: gateAdoptFailedMessage(err)})
 		return nil, ExitLost, true, true
 	}
 	return l, 0, true, false
@@ -123,9 +121,9 @@ func (h *gateHook) holdingMessage(lease *lockclient.Lease) string {
 		return ""
 	}
 	if h.g.Adopt != nil {
-		return fmt.Sprintf("Took over lock (fence %d) from the gate's previous run: the group's other tasks keep running", lease.Fence)
+		return gateTookOverMessage(lease.Fence)
 	}
-	return fmt.Sprintf("Acquired lock (fence %d): the group's other tasks may start", lease.Fence)
+	return gateAcquiredMessage(lease.Fence)
 }
 
 // mayRelease releases only after Nomad's own stop of the allocation
@@ -147,16 +145,16 @@ func (h *gateHook) capRemoveBudget(lease *lockclient.Lease, budget time.Duration
 func (h *gateHook) stoppingMessage(end ending) string {
 	switch end {
 	case endStopRequest:
-		return "Stopping gate"
+		return gateStoppingMessage(false)
 	case endSignal:
-		return "Stopping gate on a signal"
+		return gateStoppingMessage(true)
 	}
 	return ""
 }
 
 func (h *gateHook) lbFailedMessage(err error, cfg lbhook.Config, start bool) string {
 	if start {
-		return "LB add failed: " + err.Error() + "; " + gateFailNote
+		return gateLBStartFailedMessage(err)
 	}
 	return gateLBAddFailedMessage(err, cfg)
 }

@@ -2,7 +2,6 @@ package shim
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -75,46 +74,6 @@ func (g *Gate) leftToNomad() []string {
 	return out
 }
 
-// killerMessage is the task event, at start, that says which gated tasks
-// the gate kills and proves dead itself and which it leaves to Nomad,
-// with their bound.
-func (g *Gate) killerMessage(t lockclient.Timing) string {
-	var parts []string
-	driver := func(name string) string {
-		for _, t := range g.tasks {
-			if t.Name == name {
-				return name + " (" + t.Driver + ")"
-			}
-		}
-		return name
-	}
-	if len(g.direct) > 0 {
-		var names []string
-		for _, n := range g.direct {
-			names = append(names, driver(n))
-		}
-		parts = append(parts, fmt.Sprintf("Gate kills and proves dead itself, whenever it stops other than by Nomad's stop of the allocation: %s; "+
-			"the lock can pass only once they are dead", strings.Join(names, ", ")))
-	}
-	if left := g.leftToNomad(); len(left) > 0 {
-		var names []string
-		for _, n := range left {
-			names = append(names, driver(n))
-		}
-		why := "no driver kill for them"
-		if g.Killer == nil {
-			why = "no direct kill on this client"
-		}
-		if g.killerErr != nil {
-			why = g.killerErr.Error()
-		}
-		parts = append(parts, fmt.Sprintf("Gate leaves to Nomad (%s): %s; killed once the gate fails, within the group's shutdown_delay + "+
-			"kill_timeout + shutdown_delay (at most %s), before the server can expire the lock (ttl + delay %s); the next holder "+
-			"waits for Nomad to report them dead", why, strings.Join(names, ", "), g.killBound, t.TTL+t.LockDelay))
-	}
-	return strings.Join(parts, ". ")
-}
-
 // killDirect kills and proves dead the gated tasks the gate kills itself,
 // retrying until they are proven dead or until is reached. It reports
 // whether they are all proven dead (true when there are none).
@@ -131,7 +90,7 @@ func (s *Supervisor) killDirect(lease *lockclient.Lease, until time.Time, why st
 		cancel()
 		if err == nil {
 			s.Logger.Info("gate: the gated tasks are proven dead", "tasks", strings.Join(g.direct, ","))
-			s.emit(stoppingEvent(lease, fmt.Sprintf("Gate killed %s itself (%s): proven dead", strings.Join(g.direct, ", "), why)))
+			s.emit(stoppingEvent(lease, gateKilledMessage(g.direct, why)))
 			return true
 		}
 		s.Logger.Error("gate: cannot prove the gated tasks dead", "error", err, "attempt", attempt+1)
@@ -140,8 +99,7 @@ func (s *Supervisor) killDirect(lease *lockclient.Lease, until time.Time, why st
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	s.emit(stoppingEvent(lease, fmt.Sprintf("Gate could not prove %s dead (%v): the lock is not released; "+
-		"Nomad kills them once the gate has failed, and the next holder waits for Nomad to report them dead", strings.Join(g.direct, ", "), err)))
+	s.emit(stoppingEvent(lease, gateKillUnprovenMessage(g.direct, err)))
 	return false
 }
 

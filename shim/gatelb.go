@@ -1,11 +1,5 @@
 package shim
 
-import (
-	"fmt"
-
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
-)
-
 // A gate with a load_balancer block carries the LB registration of its
 // gated task: the port label names the gated task's port (a group network
 // port gives every task of the group the same NOMAD_ADDR_<label>), and the
@@ -42,18 +36,3 @@ import (
 // tasks can spare (removeBudget): past it, the next holder's ADD swaps the
 // upstream out. A gate whose supervisor dies is REMOVEd by the plugin
 // (removeAfterCrash), without holding up Nomad's kill of the gated tasks.
-
-// gateFailNote ends the message of an LB failure that fails the gate.
-const gateFailNote = "the gate fails now, so Nomad kills the gated tasks, and the lock expires on the server " +
-	"(a gate is never restarted: see its restart block)"
-
-// gateLBAddFailedMessage is the event of a gate's ADD that ended without
-// SUCCESS: the gate fails (exit 74).
-func gateLBAddFailedMessage(err error, cfg lbhook.Config) string {
-	d := lbhook.Diagnose(err, cfg)
-	if d.Unreachable {
-		return fmt.Sprintf("LB add failed: %s, until load_balancer.add_deadline (%s) passed: the LB API at %s is down or failing; %s; %s",
-			d.Cause, cfg.AddDeadline, redactURI(cfg.URI), d.Fix, gateFailNote)
-	}
-	return fmt.Sprintf("LB add failed: %s; %s", d.String(), gateFailNote)
-}

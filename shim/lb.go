@@ -292,7 +292,7 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 			return nil // only a cancelled wait ends the health gate with an error
 		}
 		lb.busy = true // the ADD follows in the same goroutine
-		s.emit(held(StateHealthy, "Health check passed on "+lb.cfg.Health.Address))
+		s.emit(held(StateHealthy, lbHealthyMessage(lb.cfg.Health.Address)))
 	case "added":
 		if ev.err != nil {
 			if lb.ctx.Err() != nil {
@@ -315,7 +315,7 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 			return ev.err
 		}
 		lb.registered = true
-		s.emit(held(StateRegistered, fmt.Sprintf("Registered %s with load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)))
+		s.emit(held(StateRegistered, lbRegisteredMessage(lb.self.Upstream, lb.cfg.ServiceID)))
 	case "checked":
 		if ev.err == nil {
 			lb.checkFails = 0
@@ -341,8 +341,7 @@ func (s *Supervisor) handleLB(lb *lbSession, ev lbEvent, held func(State, string
 		}
 		// Each re-add is an event of its own, counted, so that an LB that
 		// keeps losing our upstream shows.
-		s.notify(held(StateRegistered, fmt.Sprintf("Re-registered %s with load balancer service %s (it had vanished; re-add %d)",
-			lb.self.Upstream, lb.cfg.ServiceID, lb.attempt-1)))
+		s.notify(held(StateRegistered, lbReaddedMessage(lb.self.Upstream, lb.cfg.ServiceID, lb.attempt-1)))
 	}
 	return nil
 }
@@ -366,8 +365,7 @@ func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(S
 	}
 	if budget <= 0 {
 		s.Logger.Warn("no time left for the lb remove", "upstream", lb.self.Upstream)
-		s.emit(held(StateStopping, fmt.Sprintf("LB remove skipped: no time is left before the workload must be gone; %s may stay in "+
-			"load balancer service %s until the next holder's ADD replaces it, or until it is removed by hand", lb.self.Upstream, lb.cfg.ServiceID)))
+		s.emit(held(StateStopping, lbRemoveSkippedMessage(lb.self.Upstream, lb.cfg.ServiceID)))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(budget, 0))
@@ -398,12 +396,7 @@ func (s *Supervisor) deregister(lb *lbSession, budget time.Duration, held func(S
 		return
 	}
 	s.Logger.Info("removed from the load balancer", "upstream", lb.self.Upstream, "took", time.Since(began).Round(time.Millisecond))
-	msg := fmt.Sprintf("Removed %s from load balancer service %s", lb.self.Upstream, lb.cfg.ServiceID)
-	if lbhook.RemovedAnyway(resp) {
-		msg += fmt.Sprintf(" (request %s ended %s, but the LB's state shows the upstream gone: the removal was applied)",
-			resp.LoadBalancerRequestID, resp.LoadBalancerState)
-	}
-	s.emit(held(StateStopping, msg))
+	s.emit(held(StateStopping, lbRemovedMessage(lb.self.Upstream, lb.cfg.ServiceID, resp)))
 	if s.OnLBRemoved != nil {
 		s.OnLBRemoved()
 	}

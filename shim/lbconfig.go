@@ -73,13 +73,7 @@ type HealthSpec struct {
 }
 
 // IsZero reports whether no field of the block was set.
-func (s LBSpec) IsZero() bool {
-	return s.URI == "" && s.ServiceID == "" && s.BasePath == "" && len(s.Groups) == 0 && s.Port == "" &&
-		len(s.Owners) == 0 && s.Options == nil && s.FileOptions.IsNull() && s.TemplateName == "" &&
-		len(s.Domains) == 0 && len(s.AdditionalPaths) == 0 && s.Group == "" && s.RackID == "" &&
-		s.RequestTimeout == "" && s.PollInterval == "" && s.AddDeadline == "" && s.RemoveDeadline == "" &&
-		s.AuthKeyFile == "" && s.CAFile == "" && s.RecheckInterval == ""
-}
+func (s LBSpec) IsZero() bool { return s.Options == nil && settingsZero(&s, LBSettings) }
 
 // IsZero reports whether no field of the block was set.
 func (h HealthSpec) IsZero() bool { return h == HealthSpec{} }

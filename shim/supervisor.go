@@ -239,8 +239,7 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	}
 	for _, h := range hooksOf[acquiredHook](s) {
 		if !h.acquired(lease) {
-			s.emit(Event{State: StateLost, Fence: lease.Fence, Message: "Lock lost: " +
-				strings.TrimPrefix(lease.Err().Error(), "lock lost: ")})
+			s.emit(Event{State: StateLost, Fence: lease.Fence, Message: lockLostMessage(lease.Err())})
 			return ExitLost
 		}
 	}
@@ -363,7 +362,7 @@ func (s *Supervisor) startHeld(lease *lockclient.Lease) (r *heldRun, code int, s
 
 // holdingMessage is the holding event's message, as a hook words it.
 func (s *Supervisor) holdingMessage(lease *lockclient.Lease) string {
-	msg := fmt.Sprintf("Acquired lock (fence %d)", lease.Fence)
+	msg := acquiredMessage(lease.Fence)
 	for _, h := range hooksOf[holdHook](s) {
 		if m := h.holdingMessage(lease); m != "" {
 			msg = m
@@ -428,7 +427,7 @@ func (r *heldRun) registerLB() (code int, failed bool) {
 	var err error
 	if r.lb, err = s.startLB(r.lease); err != nil {
 		r.log.Error("cannot register with the load balancer", "error", err)
-		msg := "LB add failed: " + err.Error()
+		msg := lbStartFailedMessage(err)
 		for _, h := range hooksOf[messageHook](s) {
 			msg = h.lbFailedMessage(err, s.Config.LB.Config, true)
 		}
@@ -530,7 +529,7 @@ func (r *heldRun) lost() int {
 	s, lease := r.s, r.lease
 	why := lease.Err()
 	r.log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", lockclient.BootUntil(lease.StopDeadline()).Round(time.Millisecond))
-	s.emit(r.held(StateLost, "Lock lost: "+strings.TrimPrefix(why.Error(), "lock lost: ")))
+	s.emit(r.held(StateLost, lockLostMessage(why)))
 	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, endLost)
 	return ExitLost
 }
@@ -578,7 +577,7 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 		TryOnce: s.Config.EarlyReturn,
 		OnBlocked: func(h lockclient.Holder) {
 			s.emit(Event{State: StateWaiting, Holder: h,
-				Message: fmt.Sprintf("Waiting for lock %s held by %s", s.Config.Path, h)})
+				Message: waitingHeldMessage(s.Config.Path, h)})
 		},
 	}
 	for _, h := range hooksOf[acquireHook](s) {
@@ -599,7 +598,7 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 		select {
 		case <-stopping:
 			s.Logger.Info("the allocation is being stopped, no longer waiting for the lock")
-			s.emit(Event{State: StateWaiting, Message: "Allocation stopped while waiting for the lock: not taking it"})
+			s.emit(Event{State: StateWaiting, Message: stoppedWhileWaitingMessage()})
 			interrupted, stopping = syscall.SIGTERM, nil
 			cancel()
 		case r := <-results:
@@ -649,7 +648,7 @@ func (s *Supervisor) acquireWaitingForPolicy(ctx context.Context, opts lockclien
 		if err == nil || !s.WaitForPolicy || !errors.As(err, &pe) || ctx.Err() != nil {
 			return l, err
 		}
-		if msg := LockDeniedMessage(pe); msg != said {
+		if msg := lockDeniedMessage(pe); msg != said {
 			s.Logger.Error(pe.Error())
 			s.emit(Event{State: StateWaiting, Message: msg})
 			said = msg
@@ -663,13 +662,6 @@ func (s *Supervisor) acquireWaitingForPolicy(ctx context.Context, opts lockclien
 		}
 		wait = min(2*wait, deniedRetryMax)
 	}
-}
-
-// LockDeniedMessage is the event of a lock denied by ACLs (HTTP 403) that
-// the supervisor waits for: the fix, with the path and the job filled in.
-func LockDeniedMessage(pe *lockclient.PermissionError) string {
-	return fmt.Sprintf("Lock denied (HTTP 403): %s; retrying every %s to %s until it is applied, no restart needed",
-		pe.Fix(), deniedRetryMin, deniedRetryMax)
 }
 
 func (s *Supervisor) acquireErrorCode(err error) int {
@@ -767,7 +759,7 @@ func (r *heldRun) stop(sig syscall.Signal, timeout time.Duration) {
 		}
 		s.Logger.Info("workload exited but left processes behind, stopping them", "signal", sig)
 	}
-	s.emit(r.held(StateStopping, "Stopping workload with "+signalName(sig)))
+	s.emit(r.held(StateStopping, stoppingMessage(signalName(sig))))
 	if err := g.signal(sig); err != nil {
 		s.Logger.Warn("signal workload group", "signal", sig, "error", err)
 	}
@@ -797,9 +789,7 @@ func (r *heldRun) stop(sig syscall.Signal, timeout time.Duration) {
 		select {
 		case <-grace.C():
 			if deadline.Before(end) {
-				s.emit(r.held(StateStopping, fmt.Sprintf("Killing the workload with SIGKILL after %s of its kill_timeout (%s): "+
-					"the lock was lost (%s), and the workload must be gone before Nomad can free the lock",
-					lockclient.BootNow().Sub(began).Round(time.Second), timeout, lostReason(r.lease))))
+				s.emit(r.held(StateStopping, killAfterLossMessage(lockclient.BootNow().Sub(began).Round(time.Second), timeout, r.lease.Err())))
 			} else {
 				s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", timeout)
 			}
@@ -808,23 +798,15 @@ func (r *heldRun) stop(sig syscall.Signal, timeout time.Duration) {
 			lost = nil
 			deadline = graceEnd(end, r.lease)
 			grace.Reset(lockclient.BootUntil(deadline))
-			msg := fmt.Sprintf("Lock lost while stopping the workload (%s): it now has %s left before SIGKILL, not the %s left of its kill_timeout",
-				lostReason(r.lease), lockclient.BootUntil(deadline).Round(time.Second), lockclient.BootUntil(end).Round(time.Second))
-			if !deadline.Before(end) {
-				msg = fmt.Sprintf("Lock lost while stopping the workload (%s): its kill_timeout ends before the lock's stop deadline, so its grace is not cut",
-					lostReason(r.lease))
-			}
-			if rt.start(r.lease) {
-				msg += "; renewing it again, as Nomad did not say it is no longer ours"
-			}
-			s.emit(r.held(StateStopping, msg))
+			renewing := rt.start(r.lease)
+			s.emit(r.held(StateStopping, lostWhileStoppingMessage(r.lease.Err(), deadline.Before(end),
+				lockclient.BootUntil(deadline).Round(time.Second), lockclient.BootUntil(end).Round(time.Second), renewing)))
 		case l := <-rt.retaken:
 			r.lease, lost = l, l.Lost()
 			deadline = graceEnd(end, l)
 			grace.Reset(lockclient.BootUntil(deadline))
 			g.arm(earliest(deadline.Add(2*time.Second), l.StopDeadline()))
-			s.emit(r.held(StateStopping, fmt.Sprintf("Lock renewed again: it was still ours; the workload keeps its kill_timeout (%s, %s left)",
-				timeout, lockclient.BootUntil(deadline).Round(time.Second))))
+			s.emit(r.held(StateStopping, renewedAgainMessage(timeout, lockclient.BootUntil(deadline).Round(time.Second))))
 		case <-r.lease.Renewed():
 			// Still ours: keep the guard, and the driver's watchdog (which
 			// reads the deadlines this event publishes), from cutting a long
@@ -846,14 +828,6 @@ func graceEnd(end time.Time, lease *lockclient.Lease) time.Time {
 		return earliest(end, lease.StopDeadline())
 	}
 	return end
-}
-
-// lostReason is why the lease was lost, without the "lock lost: " prefix.
-func lostReason(lease *lockclient.Lease) string {
-	if err := lease.Err(); err != nil {
-		return strings.TrimPrefix(err.Error(), "lock lost: ")
-	}
-	return "no reason given"
 }
 
 // treeEmpty reports whether no process of the workload is left: none in its
@@ -949,7 +923,7 @@ func (s *Supervisor) release(lease *lockclient.Lease) {
 	}
 	switch {
 	case err == nil:
-		s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: "Released lock"})
+		s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: releasedMessage()})
 	case errors.Is(err, lockclient.ErrLost):
 		s.Logger.Info("nothing to release: the lock was already gone", "reason", err)
 	case errors.Is(err, lockclient.ErrLeftToExpire):
@@ -959,31 +933,6 @@ func (s *Supervisor) release(lease *lockclient.Lease) {
 		s.Logger.Warn("release failed; the lock expires on its own", "error", err)
 		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config(), s.PluginReleases)})
 	}
-}
-
-// LeftToExpireMessage is the event of a lock left to expire (see
-// lockclient.ErrLeftToExpire): not released, and why.
-func LeftToExpireMessage(err error) string {
-	return "Lock left to expire, not released: " + strings.TrimPrefix(err.Error(), "release ")
-}
-
-// releaseFailedMessage says that the lock was not released, when it will be
-// free, and, when the token no longer authenticates, the likely cause and
-// who may still release it.
-func releaseFailedMessage(err error, cfg lockclient.Config, pluginReleases bool) string {
-	expiry := 2*cfg.Timing.TTL + cfg.Timing.LockDelay
-	var pe *lockclient.PermissionError
-	switch {
-	case errors.Is(err, lockclient.ErrIdentityRejected) && pluginReleases:
-		return fmt.Sprintf("Lock not released by the task (%v): its workload identity no longer authenticates "+
-			"(`nomad job stop -purge` removes the allocation, and its identity with it). The plugin releases it with "+
-			"its release_token_file if it is set; otherwise the lock expires on the server within 2×TTL + delay (%s)", err, expiry)
-	case errors.Is(err, lockclient.ErrIdentityRejected) || errors.As(err, &pe):
-		return fmt.Sprintf("Lock not released (%v); it expires on the server within 2×TTL + delay (%s). "+
-			"The task's workload identity no longer authenticates: `nomad job stop -purge` removes the allocation, "+
-			"and its identity with it, before the task can release; stop the job first and purge it once its tasks are dead", err, expiry)
-	}
-	return fmt.Sprintf("Lock not released (%v); it expires on the server within 2×TTL + delay (%s)", err, expiry)
 }
 
 func exitCode(ps *os.ProcessState) int {

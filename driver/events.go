@@ -1,0 +1,112 @@
+package driver
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/events"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
+)
+
+// Every task event the plugin words itself (the supervisor's own come from
+// shim/events.go and are passed on as they are): the one place a message
+// is worded. Each kind is declared with a stable identifier and the fixed
+// text its messages begin with (internal/events), which
+// docs/troubleshooting.md lists with what it means and what to do.
+var (
+	evGateWaiting       = events.New("gate-waiting", "Gate waiting for lock ")
+	evNoCgroup          = events.New("no-cgroup", "No task cgroup on this client (cgroups are disabled): ")
+	evWatchdog          = events.New("watchdog", "Lock lost: watchdog killed the workload: ")
+	evWatchdogGate      = events.New("watchdog-gate", "Lock lost: watchdog killed the gate and ")
+	evCrashReleased     = events.New("crash-released", "Released lock on behalf of ")
+	evCrashNotReleased  = events.New("crash-not-released", "Lock not released on behalf of ")
+	evCrashLeftToExpire = events.New("crash-left-to-expire", "Lock of ")
+	evCrashGateLockKept = events.New("crash-gate-lock-kept", "Lock kept after the gate's ")
+	evCrashLBRemoved    = events.New("crash-lb-removed", "Removed ")
+	evCrashLBRemoveFail = events.New("crash-lb-remove-failed", "LB remove after supervisor crash failed: ")
+	evCrashLBRemoveSkip = events.New("crash-lb-remove-skipped", "LB remove after the gate's crash skipped: ")
+	evOOMKilled         = events.New("oom-killed", "OOM Killed: ")
+)
+
+func gateWaitingMessage(path string) string {
+	return evGateWaiting.Text("%s: the group's other tasks start once it is held", path)
+}
+
+func noCgroupMessage() string {
+	return evNoCgroup.Text("nothing can prove every process of the task dead, " +
+		"so the lock is never released early; after each stop it expires on the server (2×TTL + delay)")
+}
+
+// The watchdog's reasons, in its events.
+func watchdogUnresponsive(past time.Duration) string {
+	return fmt.Sprintf("supervisor unresponsive %s past its fence deadline", past)
+}
+
+func watchdogStillRunning(past time.Duration) string {
+	return fmt.Sprintf("workload still running %s past its stop deadline", past)
+}
+
+func watchdogMessage(why string) string { return evWatchdog.Text("%s", why) }
+
+// watchdogGateMessage: killErr, if not nil, is why the gated tasks are
+// not proven dead.
+func watchdogGateMessage(killErr error, why string) string {
+	if killErr != nil {
+		return evWatchdogGate.Text("could not prove its gated tasks dead (%v): %s", killErr, why)
+	}
+	return evWatchdogGate.Text("its gated tasks: %s", why)
+}
+
+// Whose lock the plugin releases after a supervisor exited (the "whose" of
+// the crash events).
+const (
+	whoseCrashed          = "crashed supervisor"
+	whoseIdentityRejected = "supervisor, whose task's identity no longer authenticates"
+	whoseNotProven        = "supervisor, which could not prove its workload dead"
+)
+
+func crashGateLockKeptMessage(whose string, expiry time.Duration) string {
+	return evCrashGateLockKept.Text("%s: Nomad kills the gated tasks now that the gate has failed, "+
+		"and the lock expires on the server within 2×TTL + delay (%s)", whose, expiry)
+}
+
+// crashNotReleasedMessage: expiry, if not zero, is 2×TTL + delay.
+func crashNotReleasedMessage(whose string, err error, expiry time.Duration) string {
+	if expiry == 0 {
+		return evCrashNotReleased.Text("%s (%v); it expires on the server after 2×TTL + delay", whose, err)
+	}
+	return evCrashNotReleased.Text("%s (%v); it expires on the server after 2×TTL + delay (%s)", whose, err, expiry)
+}
+
+func crashReleasedMessage(whose string, fence uint64, via string) string {
+	return evCrashReleased.Text("%s (fence %d)%s", whose, fence, via)
+}
+
+func crashLeftToExpireMessage(whose string, fence uint64, err error) string {
+	return evCrashLeftToExpire.Text("%s not released on its behalf (fence %d): %s", whose, fence, shim.LeftToExpireMessage(err))
+}
+
+func crashLBRemoveSkippedMessage(upstream, service string) string {
+	return evCrashLBRemoveSkip.Text("its stop deadline has passed, so the lock may be free; "+
+		"%s stays in load balancer service %s until the next holder's ADD replaces it", upstream, service)
+}
+
+func crashLBRemoveFailedMessage(err error, cfg lbhook.Config, upstream string) string {
+	return evCrashLBRemoveFail.Text("%s; %s may stay in load balancer service %s until the next holder's ADD replaces it",
+		lbhook.Diagnose(err, cfg.WithDefaults()), upstream, cfg.ServiceID)
+}
+
+func crashLBRemovedMessage(upstream string, resp lbhook.BaragonResponse) string {
+	msg := evCrashLBRemoved.Text("%s from load balancer on behalf of crashed supervisor", upstream)
+	if lbhook.RemovedAnyway(resp) {
+		msg += fmt.Sprintf(" (request %s ended %s, but the LB's state shows the upstream gone)", resp.LoadBalancerRequestID, resp.LoadBalancerState)
+	}
+	return msg
+}
+
+// oomKilledMessage is the exit error of a task whose workload the memory
+// cgroup OOM-killed (the docker driver says "OOM Killed" too).
+func oomKilledMessage() string {
+	return evOOMKilled.Text("a workload process went over the task's memory limit; raise resources.memory (or memory_max)")
+}
