@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -316,6 +317,7 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 	spec := supervisorSpec{
 		LB: tc.LoadBalancer, Health: tc.HealthCheck,
 		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
+		Holders: sc.Holders, AllocIndex: allocIndex(cfg),
 		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait,
 		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
 		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), SecretsDir: cfg.TaskDir().SecretsDir, ShareNomadToken: tc.ShareNomadToken,
@@ -339,4 +341,17 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 		spec.UID, spec.GID, spec.Groups = &uid, id.gid, id.groups
 	}
 	return spec, nil
+}
+
+// allocIndex is the allocation's index in its group, as Nomad's task config
+// gives it (NOMAD_ALLOC_INDEX of the task's environment; 0 if none). A
+// semaphore's holder tries that slot first: a preference only, which bears
+// on no guarantee, so a jobspec that sets the variable itself changes
+// nothing but its own order of tries.
+func allocIndex(cfg *drivers.TaskConfig) int {
+	i, err := strconv.Atoi(cfg.Env["NOMAD_ALLOC_INDEX"])
+	if err != nil || i < 0 {
+		return 0
+	}
+	return i
 }

@@ -97,9 +97,13 @@ type supervisorSpec struct {
 	TaskID string
 	// Gate holds the lock for the group's other tasks (config.gate): its
 	// allocation, task and namespace, from Nomad.
-	Gate        *gateSpec `json:",omitempty"`
-	Path        string
-	Namespace   string
+	Gate      *gateSpec `json:",omitempty"`
+	Path      string
+	Namespace string
+	// Holders is the semaphore's N (config.lock.holders; 0: one lock at
+	// Path), AllocIndex the allocation's index, whose slot it tries first.
+	Holders     int `json:",omitempty"`
+	AllocIndex  int `json:",omitempty"`
 	Command     []string
 	TTL         time.Duration
 	LockDelay   time.Duration

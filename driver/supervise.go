@@ -175,6 +175,7 @@ func (spec supervisorSpec) holder() lockclient.Holder {
 func (spec supervisorSpec) shimConfig() shim.Config {
 	cfg := shim.DefaultConfig()
 	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
+	cfg.Holders, cfg.AllocIndex = spec.Holders, spec.AllocIndex
 	cfg.RootSecretsDir = spec.SecretsDir
 	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
 	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
@@ -185,10 +186,11 @@ func (spec supervisorSpec) shimConfig() shim.Config {
 }
 
 // recordLease is the supervisor's OnAcquire: it records the lease, for the
-// plugin to release should the supervisor crash.
+// plugin to release should the supervisor crash: a semaphore's, its slot's
+// lock.
 func recordLease(dir *securefs.Dir, cfg shim.Config, log hclog.Logger) func(*lockclient.Lease) {
 	return func(l *lockclient.Lease) {
-		held := heldLease{LockID: l.LockID(), Path: cfg.Path, Namespace: cfg.Namespace, Fence: l.Fence,
+		held := heldLease{LockID: l.LockID(), Path: l.Path(), Namespace: cfg.Namespace, Fence: l.Fence,
 			TTL: cfg.TTL, LockDelay: cfg.LockDelay, LastRenewBoot: lockclient.BootNanos(l.LastRenew())}
 		if err := writeJSON(dir, leaseFile, held); err != nil {
 			log.Warn("record the lease for a crash release; a crash will wait for the lock to expire", "error", err)

@@ -26,9 +26,13 @@ var (
 
 // ConfigError is an invalid setting found before any request is sent, or a
 // 400 from Nomad. The message says which setting to change.
-type ConfigError struct{ Msg string }
+type ConfigError struct {
+	Msg string
+	Err error // a sentinel the message stands for, if any
+}
 
 func (e *ConfigError) Error() string { return e.Msg }
+func (e *ConfigError) Unwrap() error { return e.Err }
 
 func configErrorf(format string, args ...any) error {
 	return &ConfigError{Msg: fmt.Sprintf(format, args...)}
@@ -151,7 +155,7 @@ func identityRejected(err error) bool {
 func (c *Locker) classify(op string, err error) error {
 	switch statusCode(err) {
 	case http.StatusForbidden:
-		return &PermissionError{Op: op, Path: c.cfg.Path, Namespace: c.cfg.Namespace, JobID: c.cfg.Holder.JobID, Err: err}
+		return &PermissionError{Op: op, Path: c.policyPath(), Namespace: c.cfg.Namespace, JobID: c.cfg.Holder.JobID, Err: err}
 	case http.StatusUnauthorized:
 		return fmt.Errorf("%s %s: token rejected (HTTP 401): add `identity { env = true }` to the task: %w", op, c.cfg.Path, err)
 	case http.StatusBadRequest:

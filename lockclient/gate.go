@@ -143,6 +143,16 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 	return lease, nil
 }
 
+// Retake is Adopt of the lock this lease held (for a semaphore, its
+// slot's): the lease it returns holds the same slot.
+func (ls *Lease) Retake(ctx context.Context) (*Lease, error) {
+	l, err := ls.locker.Adopt(ctx, ls.id, ls.Fence)
+	if l != nil {
+		l.Slot, l.Holders = ls.Slot, ls.Holders
+	}
+	return l, err
+}
+
 // MarkReleasedClean records in the variable, under the lease's lock ID, that
 // the holder is about to release it having proven its work dead, so that
 // the next holder need not wait for it (Holder.ReleasedClean). A release

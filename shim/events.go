@@ -25,6 +25,7 @@ var (
 	evStoppedWaiting  = events.New("stopped-while-waiting", "Allocation stopped while waiting for the lock: not taking it")
 	evLockDenied      = events.New("lock-denied", "Lock denied (HTTP 403): ")
 	evAcquired        = events.New("acquired", "Acquired lock (fence ")
+	evAcquiredSlot    = events.New("acquired-slot", "Acquired slot ")
 	evLockLost        = events.New("lock-lost", "Lock lost: ")
 	evStopping        = events.New("stopping", "Stopping workload with ")
 	evKillAfterLoss   = events.New("sigkill-after-loss", "Killing the workload with SIGKILL after ")
@@ -95,6 +96,11 @@ func lockDeniedMessage(pe *lockclient.PermissionError) string {
 }
 
 func acquiredMessage(fence uint64) string { return evAcquired.Text("%d)", fence) }
+
+// acquiredSlotMessage is the holding event of a semaphore's slot.
+func acquiredSlotMessage(slot, holders int, path string, fence uint64) string {
+	return evAcquiredSlot.Text("%d of %d (%s, fence %d)", slot, holders, path, fence)
+}
 
 // lockLostMessage is the event of a loss; err is the lease's (Lease.Err).
 func lockLostMessage(err error) string { return evLockLost.Text("%s", LostReason(err)) }

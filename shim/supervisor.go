@@ -363,6 +363,9 @@ func (s *Supervisor) startHeld(lease *lockclient.Lease) (r *heldRun, code int, s
 // holdingMessage is the holding event's message, as a hook words it.
 func (s *Supervisor) holdingMessage(lease *lockclient.Lease) string {
 	msg := acquiredMessage(lease.Fence)
+	if lease.Holders > 0 {
+		msg = acquiredSlotMessage(lease.Slot, lease.Holders, lease.Path(), lease.Fence)
+	}
 	for _, h := range hooksOf[holdHook](s) {
 		if m := h.holdingMessage(lease); m != "" {
 			msg = m
@@ -686,7 +689,8 @@ func (s *Supervisor) acquireErrorCode(err error) int {
 }
 
 // startWorkload execs the command with no shell (unless Shell), in the
-// guard's process group, with PDEATHSIG, NOMAD_LOCK_PATH and NOMAD_LOCK_FENCE.
+// guard's process group, with PDEATHSIG, NOMAD_LOCK_PATH and NOMAD_LOCK_FENCE
+// (and NOMAD_LOCK_SLOT for a semaphore's slot).
 func (s *Supervisor) startWorkload(lease *lockclient.Lease, g *group) (*exec.Cmd, *group, error) {
 	argv := s.Config.Command
 	if s.Config.Shell {
@@ -734,9 +738,13 @@ func (s *Supervisor) workloadEnv(lease *lockclient.Lease) []string {
 			env = append(env, kv)
 		}
 	}
-	return append(env,
-		"NOMAD_LOCK_PATH="+s.Config.Path,
+	env = append(env,
+		"NOMAD_LOCK_PATH="+lease.Path(),
 		"NOMAD_LOCK_FENCE="+strconv.FormatUint(lease.Fence, 10))
+	if lease.Holders > 0 {
+		env = append(env, "NOMAD_LOCK_SLOT="+strconv.Itoa(lease.Slot))
+	}
+	return env
 }
 
 // stop ends the workload: sig to the group, grace until every member is gone

@@ -56,22 +56,23 @@ const (
 // Server is an in-memory lock API for one variable. It is safe for
 // concurrent use.
 type Server struct {
-	mu                   sync.Mutex
-	index                uint64            // the last write's Raft index
-	exists               bool              // the variable has been written
-	items                map[string]string // the variable's items
-	lock                 *api.VariableLock // nil while unlocked
-	lastGrant            uint64            // ModifyIndex of the last acquire through the API
-	grantedAt            time.Time         // when it was granted
-	delayUntil           time.Time         // acquires are refused until then (lock delay)
-	changed              chan struct{}     // closed at every write: wakes blocking reads
-	lockIDs              int
-	acquireErr, renewErr error
-	releaseErr           error
-	onRelease            func()
-	calls                map[string]int
-	allocs               map[string]*api.Allocation // what Info answers, by ID
-	hideLock             bool
+	mu         sync.Mutex
+	index      uint64            // the last write's Raft index
+	exists     bool              // the variable has been written
+	items      map[string]string // the variable's items
+	lock       *api.VariableLock // nil while unlocked
+	lastGrant  uint64            // ModifyIndex of the last acquire through the API
+	grantedAt  time.Time         // when it was granted
+	delayUntil time.Time         // acquires are refused until then (lock delay)
+	changed    chan struct{}     // closed at every write: wakes blocking reads
+	lockIDs    int
+	renewErr   error
+	acquireErr error
+	releaseErr error
+	onRelease  func()
+	calls      map[string]int
+	allocs     map[string]*api.Allocation // what Info answers, by ID
+	hideLock   bool
 }
 
 // New returns a Server whose variable does not exist yet.
@@ -189,18 +190,18 @@ func (s *Server) Write(items map[string]string) uint64 {
 	return s.index
 }
 
-// FailRenew makes every renew answer err until FailRenew(nil).
-func (s *Server) FailRenew(err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.renewErr = err
-}
-
 // FailAcquire makes every acquire answer err until FailAcquire(nil).
 func (s *Server) FailAcquire(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.acquireErr = err
+}
+
+// FailRenew makes every renew answer err until FailRenew(nil).
+func (s *Server) FailRenew(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.renewErr = err
 }
 
 // FailRelease makes every release answer err until FailRelease(nil).
