@@ -142,9 +142,10 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 		// work_dir reaches only what the task user may reach.
 		Dir: spec.WorkDir,
 		// The workload is born in the task cgroup (see taskStarter).
-		StartIn:      starter.within,
-		Tree:         workloadTree(spec),
-		RequireGuard: true,
+		StartIn:       starter.within,
+		Tree:          workloadTree(spec),
+		RequireGuard:  true,
+		WaitForPolicy: true,
 	}
 	if spec.UID != nil {
 		sup.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}

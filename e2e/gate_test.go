@@ -88,6 +88,9 @@ type gateJob struct {
 	lb *lbSpec
 	// noService leaves out the gated task's Nomad service (built jobs).
 	noService bool
+	// ttl and delay override the gate's lock ttl and delay (built jobs;
+	// default drvTTLHCL and drvDelayHCL).
+	ttl, delay string
 }
 
 // newGateJobID is a built (not example) job of kind with the job ID id:
@@ -187,7 +190,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 		LB                                                          *lbSpec
 	}{
 		ID: j.id, Group: j.group, Update: j.update, Driver: harness.PluginDriverName, GateRestart: j.gateRestart,
-		Command: command, TTL: drvTTLHCL, Delay: drvDelayHCL,
+		Command: command, TTL: cmp.Or(j.ttl, drvTTLHCL), Delay: cmp.Or(j.delay, drvDelayHCL),
 		LB: j.lb, GateExtra: j.gateExtra, App: j.app, Kind: j.kind, Image: j.image, AppCommand: appCommand,
 		AppKill: j.appKill, Service: service, AppExtra: j.appExtra, GroupExtra: j.groupExtra, AppRestart: j.appRestart,
 		Count: cmp.Or(j.count, 2), GateArgs: gateArgs, Args: j.appArgs("${NOMAD_PORT_http}"), Volumes: volumes,

@@ -73,6 +73,17 @@ and attach it to the job's workload identity:
 		e.Op, e.Path, ns, e.Path, ns, job, job)
 }
 
+// Fix is the fix for e on one line, for a task event: the policy (with the
+// path filled in) and the command that attaches it to the job.
+func (e *PermissionError) Fix() string {
+	ns, job := policyTarget(e.Namespace, e.JobID)
+	return fmt.Sprintf(`the job's workload identity needs "write" on %s: apply `+
+		`namespace %q { variables { path %q { capabilities = ["write", "read"] } } } `+
+		`(examples/acl/singleton-lock.policy.hcl) with `+
+		"`nomad acl policy apply -namespace %s -job %s singleton-lock-%s singleton-lock.policy.hcl`",
+		e.Path, ns, e.Path, ns, job, job)
+}
+
 // LostError says why a lease ended without a release. It wraps ErrLost.
 type LostError struct{ Reason string }
 

@@ -23,6 +23,7 @@ import (
 var (
 	evWaitingHeld     = events.New("waiting-held", "Waiting for lock ")
 	evStoppedWaiting  = events.New("stopped-while-waiting", "Allocation stopped while waiting for the lock: not taking it")
+	evLockDenied      = events.New("lock-denied", "Lock denied (HTTP 403): ")
 	evAcquired        = events.New("acquired", "Acquired lock (fence ")
 	evAcquiredSlot    = events.New("acquired-slot", "Acquired slot ")
 	evLockLost        = events.New("lock-lost", "Lock lost: ")
@@ -90,6 +91,14 @@ func waitingHeldMessage(path string, holder lockclient.Holder) string {
 }
 
 func stoppedWhileWaitingMessage() string { return evStoppedWaiting.Text("") }
+
+// lockDeniedMessage is the event of a lock denied by ACLs (HTTP 403) that
+// the supervisor waits for (WaitForPolicy): the fix, with the path and the
+// job filled in.
+func lockDeniedMessage(pe *lockclient.PermissionError) string {
+	return evLockDenied.Text("%s; retrying every %s to %s until it is applied, no restart needed",
+		pe.Fix(), deniedRetryMin, deniedRetryMax)
+}
 
 func acquiredMessage(fence uint64) string { return evAcquired.Text("%d)", fence) }
 

@@ -95,6 +95,7 @@ func eventExamples() map[string][]string {
 		"waiting-held":          {waitingHeldMessage("nomad/jobs/web/lock", holder)},
 		"stopped-while-waiting": {stoppedWhileWaitingMessage()},
 		"acquired":              {acquiredMessage(7)},
+		"lock-denied":           {lockDeniedMessage(&lockclient.PermissionError{Op: "acquire", Path: "nomad/jobs/web/web/api/lock", JobID: "web"})},
 		"acquired-slot":         {acquiredSlotMessage(1, 3, "nomad/jobs/q/workers/slot-1", 7)},
 		"lock-lost": {lockLostMessage(lost), lockLostMessage(&lockclient.LostError{Reason: "Nomad answered 404 on renew: the lock variable was deleted"}),
 			lockLostMessage(&lockclient.LostError{Reason: "no successful renew before the fence deadline (14s)"})},

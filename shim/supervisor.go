@@ -148,6 +148,12 @@ type Supervisor struct {
 	// guard (the driver: nothing else kills a workload whose supervisor was
 	// SIGKILLed before the watchdog's margin runs out).
 	RequireGuard bool
+	// WaitForPolicy makes an HTTP 403 on acquire a wait instead of exit 77
+	// (the driver): the supervisor says in a task event which ACL policy
+	// to apply, retries with backoff, and takes the lock as soon as the
+	// policy is applied, without a restart of the task. Only a stop ends
+	// the wait.
+	WaitForPolicy bool
 
 	spawner *spawner
 	// hooks is the optional behaviour attached to the run (hooks.go).
@@ -581,7 +587,7 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 		h.acquireOptions(&opts)
 	}
 	go func() {
-		l, err := s.Locker.Acquire(actx, opts)
+		l, err := s.acquireWaitingForPolicy(actx, opts)
 		results <- result{l, err}
 	}()
 
@@ -623,6 +629,41 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 				s.Logger.Debug("signal while waiting for the lock, no workload to forward it to", "signal", sig)
 			}
 		}
+	}
+}
+
+// Bounds of the backoff between acquire attempts while the lock is denied
+// (WaitForPolicy).
+const (
+	deniedRetryMin = 2 * time.Second
+	deniedRetryMax = 30 * time.Second
+)
+
+// acquireWaitingForPolicy is Locker.Acquire; with WaitForPolicy, an HTTP 403
+// is a wait: an event names the policy to apply (again whenever the reason
+// changes), and the acquire is retried with backoff until it is applied or
+// ctx ends.
+func (s *Supervisor) acquireWaitingForPolicy(ctx context.Context, opts lockclient.AcquireOptions) (*lockclient.Lease, error) {
+	wait, said := deniedRetryMin, ""
+	for {
+		l, err := s.Locker.Acquire(ctx, opts)
+		var pe *lockclient.PermissionError
+		if err == nil || !s.WaitForPolicy || !errors.As(err, &pe) || ctx.Err() != nil {
+			return l, err
+		}
+		if msg := lockDeniedMessage(pe); msg != said {
+			s.Logger.Error(pe.Error())
+			s.emit(Event{State: StateWaiting, Message: msg})
+			said = msg
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, deniedRetryMax)
 	}
 }
 
