@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -98,7 +99,10 @@ func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
 type TaskConfig struct {
 	// Gate makes the task hold the lock for the other tasks of its group
 	// (any driver) instead of, or besides, running a command: see shim.Gate.
-	Gate         bool            `codec:"gate"`
+	Gate bool `codec:"gate"`
+	// Start says when Nomad sees the task started: StartAtOnce (the
+	// default) or StartOnLock.
+	Start        string          `codec:"start"`
 	Command      string          `codec:"command"`
 	Args         []string        `codec:"args"`
 	Lock         LockConfig      `codec:"lock"`
@@ -127,6 +131,7 @@ type LockConfig = shim.LockValues
 var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"command":           hclspec.NewAttr("command", "string", false),
 	"gate":              hclspec.NewAttr("gate", "bool", false),
+	"start":             hclspec.NewAttr("start", "string", false),
 	"args":              hclspec.NewAttr("args", "list(string)", false),
 	"share_nomad_token": hclspec.NewAttr("share_nomad_token", "bool", false),
 	"oom_score_adj":     hclspec.NewAttr("oom_score_adj", "number", false),
@@ -212,6 +217,47 @@ func truncateEscaped(s string, n int) string {
 	return s
 }
 
+// Values of config.start.
+const (
+	// StartAtOnce: StartTask returns as soon as the supervisor runs, and
+	// the supervisor waits for the lock inside the running task. Nomad then
+	// registers the task's services, and runs its poststart tasks, on
+	// standbys too.
+	StartAtOnce = "at_once"
+	// StartOnLock: StartTask returns only once the lock is held (as a
+	// gate's), so Nomad registers the task's services and runs its
+	// poststart tasks on the holder alone. A standby stays "pending",
+	// waiting for the lock, and watches its allocation, so that a stop
+	// ends its wait (Nomad cannot stop a task whose StartTask has not
+	// returned): its identity needs read-job on the namespace.
+	StartOnLock = "on_lock"
+)
+
+// onLockWho words the permission error of a start = "on_lock" task that
+// cannot read its allocation.
+const onLockWho = `A task with config.start = "on_lock" watches its own allocation while it waits for the lock ` +
+	`(Nomad cannot stop a task whose start has not returned, so a stop of the allocation must end the wait)`
+
+// startsOnLock reports whether StartTask waits for the lock: a task with
+// start = "on_lock", and every gate.
+func (tc TaskConfig) startsOnLock() bool { return tc.Gate || tc.Start == StartOnLock }
+
+// validateStart checks config.start.
+func (tc TaskConfig) validateStart() error {
+	switch {
+	case tc.Start == "" || tc.Start == StartOnLock:
+		return nil
+	case tc.Start == StartAtOnce && tc.Gate:
+		return fmt.Errorf("config.start = %q with config.gate = true: a gate always starts once it holds the lock "+
+			"(the group's other tasks start only then); remove config.start", tc.Start)
+	case tc.Start == StartAtOnce:
+		return nil
+	}
+	return fmt.Errorf("config.start = %q: use %q (the default: Nomad sees the task running at once, and it waits for the lock "+
+		"inside, so its services are registered on standbys too) or %q (the task starts, and Nomad registers its services, "+
+		"only once it holds the lock; needs read-job for the task's identity: see docs/services.md)", tc.Start, StartAtOnce, StartOnLock)
+}
+
 // shimConfig turns a task's config into the supervisor's, validated. Every
 // error names the jobspec field to fix.
 func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duration) (shim.Config, error) {
@@ -222,8 +268,13 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 	}
 	if tc.Gate {
 		c.Gate = &shim.Gate{AllocID: cfg.AllocID, Task: cfg.Name, Namespace: cfg.Namespace}
+	} else if tc.Start == StartOnLock {
+		c.WatchAlloc = &shim.AllocWatch{AllocID: cfg.AllocID, Namespace: cfg.Namespace, Who: onLockWho}
 	}
 	var errs []error
+	if err := tc.validateStart(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := shim.LockSettings.In(shim.InDriver).Apply(&c, tc.Lock,
 		func(s shim.LockSetting) string { return "config.lock." + s.Name }); err != nil {
 		errs = append(errs, err)
@@ -316,6 +367,7 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 	spec := supervisorSpec{
 		LB: tc.LoadBalancer, Health: tc.HealthCheck,
 		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
+		Holders: sc.Holders, AllocIndex: allocIndex(cfg),
 		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait, UpdateGrace: sc.UpdateGrace,
 		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
 		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), SecretsDir: cfg.TaskDir().SecretsDir, ShareNomadToken: tc.ShareNomadToken,
@@ -324,6 +376,7 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 	if g := sc.Gate; g != nil {
 		spec.Gate = &gateSpec{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace}
 	}
+	spec.StartOnLock = sc.WatchAlloc != nil
 	id, err := users.resolve(cfg.User)
 	if err != nil {
 		return spec, err
@@ -339,4 +392,17 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 		spec.UID, spec.GID, spec.Groups = &uid, id.gid, id.groups
 	}
 	return spec, nil
+}
+
+// allocIndex is the allocation's index in its group, as Nomad's task config
+// gives it (NOMAD_ALLOC_INDEX of the task's environment; 0 if none). A
+// semaphore's holder tries that slot first: a preference only, which bears
+// on no guarantee, so a jobspec that sets the variable itself changes
+// nothing but its own order of tries.
+func allocIndex(cfg *drivers.TaskConfig) int {
+	i, err := strconv.Atoi(cfg.Env["NOMAD_ALLOC_INDEX"])
+	if err != nil || i < 0 {
+		return 0
+	}
+	return i
 }

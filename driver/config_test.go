@@ -382,7 +382,7 @@ func TestLockBlockDecodes(t *testing.T) {
 		names = append(names, s.Name)
 	}
 	slices.Sort(names)
-	if want := []string{"delay", "kill_signal", "kill_timeout", "path", "renew", "ttl", "update_grace", "wait"}; !slices.Equal(names, want) {
+	if want := []string{"delay", "holders", "kill_signal", "kill_timeout", "path", "renew", "ttl", "update_grace", "wait"}; !slices.Equal(names, want) {
 		t.Errorf("config.lock takes %v, want %v", names, want)
 	}
 
@@ -465,5 +465,39 @@ func TestHolderRecordComesFromTheTaskConfig(t *testing.T) {
 	cfg.ParentJobID, cfg.NodeName = "", ""
 	if h := (supervisorSpec{Holder: taskHolder(cfg)}).holder(); h.JobID != cfg.JobID || h.Node == "" || h.Node == "forged-node" {
 		t.Errorf("holder %+v, want job %s and the host name for the node", h, cfg.JobID)
+	}
+}
+
+// TestLockHoldersMakesASemaphoreSpec: config.lock.holders = N makes the
+// supervisor hold one of N slots under the lock path, trying first the
+// slot of the allocation index Nomad's task config gives.
+func TestLockHoldersMakesASemaphoreSpec(t *testing.T) {
+	tc := decodeJobspecConfig(t, `
+      config {
+        command = "/bin/true"
+        lock { holders = 3 }
+      }`)
+	cfg := &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", JobID: "web", JobName: "web", TaskGroupName: "g", Name: "t",
+		Env: map[string]string{"NOMAD_ALLOC_INDEX": "4"}}
+	sc, err := tc.shimConfig(cfg, 10*time.Second, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := buildSpec(cfg, tc, sc, userPolicy{defaultUser: "root", allowRoot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := spec.shimConfig()
+	if got.Holders != 3 || got.AllocIndex != 4 || got.Path != DefaultLockPath(cfg) {
+		t.Errorf("supervisor config: holders %d, alloc index %d, path %s; want 3, 4, %s", got.Holders, got.AllocIndex, got.Path, DefaultLockPath(cfg))
+	}
+
+	tc = decodeJobspecConfig(t, `
+      config {
+        gate = true
+        lock { holders = 2 }
+      }`)
+	if _, err := tc.shimConfig(cfg, 10*time.Second, time.Second); err == nil || !strings.Contains(err.Error(), "holders with gate") {
+		t.Errorf("a gate with holders: err = %v, want it refused", err)
 	}
 }

@@ -274,7 +274,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		spec.Gate.DockerEndpoint = d.config.DockerEndpoint
 		d.mu.RUnlock()
 		spec.Gate.Adopt = d.gateLeases.take(cfg, root)
-		if a := d.supersedeGate(cfg, root); a != nil {
+	}
+	if tc.startsOnLock() {
+		if a := d.supersedeStart(cfg, root); a != nil && spec.Gate != nil {
 			spec.Gate.Adopt = a
 		}
 	}
@@ -287,9 +289,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	h := &taskHandle{
 		cfg: cfg, dir: dir, proc: proc, cgroup: cg, startedAt: time.Now(),
 		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
-		done:   make(chan struct{}),
+		done:   make(chan struct{}), gate: tc.Gate,
 	}
-	if tc.Gate {
+	if tc.startsOnLock() {
 		h.holding = make(chan struct{})
 	}
 	handle := drivers.NewTaskHandle(taskHandleVersion)
@@ -302,7 +304,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	go d.run(h, &eventTail{dir: dir})
 	h.logger.Info("started supervisor", "pid", proc.pid, "lock", spec.Path)
 	if h.holding != nil {
-		if err := d.waitGateHolding(h, root, spec.Path); err != nil {
+		if err := d.waitHolding(h, root, spec.Path); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -342,6 +344,9 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
 		done:   make(chan struct{}),
 	}
+	// A recovered gate is still a gate: its watchdog kills its gated tasks.
+	var spec supervisorSpec
+	h.gate = readJSON(dir, specFile, &spec) == nil && spec.Gate != nil
 	tail := &eventTail{dir: dir}
 	tail.restore()
 
@@ -491,7 +496,7 @@ func (d *Driver) SignalTask(taskID string, signal string) error {
 		return err
 	}
 	st := h.lastStatus()
-	if h.holding != nil && st.WorkloadPID == 0 && shim.State(st.State).Holds() {
+	if h.gate && st.WorkloadPID == 0 && shim.State(st.State).Holds() {
 		return fmt.Errorf("task %q is a gate with no command: there is no workload to signal; signal the gated tasks", h.cfg.Name)
 	}
 	if st.WorkloadPID <= 1 || h.proc == nil || !(shim.State(st.State).Holds() || st.State == string(shim.StateStopping)) {

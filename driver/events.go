@@ -16,6 +16,8 @@ import (
 // docs/troubleshooting.md lists with what it means and what to do.
 var (
 	evGateWaiting       = events.New("gate-waiting", "Gate waiting for lock ")
+	evOnLockWaiting     = events.New("on-lock-waiting", "Pending until lock ")
+	evSupersededStart   = events.New("superseded-start", "Ended an earlier start of this task ")
 	evNoCgroup          = events.New("no-cgroup", "No task cgroup on this client (cgroups are disabled): ")
 	evWatchdog          = events.New("watchdog", "Lock lost: watchdog killed the workload: ")
 	evWatchdogGate      = events.New("watchdog-gate", "Lock lost: watchdog killed the gate and ")
@@ -31,6 +33,16 @@ var (
 
 func gateWaitingMessage(path string) string {
 	return evGateWaiting.Text("%s: the group's other tasks start once it is held", path)
+}
+
+// onLockWaitingMessage: a start = "on_lock" task waits for the lock
+// before Nomad sees it start.
+func onLockWaitingMessage(path string) string {
+	return evOnLockWaiting.Text("%s is held: the task starts, and Nomad registers its services, then", path)
+}
+
+func supersededStartMessage() string {
+	return evSupersededStart.Text("that Nomad lost while it waited for the lock (the agent restarted): this start takes its place")
 }
 
 func noCgroupMessage() string {

@@ -2,9 +2,12 @@ package driver
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
@@ -13,17 +16,24 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
-// waitGateHolding returns once a gate holds its lock: Nomad starts the
-// group's other tasks only when StartTask has returned (a prestart sidecar
-// is then running), so a standby never starts them. A gate whose supervisor
+// waitHolding returns once a task that starts on lock holds its lock. A
+// gate: Nomad starts the group's other tasks only when StartTask has
+// returned (a prestart sidecar is then running), so a standby never starts
+// them. A start = "on_lock" task: Nomad registers its services and runs its
+// poststart tasks only then, so only on the holder. A task whose supervisor
 // ends first (its allocation stopped while it waited, a job it cannot gate
 // safely, no permission) fails to start, with its reason.
-func (d *Driver) waitGateHolding(h *taskHandle, root *securefs.Dir, path string) error {
-	d.emitEvent(h.cfg, gateWaitingMessage(path),
-		map[string]string{"lock_state": string(shim.StateWaiting)})
+func (d *Driver) waitHolding(h *taskHandle, root *securefs.Dir, path string) error {
+	msg := onLockWaitingMessage(path)
+	if h.gate {
+		msg = gateWaitingMessage(path)
+	}
+	d.emitEvent(h.cfg, msg, map[string]string{"lock_state": string(shim.StateWaiting)})
 	select {
 	case <-h.holding:
-		go d.recordGated(h)
+		if h.gate {
+			go d.recordGated(h)
+		}
 		return nil
 	case <-h.done:
 	case <-d.ctx.Done():
@@ -40,6 +50,9 @@ func (d *Driver) waitGateHolding(h *taskHandle, root *securefs.Dir, path string)
 	why := cmp.Or(msg, "its supervisor exited")
 	if res != nil && res.Err != nil {
 		why += " (" + res.Err.Error() + ")"
+	}
+	if !h.gate {
+		return fmt.Errorf("task %q did not take its lock: %s", h.cfg.Name, why)
 	}
 	return fmt.Errorf("gate %q did not take its lock: %s", h.cfg.Name, why)
 }
@@ -131,17 +144,20 @@ func (g *gateLeases) take(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.Ado
 	return &k.Lease
 }
 
-// supersedeGate ends the supervisor of an earlier start of the same gate
-// (same allocation and task) that still runs, and returns its lease for the
-// new one to take over. Nomad starts a gate again while one runs only when
-// it lost the first: the agent restarted while StartTask waited for the lock
+// supersedeStart ends the supervisor of an earlier start of the same task
+// that starts on lock (same allocation and task: a gate, or start =
+// "on_lock") that still runs, and returns its lease for a new gate to take
+// over. Nomad starts such a task again while one runs only when it lost
+// the first: the agent restarted while StartTask waited for the lock
 // (Nomad keeps no handle for a start that has not returned, and reattaches
 // to this plugin), or it could not recover the task. Left alone, the first
 // would hold (or win) the lock for nobody, and the new one would wait for it
 // for ever. The gated tasks never started for a start Nomad lost, and for a
 // task Nomad could not recover the new gate takes the lease over, so they
-// are never left without it.
-func (d *Driver) supersedeGate(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
+// are never left without it. A start = "on_lock" task's workload dies with
+// its supervisor (its group guard, and the plugin's kill of its cgroup),
+// and the new start waits for the lock like any other.
+func (d *Driver) supersedeStart(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
 	var adopt *shim.AdoptLease
 	for _, old := range d.tasks.all() {
 		if old.holding == nil || old.cfg.ID == cfg.ID || old.cfg.AllocID != cfg.AllocID || old.cfg.Name != cfg.Name || old.exited() {
@@ -149,17 +165,118 @@ func (d *Driver) supersedeGate(cfg *drivers.TaskConfig, root *securefs.Dir) *shi
 		}
 		var held heldLease
 		_ = readJSON(old.dir, leaseFile, &held)
-		if err := old.kill("superseded by a new start of the same gate"); err != nil {
-			old.logger.Error("end the superseded gate supervisor", "error", err)
+		if err := old.kill("superseded by a new start of the same task"); err != nil {
+			old.logger.Error("end the superseded supervisor", "error", err)
 		}
 		d.tasks.delete(old.cfg.ID)
 		if err := removeTaskState(root, old.cfg); err != nil {
-			old.logger.Warn("remove the superseded gate's state dir", "error", err)
+			old.logger.Warn("remove the superseded task's state dir", "error", err)
 		}
-		if held.LockID != "" {
+		if held.LockID != "" && old.gate {
 			old.logger.Info("a new start of this gate takes its lease over", "fence", held.Fence)
 			adopt = &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}
 		}
 	}
+	if a := d.supersedeUnknown(cfg, root); a != nil {
+		adopt = a
+	}
 	return adopt
+}
+
+// supersedeUnknown ends the supervisors of earlier starts of the same task
+// (same allocation and task name) that this plugin process does not know:
+// the agent restarted, and restarted its plugins, while StartTask waited
+// for the lock, so Nomad, which keeps no handle for a start that has not
+// returned, starts the task again, and no handle reaches the first start's
+// supervisor, which runs on in its own session. It is found by its state
+// dir (root-only) and proven by the PID and start time its status records
+// (findSupervisor), then SIGKILLed; if it ran a workload, the task cgroup
+// is emptied too. Its lock, if it held one, is not released (it may have
+// had a workload): a gate's is returned for the new start to take over,
+// any other expires on the server.
+func (d *Driver) supersedeUnknown(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
+	if root == nil || !allocIDPattern.MatchString(cfg.AllocID) {
+		return nil
+	}
+	alloc, err := root.Sub(cfg.AllocID, false)
+	if err != nil {
+		return nil
+	}
+	defer alloc.Close()
+	names, err := alloc.Names()
+	if err != nil {
+		d.logger.Warn("list the allocation's state dirs", "alloc_id", cfg.AllocID, "error", err)
+		return nil
+	}
+	known := map[string]bool{}
+	for _, h := range d.tasks.all() {
+		known[url.PathEscape(strings.TrimPrefix(h.cfg.ID, h.cfg.AllocID+"/"))] = true
+	}
+	prefix := url.PathEscape(cfg.Name + "/")
+	var adopt *shim.AdoptLease
+	for _, name := range names {
+		if !strings.HasPrefix(name, prefix) || known[name] || name == url.PathEscape(strings.TrimPrefix(cfg.ID, cfg.AllocID+"/")) {
+			continue
+		}
+		if a := d.endUnknownStart(cfg, alloc, name); a != nil {
+			adopt = a
+		}
+	}
+	return adopt
+}
+
+// endUnknownStart ends the supervisor whose state dir is name below alloc
+// (see supersedeUnknown) and removes the dir once it is dead.
+func (d *Driver) endUnknownStart(cfg *drivers.TaskConfig, alloc *securefs.Dir, name string) *shim.AdoptLease {
+	log := d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name, "state_dir", name)
+	dir, err := alloc.Sub(name, false)
+	if err != nil {
+		return nil
+	}
+	defer dir.Close()
+	var st supervisorStatus
+	var spec supervisorSpec
+	var held heldLease
+	_ = readJSON(dir, statusFile, &st)
+	_ = readJSON(dir, specFile, &spec)
+	_ = readJSON(dir, leaseFile, &held)
+	if st.SupervisorPID > 0 && st.SupervisorTicks > 0 {
+		proc, err := findSupervisor(st.SupervisorPID, st.SupervisorTicks)
+		switch {
+		case errors.Is(err, errSupervisorGone):
+		case err != nil:
+			log.Error("an earlier start of this task may still run; not removing its state", "pid", st.SupervisorPID, "error", err)
+			return nil
+		default:
+			log.Warn("ending the supervisor of an earlier start of this task that the plugin no longer knows "+
+				"(the agent restarted while it waited for the lock)", "pid", st.SupervisorPID, "lock_state", st.State)
+			_ = proc.signal(syscall.SIGKILL)
+			gone := make(chan struct{})
+			go func() { _, _ = proc.wait(); close(gone) }()
+			select {
+			case <-gone:
+			case <-time.After(killWait):
+				log.Error("the earlier start's supervisor did not exit after SIGKILL; not removing its state", "pid", st.SupervisorPID)
+				return nil
+			}
+		}
+	} else if st.SupervisorPID > 0 {
+		log.Warn("an earlier start of this task records no supervisor start time; leaving it alone", "pid", st.SupervisorPID)
+		return nil
+	}
+	if st.WorkloadPID != 0 {
+		if cg, err := newTaskCgroup(cfg); err == nil && cg != nil {
+			if err := cg.KillAll(killWait); err != nil {
+				log.Error("empty the task cgroup of the earlier start", "error", err)
+			}
+		}
+	}
+	if err := alloc.RemoveSub(name); err != nil {
+		log.Warn("remove the earlier start's state dir", "error", err)
+	}
+	d.emitEvent(cfg, supersededStartMessage(), map[string]string{"lock_state": string(shim.StateWaiting)})
+	if held.LockID != "" && spec.Gate != nil {
+		return &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}
+	}
+	return nil
 }

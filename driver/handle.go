@@ -45,8 +45,11 @@ type taskHandle struct {
 	logger    hclog.Logger
 
 	done chan struct{}
-	// holding, for a gate, is closed once its supervisor holds the lock
-	// (StartTask returns only then); nil for other tasks.
+	// gate: the task is a gate (config.gate).
+	gate bool
+	// holding, for a task that starts on lock (a gate, or start =
+	// "on_lock"), is closed once its supervisor holds the lock (StartTask
+	// returns only then); nil for other tasks.
 	holding     chan struct{}
 	holdingOnce sync.Once
 
@@ -135,7 +138,7 @@ func (d *Driver) drainEvents(h *taskHandle, tail *eventTail) {
 // (gateWatchdog). No second holder can then overlap a stuck one.
 func (d *Driver) watchdog(h *taskHandle) {
 	st := h.lastStatus()
-	gate := h.holding != nil
+	gate := h.gate
 	if st.WorkloadPGID == 0 && !gate && h.cgroup == nil {
 		return
 	}

@@ -97,9 +97,16 @@ type supervisorSpec struct {
 	TaskID string
 	// Gate holds the lock for the group's other tasks (config.gate): its
 	// allocation, task and namespace, from Nomad.
-	Gate        *gateSpec `json:",omitempty"`
+	Gate *gateSpec `json:",omitempty"`
+	// StartOnLock: the task starts once it holds the lock (config.start =
+	// "on_lock"), and its supervisor watches its allocation meanwhile.
+	StartOnLock bool `json:",omitempty"`
 	Path        string
 	Namespace   string
+	// Holders is the semaphore's N (config.lock.holders; 0: one lock at
+	// Path), AllocIndex the allocation's index, whose slot it tries first.
+	Holders     int `json:",omitempty"`
+	AllocIndex  int `json:",omitempty"`
 	Command     []string
 	TTL         time.Duration
 	LockDelay   time.Duration
@@ -169,7 +176,11 @@ type supervisorStatus struct {
 	WorkloadPID   int
 	WorkloadPGID  int
 	SupervisorPID int
-	UpdatedBoot   int64
+	// SupervisorTicks is the supervisor's start time (clock ticks since
+	// boot, /proc/<pid>/stat): with SupervisorPID it proves the process is
+	// still the supervisor (findSupervisor).
+	SupervisorTicks uint64 `json:",omitempty"`
+	UpdatedBoot     int64
 }
 
 // maxEventMessage bounds the message of every task event and of the

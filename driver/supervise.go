@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -141,9 +142,10 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 		// work_dir reaches only what the task user may reach.
 		Dir: spec.WorkDir,
 		// The workload is born in the task cgroup (see taskStarter).
-		StartIn:      starter.within,
-		Tree:         workloadTree(spec),
-		RequireGuard: true,
+		StartIn:       starter.within,
+		Tree:          workloadTree(spec),
+		RequireGuard:  true,
+		WaitForPolicy: true,
 	}
 	if spec.UID != nil {
 		sup.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
@@ -174,21 +176,25 @@ func (spec supervisorSpec) holder() lockclient.Holder {
 func (spec supervisorSpec) shimConfig() shim.Config {
 	cfg := shim.DefaultConfig()
 	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
+	cfg.Holders, cfg.AllocIndex = spec.Holders, spec.AllocIndex
 	cfg.RootSecretsDir = spec.SecretsDir
 	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
 	cfg.UpdateGrace = spec.UpdateGrace
 	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
 	if g := spec.Gate; g != nil {
 		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}
+	} else if spec.StartOnLock {
+		cfg.WatchAlloc = &shim.AllocWatch{AllocID: spec.Holder.AllocID, Namespace: spec.Namespace, Who: onLockWho}
 	}
 	return cfg
 }
 
 // recordLease is the supervisor's OnAcquire: it records the lease, for the
-// plugin to release should the supervisor crash.
+// plugin to release should the supervisor crash: a semaphore's, its slot's
+// lock.
 func recordLease(dir *securefs.Dir, cfg shim.Config, log hclog.Logger) func(*lockclient.Lease) {
 	return func(l *lockclient.Lease) {
-		held := heldLease{LockID: l.LockID(), Path: cfg.Path, Namespace: cfg.Namespace, Fence: l.Fence,
+		held := heldLease{LockID: l.LockID(), Path: l.Path(), Namespace: cfg.Namespace, Fence: l.Fence,
 			TTL: cfg.TTL, LockDelay: cfg.LockDelay, LastRenewBoot: lockclient.BootNanos(l.LastRenew())}
 		if err := writeJSON(dir, leaseFile, held); err != nil {
 			log.Warn("record the lease for a crash release; a crash will wait for the lock to expire", "error", err)
@@ -270,6 +276,12 @@ func joinCgroups(procsFiles []string) error {
 	return errors.Join(errs...)
 }
 
+// selfTicks is this process's start time in clock ticks (0 if unknown).
+var selfTicks = sync.OnceValue(func() uint64 {
+	t, _ := startTicks(os.Getpid())
+	return t
+})
+
 // publisher writes the supervisor's events for the plugin: every event
 // refreshes status.json; a change of state or message is also appended to
 // events.jsonl, which the plugin turns into task events. A notice (an LB
@@ -301,7 +313,7 @@ func (p *publisher) observe(ev shim.Event) {
 		FenceDeadlineBoot: lockclient.BootNanos(ev.FenceDeadline), StopDeadlineBoot: lockclient.BootNanos(ev.StopDeadline),
 		LastRenewBoot: lockclient.BootNanos(ev.LastRenew),
 		WorkloadPID:   ev.WorkloadPID, WorkloadPGID: ev.WorkloadPGID,
-		SupervisorPID: os.Getpid(), UpdatedBoot: bootNow(),
+		SupervisorPID: os.Getpid(), SupervisorTicks: selfTicks(), UpdatedBoot: bootNow(),
 	}
 	if err := writeJSON(p.dir, statusFile, st); err != nil {
 		p.log.Warn("write status", "error", err)

@@ -294,6 +294,16 @@ func TestChaos(t *testing.T) {
 			func(t *testing.T, n int, tr *chaosTrial) {
 				expiryFrozenTrial(t, a, "driver-restart", chaosName("exr", "driver", n), tr)
 			}})
+		gateRecords := chaosGateRecords(t)
+		rows = append(rows, chaosRowTrial{chaosRow{ID: "2-sigstop-in-delay-gate",
+			Variant: chaosGateKindName("raw_exec") + ", count = 3, ttl 10s, delay 10s, apps that take 3s to stop",
+			Fault: "SIGSTOP of the holder's gate supervisor and of the plugin just after a renew; the plugin thawed inside [2×TTL, 2×TTL + delay] " +
+				"after it, while the server's expiry is pending; the supervisor once the plugin's watchdog has killed it",
+			Proves: "the plugin's watchdog kills the gated app and the frozen gate, and its crash release, judging by the last renew the gate " +
+				"recorded, leaves the lock to expire instead of releasing it; the next gate's app starts at the expiry, never beside another (docs/expiry.md)"},
+			func(t *testing.T, n int, tr *chaosTrial) {
+				expiryFrozenGateTrial(t, a, gateRecords, chaosName("exg", "gate", n), tr)
+			}})
 		for _, r := range rows {
 			chaosRunRow(t, r.row, trials, r.trial)
 		}

@@ -84,6 +84,11 @@ type drvJob struct {
 	memoryMax int
 	// env is the task's env block (nil for none).
 	env map[string]string
+	// start is config.start ("" for none).
+	start string
+	// service, if set, names a task-level Nomad service on a group port
+	// "http".
+	service string
 }
 
 func newDrvJob(t *testing.T, name string, count int) *drvJob {
@@ -117,13 +122,14 @@ func (j *drvJob) hcl(t *testing.T) string {
 	return harness.Jobspec("driver", struct {
 		ID, Update, Group, GroupExtra, Task, Driver, User   string
 		Command, Lock, ConfigExtra, KillTimeout, KillSignal string
+		Start, Service                                      string
 		Count, MemoryMax                                    int
 		FailFast, Identity                                  bool
 		Meta, Env                                           map[string]string
 		Args                                                []string
 	}{
 		ID: j.id, Update: j.update, Group: drvGroup, GroupExtra: j.groupExtra, Task: drvTask, Driver: j.driver, User: j.user,
-		Command: command, Lock: lock, ConfigExtra: j.configExtra,
+		Command: command, Lock: lock, ConfigExtra: j.configExtra, Start: j.start, Service: j.service,
 		KillTimeout: cmp.Or(j.killTimeout, drvKillTimeout), KillSignal: j.killSignal,
 		Count: j.count, MemoryMax: j.memoryMax, FailFast: j.failFast, Identity: !j.noIdentity, Meta: j.meta, Env: j.env,
 		Args: append([]string{"-record", j.record, "-marker", j.marker}, j.args...),

@@ -299,3 +299,114 @@ func describeIntervals(ivs []harness.Interval) string {
 	}
 	return b.String()
 }
+
+// expiryFrozenGateTrial is the scenario with a gate: three allocations of a
+// gate (ttl 10s, delay 10s) holding the lock for a raw_exec gated app that
+// takes 3s to stop after SIGTERM. The holder's gate supervisor and the
+// plugin are frozen just after a renew (nothing else stops a gated app: it
+// runs under another driver), and the plugin is thawed inside
+// [2×TTL, 2×TTL + delay] after that renew; the supervisor once the
+// plugin's watchdog has killed it. The
+// plugin's watchdog kills the gated app and the frozen supervisor, and its
+// crash release, judging by the last renew the supervisor recorded, must
+// leave the lock to expire: a release then would let the pending expiry
+// clear the next holder's lock while its app runs.
+func expiryFrozenGateTrial(t *testing.T, a *harness.Agent, records, name string, tr *chaosTrial) {
+	j := newGateJobID(t, name, "raw_exec", records)
+	j.count, j.noService = 3, true
+	j.ttl, j.delay = expiryTTL.String(), expiryDelay.String()
+	j.extraArgs, j.appKill = []string{"-stop-after", "3s"}, "6s"
+	smp, first := chaosGateRun(t, a, j)
+	holder := first.AllocID
+	app := j.appProc(t, holder)
+	smp.WaitSeen(t, 30*time.Second, app.PID)
+	for range 2 {
+		j.standby(t, a, holder) // both others wait for the lock
+	}
+
+	sup := drvSupervisor(t, holder).PID
+	plugin := drvPlugin(t, a.Client().PID(), 0, 10*time.Second).PID
+	drvSIGCONTCleanup(t, sup)
+	drvSIGCONTCleanup(t, plugin)
+	drvWaitRenew(t, a, holder, 2*expiryTTL) // the status shows a renew just acknowledged
+	for _, pid := range []int{plugin, sup} {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	frozen, at := time.Now(), harness.MonoNow()
+	// The last acknowledged renew was sent just before the freeze.
+	time.Sleep(time.Until(frozen.Add(2*expiryTTL + 2*time.Second)))
+	// The plugin's watchdog acts first: it kills the holder's app
+	// (SIGKILL: no end record), then the still frozen supervisor.
+	if err := syscall.Kill(plugin, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	thawed := time.Since(frozen)
+	gone := drvWaitGone(t, app.PID, 60*time.Second)
+	known := []harness.KnownEnd{{PID: first.PID, Mono: gone}}
+	// The supervisor is thawed only once the watchdog has killed it (or
+	// after 30s): thawed earlier, it would find its lease past the fence
+	// deadline and end it itself, and the plugin's crash release, which
+	// this row is about, would not run.
+	for until := time.Now().Add(30 * time.Second); drvAlive(sup) && time.Now().Before(until); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := syscall.Kill(sup, syscall.SIGCONT); err != nil && err != syscall.ESRCH {
+		t.Fatal(err)
+	}
+	t.Logf("froze the holder's gate and the plugin (alloc %s) at +%s after its app's start, thawed the plugin %s later; the app was gone %s after the thaw",
+		drvShort(holder), frozen.Sub(first.Wall).Round(time.Millisecond), thawed.Round(time.Millisecond),
+		(time.Duration(gone-at) - thawed).Round(time.Millisecond))
+	next := j.start(t, holder, at, 2*expiryTTL+expiryDelay+30*time.Second)
+	tr.Takeover = time.Duration(next.Mono - at)
+	harness.Measure(t, "expiry_frozen_gate_takeover_after_freeze", tr.Takeover)
+	if next.Mono < gone {
+		t.Errorf("the next app (alloc %s) started %s before the frozen holder's app was gone", drvShort(next.AllocID), time.Duration(gone-next.Mono))
+	}
+	// Watch past the moment the pending expiry of an early release would
+	// have hit the next holder (≤ 2×TTL + delay after the freeze), and
+	// one stop more.
+	watchUntil := frozen.Add(2*expiryTTL + expiryDelay + 15*time.Second)
+	if w := next.Wall.Add(15 * time.Second); w.After(watchUntil) {
+		watchUntil = w
+	}
+	time.Sleep(time.Until(watchUntil))
+	if starts := drvStarts(j.records(t)); len(starts) != 2 {
+		t.Errorf("want the holder's app and exactly one takeover, got %d app starts: %+v", len(starts), starts)
+	}
+	if v := drvLock(t, a, j.lockPath()); v.Lock == nil || v.Items["holder_alloc_id"] != next.AllocID {
+		t.Errorf("lock %s %s after the freeze: %+v %v, want still held by the next holder %s", j.lockPath(),
+			time.Since(frozen).Round(time.Second), v.Lock, v.Items, drvShort(next.AllocID))
+	}
+	chaosGateOnlyIn(t, j.records(t), []string{holder, next.AllocID}, []int64{0, at})
+
+	// The plugin, for the frozen gate, killed its app and left the lock to
+	// expire; it never released it.
+	chaosGateWatchdogFired(t, a, holder)
+	evs, err := a.TaskEvents(holder, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var said strings.Builder
+	for _, ev := range evs {
+		said.WriteString(drvEventText(ev) + "\n")
+	}
+	before, _, left := strings.Cut(said.String(), "left to expire")
+	if !left || strings.Contains(before, "Released lock") || strings.Contains(said.String(), "Released lock") {
+		t.Errorf("the plugin did not leave the frozen gate's lock to expire (it must not release it):\n%s", said.String())
+	}
+	if m := regexp.MustCompile(`last acknowledged renew was sent ([0-9.]+m?s) ago`).FindStringSubmatch(said.String()); m != nil {
+		since, _ := time.ParseDuration(m[1])
+		harness.Measure(t, "expiry_frozen_gate_thawed_after_last_renew", since)
+		tr.Note = fmt.Sprintf("plugin thawed %s after the last renew: app killed, lock left to expire; next app %s after the freeze",
+			since.Round(100*time.Millisecond), tr.Takeover.Round(100*time.Millisecond))
+		if since < 2*expiryTTL || since > 2*expiryTTL+expiryDelay {
+			t.Errorf("the plugin judged the lease %s after its last renew, outside [2×TTL, 2×TTL + delay] = [%s, %s]: the scenario missed its window",
+				since, 2*expiryTTL, 2*expiryTTL+expiryDelay)
+		}
+	} else if left {
+		t.Errorf("the plugin does not say when the gate's last renew was sent:\n%s", said.String())
+	}
+	chaosGateFinish(t, a, j, smp, tr, known...)
+}

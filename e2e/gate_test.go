@@ -88,6 +88,9 @@ type gateJob struct {
 	lb *lbSpec
 	// noService leaves out the gated task's Nomad service (built jobs).
 	noService bool
+	// ttl and delay override the gate's lock ttl and delay (built jobs;
+	// default drvTTLHCL and drvDelayHCL).
+	ttl, delay string
 }
 
 // newGateJobID is a built (not example) job of kind with the job ID id:
@@ -187,7 +190,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 		LB                                                          *lbSpec
 	}{
 		ID: j.id, Group: j.group, Update: j.update, Driver: harness.PluginDriverName, GateRestart: j.gateRestart,
-		Command: command, TTL: drvTTLHCL, Delay: drvDelayHCL,
+		Command: command, TTL: cmp.Or(j.ttl, drvTTLHCL), Delay: cmp.Or(j.delay, drvDelayHCL),
 		LB: j.lb, GateExtra: j.gateExtra, App: j.app, Kind: j.kind, Image: j.image, AppCommand: appCommand,
 		AppKill: j.appKill, Service: service, AppExtra: j.appExtra, GroupExtra: j.groupExtra, AppRestart: j.appRestart,
 		Count: cmp.Or(j.count, 2), GateArgs: gateArgs, Args: j.appArgs("${NOMAD_PORT_http}"), Volumes: volumes,
@@ -198,11 +201,19 @@ func (j *gateJob) hcl(t *testing.T) string {
 // task, for j's lock path, without read-job unless readJob.
 func applyGatePolicy(t *testing.T, a *harness.Agent, j *gateJob, readJob bool) {
 	t.Helper()
+	applyGatePolicyTo(t, a, j.id, j.group, "gate", j.lockPath(), readJob)
+}
+
+// applyGatePolicyTo applies examples/acl/singleton-gate.policy.hcl, with
+// lockPath for its lock path (and without read-job unless readJob), to task
+// of group of job alone.
+func applyGatePolicyTo(t *testing.T, a *harness.Agent, job, group, task, lockPath string, readJob bool) {
+	t.Helper()
 	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-gate.policy.hcl"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/web/gate/lock"`, fmt.Sprintf("%q", j.lockPath()))
+	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/web/gate/lock"`, fmt.Sprintf("%q", lockPath))
 	if policy == string(example) {
 		t.Fatalf("the example policy no longer names nomad/jobs/web/web/gate/lock:\n%s", example)
 	}
@@ -213,7 +224,7 @@ func applyGatePolicy(t *testing.T, a *harness.Agent, j *gateJob, readJob bool) {
 	if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", j.id, "-group", j.group, "-task", "gate", "singleton-gate-"+j.id, f)
+	a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", job, "-group", group, "-task", task, "singleton-gate-"+job, f)
 }
 
 // start waits for a start of the gated app in an allocation other than

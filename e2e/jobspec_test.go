@@ -16,6 +16,7 @@ func TestJobspecTemplates(t *testing.T) {
 		j.failFast, j.update, j.groupExtra, j.user = true, "    max_parallel = 1", "disconnect {\n      lost_after = \"1m\"\n    }", "nobody"
 		j.meta, j.args, j.configExtra = map[string]string{"a": `q"uote`, "b": "2"}, []string{"-ignore-term"}, "share_nomad_token = true"
 		j.lockBlock, j.killTimeout, j.killSignal, j.memoryMax = `path = "x/lock"`, "30s", "SIGINT", 128
+		j.start, j.service = "on_lock", "svc"
 		return j
 	}
 	fullLB := newLBJob(t, lb, "full", 2)

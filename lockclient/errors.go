@@ -26,9 +26,13 @@ var (
 
 // ConfigError is an invalid setting found before any request is sent, or a
 // 400 from Nomad. The message says which setting to change.
-type ConfigError struct{ Msg string }
+type ConfigError struct {
+	Msg string
+	Err error // a sentinel the message stands for, if any
+}
 
 func (e *ConfigError) Error() string { return e.Msg }
+func (e *ConfigError) Unwrap() error { return e.Err }
 
 func configErrorf(format string, args ...any) error {
 	return &ConfigError{Msg: fmt.Sprintf(format, args...)}
@@ -67,6 +71,17 @@ and attach it to the job's workload identity:
 
   nomad acl policy apply -namespace %s -job %s singleton-lock-%s singleton-lock.policy.hcl`,
 		e.Op, e.Path, ns, e.Path, ns, job, job)
+}
+
+// Fix is the fix for e on one line, for a task event: the policy (with the
+// path filled in) and the command that attaches it to the job.
+func (e *PermissionError) Fix() string {
+	ns, job := policyTarget(e.Namespace, e.JobID)
+	return fmt.Sprintf(`the job's workload identity needs "write" on %s: apply `+
+		`namespace %q { variables { path %q { capabilities = ["write", "read"] } } } `+
+		`(examples/acl/singleton-lock.policy.hcl) with `+
+		"`nomad acl policy apply -namespace %s -job %s singleton-lock-%s singleton-lock.policy.hcl`",
+		e.Path, ns, e.Path, ns, job, job)
 }
 
 // LostError says why a lease ended without a release. It wraps ErrLost.
@@ -140,7 +155,7 @@ func identityRejected(err error) bool {
 func (c *Locker) classify(op string, err error) error {
 	switch statusCode(err) {
 	case http.StatusForbidden:
-		return &PermissionError{Op: op, Path: c.cfg.Path, Namespace: c.cfg.Namespace, JobID: c.cfg.Holder.JobID, Err: err}
+		return &PermissionError{Op: op, Path: c.policyPath(), Namespace: c.cfg.Namespace, JobID: c.cfg.Holder.JobID, Err: err}
 	case http.StatusUnauthorized:
 		return fmt.Errorf("%s %s: token rejected (HTTP 401): add `identity { env = true }` to the task: %w", op, c.cfg.Path, err)
 	case http.StatusBadRequest:

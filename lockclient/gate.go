@@ -90,7 +90,9 @@ var ErrIdentityRejected = fmt.Errorf("the workload identity no longer authentica
 // the gate task alone.
 type AllocPermissionError struct {
 	AllocID, Namespace, JobID, Group, Task string
-	Err                                    error
+	// Who says what reads the allocation and why ("" for a gate).
+	Who string
+	Err error
 }
 
 func (e *AllocPermissionError) Unwrap() error { return e.Err }
@@ -98,19 +100,20 @@ func (e *AllocPermissionError) Unwrap() error { return e.Err }
 func (e *AllocPermissionError) Error() string {
 	ns, job := policyTarget(e.Namespace, e.JobID)
 	group, task := cmp.Or(e.Group, "<group>"), cmp.Or(e.Task, "<gate task>")
+	who := cmp.Or(e.Who, "A gate reads allocations (its own job and desired status, the previous holder's tasks)")
 	return fmt.Sprintf(`read allocation %s: permission denied (HTTP 403, or "Unknown allocation" for an allocation that runs).
-A gate reads allocations (its own job and desired status, the previous holder's tasks) with its workload identity,
+%s with its workload identity,
 which needs the "read-job" capability in namespace %q; the implicit workload-identity policy does not grant it.
-Add to the gate's policy (beside the lock path's "write"; examples/acl/singleton-gate.policy.hcl):
+Add to the task's policy (beside the lock path's "write"; examples/acl/singleton-gate.policy.hcl):
 
 namespace %q {
   capabilities = ["read-job"]
 }
 
-and apply it to the gate task alone (a policy on the whole job reaches the gated tasks' identities too):
+and apply it to that task alone (a policy on the whole job reaches its other tasks' identities too):
 
   nomad acl policy apply -namespace %s -job %s -group %s -task %s singleton-gate-%s singleton-gate.policy.hcl`,
-		e.AllocID, ns, ns, ns, job, group, task, job)
+		e.AllocID, who, ns, ns, ns, job, group, task, job)
 }
 
 // NewAllocPermissionError is the error for a read of allocation id that the
@@ -141,6 +144,16 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 	lease := newLease(l, id, fence, sent, Holder{})
 	l.log.Info("lock adopted from the previous run", "fence", fence)
 	return lease, nil
+}
+
+// Retake is Adopt of the lock this lease held (for a semaphore, its
+// slot's): the lease it returns holds the same slot.
+func (ls *Lease) Retake(ctx context.Context) (*Lease, error) {
+	l, err := ls.locker.Adopt(ctx, ls.id, ls.Fence)
+	if l != nil {
+		l.Slot, l.Holders = ls.Slot, ls.Holders
+	}
+	return l, err
 }
 
 // MarkReleasedClean records in the variable, under the lease's lock ID, that

@@ -37,6 +37,10 @@ type Holder struct {
 	// lock's expiry is safe to trust and the next gate need not wait for
 	// Nomad's report of them.
 	GatedDirect bool
+	// Holders is the N of the semaphore whose slot this is (0: a plain
+	// lock), and Slot the slot's number, 0 to N-1 (Config.Holders).
+	Holders int
+	Slot    int
 }
 
 // Items keys. They are part of our on-Nomad format: keep them stable.
@@ -55,6 +59,8 @@ const (
 	itemLockDelay  = "lock_delay"
 	itemClean      = "released_clean"
 	itemDirect     = "gated_direct"
+	itemHolders    = "semaphore_holders"
+	itemSlot       = "semaphore_slot"
 )
 
 // HolderFromEnv fills a Holder from the task environment Nomad sets.
@@ -89,6 +95,10 @@ func (h Holder) items() map[string]string {
 	if h.GatedDirect {
 		m[itemDirect] = "true"
 	}
+	if h.Holders > 0 {
+		m[itemHolders] = strconv.Itoa(h.Holders)
+		m[itemSlot] = strconv.Itoa(h.Slot)
+	}
 	for k, v := range map[string]string{
 		itemAlloc: h.AllocID, itemJob: h.JobID, itemGroup: h.Group, itemTask: h.Task,
 		itemNode: h.Node, itemHostname: h.Hostname, itemUpstream: h.Upstream, itemPrevious: h.PreviousUpstream,
@@ -118,6 +128,8 @@ func holderFromItems(items map[string]string) Holder {
 	h.LockDelay, _ = time.ParseDuration(items[itemLockDelay])
 	h.ReleasedClean = items[itemClean] == "true"
 	h.GatedDirect = items[itemDirect] == "true"
+	h.Holders, _ = strconv.Atoi(items[itemHolders])
+	h.Slot, _ = strconv.Atoi(items[itemSlot])
 	return h
 }
 

@@ -22,6 +22,9 @@ type Lease struct {
 	// Previous is the holder recorded in the variable before we acquired it
 	// (zero if none). The LB hook removes its upstream.
 	Previous Holder
+	// Slot is the semaphore slot this lease holds, 0 to Holders-1, and
+	// Holders the semaphore's N; Holders is 0 for a plain lock.
+	Slot, Holders int
 
 	locker *Locker
 	id     string

@@ -26,6 +26,9 @@ func NewWithLockAPI(key testkey.Key, cfg Config, vars lockAPI) (*Locker, error) 
 	l := newLocker(cfg, nil, vars, theBootClock)
 	if a, ok := vars.(allocAPI); ok {
 		l.allocs = a
+		for _, sl := range l.slots {
+			sl.allocs = a
+		}
 	}
 	if j, ok := vars.(jobAllocsAPI); ok {
 		l.jobs = j

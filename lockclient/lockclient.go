@@ -116,6 +116,15 @@ type Config struct {
 	// Holder is written into the variable on acquire. AcquiredAt, TTL and
 	// LockDelay are filled in by Acquire.
 	Holder Holder
+	// Holders, if above 0, makes Path the prefix of a semaphore of that
+	// many slots: Acquire takes one of the locks SlotPath(Path, 0) …
+	// SlotPath(Path, Holders-1), and at most Holders leases exist at once
+	// (semaphore.go). 0 is one lock at Path.
+	Holders int
+	// PreferSlot is the holder's allocation index: a semaphore tries slot
+	// PreferSlot mod Holders first, so a replacement usually takes over
+	// the same slot.
+	PreferSlot int
 	// MaxRetry ends Acquire after this many consecutive API errors (not
 	// conflicts). 0 retries until the wait ends.
 	MaxRetry int
@@ -127,6 +136,7 @@ type Locker struct {
 	cfg    Config
 	api    *api.Client  // for what is not the lease's: the token's own ACL
 	vars   lockAPI      // the variable and its lock
+	slots  []*Locker    // a semaphore's, one per slot (Config.Holders)
 	allocs allocAPI     // a gate's reads of allocations; nil without one
 	jobs   jobAllocsAPI // a rolling update's reads of the job's allocations; nil without one
 	clock  clock
@@ -169,6 +179,9 @@ func (cfg Config) prepared() (Config, error) {
 	if err := cfg.Timing.Validate(); err != nil {
 		return cfg, err
 	}
+	if err := cfg.validateHolders(); err != nil {
+		return cfg, err
+	}
 	cfg.Timing = cfg.Timing.withDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
@@ -183,6 +196,7 @@ func newLocker(cfg Config, client *api.Client, vars lockAPI, c clock) *Locker {
 		l.allocs = client.Allocations()
 		l.jobs = client.Jobs()
 	}
+	l.slots = l.slotLockers()
 	return l
 }
 
@@ -217,6 +231,9 @@ type AcquireOptions struct {
 // the variable changes (release, or expiry after the lock delay). API errors
 // are retried with jittered exponential backoff.
 func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, error) {
+	if l.cfg.Holders > 0 {
+		return l.acquireSlot(ctx, opts)
+	}
 	if opts.Wait > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = withTimeout(ctx, l.clock, opts.Wait)

@@ -24,7 +24,12 @@ const (
 type Config struct {
 	Path      string
 	Namespace string
-	Address   string // NOMAD_ADDR override for use outside a task
+	// Holders, above 0, makes Path the prefix of a semaphore of that many
+	// slots (lockclient.Config.Holders); AllocIndex is the holder's
+	// allocation index, whose slot (AllocIndex mod Holders) it tries first.
+	Holders    int
+	AllocIndex int
+	Address    string // NOMAD_ADDR override for use outside a task
 	// RootSecretsDir, when set, is the task's secrets dir for a caller that
 	// runs as root beside a task it does not trust (the driver's
 	// supervisor): only its Task API socket, served by root, and no token
@@ -59,6 +64,10 @@ type Config struct {
 	// Gate holds the lock for the other tasks of the allocation (the
 	// driver's `gate = true`); nil for none. A gate's Command may be empty.
 	Gate *Gate
+	// WatchAlloc ends the wait for the lock when the run's allocation is
+	// being stopped (the driver's start = "on_lock"); nil for none. A gate
+	// watches its allocation anyway.
+	WatchAlloc *AllocWatch
 	// UpstreamPort is a Nomad port label (-upstream-port, lock.upstream_port)
 	// whose host:port, Upstream, is recorded as the holder's upstream in the
 	// lock's Items without any LB request of our own: for a `lock lb follow`
@@ -127,6 +136,18 @@ func (c Config) lockErrors() []error {
 	}
 	if err := c.Timing().Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	switch {
+	case c.Holders < 0 || c.Holders > lockclient.MaxHolders:
+		errs = append(errs, fmt.Errorf("holders %d is out of range: a semaphore has 1 to %d holders (0: a single lock)",
+			c.Holders, lockclient.MaxHolders))
+	case c.Holders > 0 && c.Path != "":
+		if err := lockclient.ValidatePath(lockclient.SlotPath(c.Path, c.Holders-1)); err != nil {
+			errs = append(errs, fmt.Errorf("holders %d: the slot paths: %w", c.Holders, err))
+		}
+	}
+	if c.Holders > 0 && c.Gate != nil {
+		errs = append(errs, errors.New("holders with gate = true is not supported yet: use a single lock for a gate"))
 	}
 	return errs
 }

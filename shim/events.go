@@ -23,7 +23,9 @@ import (
 var (
 	evWaitingHeld     = events.New("waiting-held", "Waiting for lock ")
 	evStoppedWaiting  = events.New("stopped-while-waiting", "Allocation stopped while waiting for the lock: not taking it")
+	evLockDenied      = events.New("lock-denied", "Lock denied (HTTP 403): ")
 	evAcquired        = events.New("acquired", "Acquired lock (fence ")
+	evAcquiredSlot    = events.New("acquired-slot", "Acquired slot ")
 	evLockLost        = events.New("lock-lost", "Lock lost: ")
 	evStopping        = events.New("stopping", "Stopping workload with ")
 	evKillAfterLoss   = events.New("sigkill-after-loss", "Killing the workload with SIGKILL after ")
@@ -54,6 +56,11 @@ var (
 	evLBRemoveFailed    = events.New("lb-remove-failed", "LB remove failed: ")
 	evLBRemoveSkipped   = events.New("lb-remove-skipped", "LB remove skipped: no time is left before the workload must be gone; ")
 )
+
+// A run that starts on lock (AllocWatch).
+var evWatchNotStarted = events.New("on-lock-not-started", "Not waiting for the lock, as the allocation cannot be watched: ")
+
+func watchNotStartedMessage(err error) string { return evWatchNotStarted.Text("%v", err) }
 
 // A gate.
 var (
@@ -91,7 +98,20 @@ func waitingHeldMessage(path string, holder lockclient.Holder) string {
 
 func stoppedWhileWaitingMessage() string { return evStoppedWaiting.Text("") }
 
+// lockDeniedMessage is the event of a lock denied by ACLs (HTTP 403) that
+// the supervisor waits for (WaitForPolicy): the fix, with the path and the
+// job filled in.
+func lockDeniedMessage(pe *lockclient.PermissionError) string {
+	return evLockDenied.Text("%s; retrying every %s to %s until it is applied, no restart needed",
+		pe.Fix(), deniedRetryMin, deniedRetryMax)
+}
+
 func acquiredMessage(fence uint64) string { return evAcquired.Text("%d)", fence) }
+
+// acquiredSlotMessage is the holding event of a semaphore's slot.
+func acquiredSlotMessage(slot, holders int, path string, fence uint64) string {
+	return evAcquiredSlot.Text("%d of %d (%s, fence %d)", slot, holders, path, fence)
+}
 
 // lockLostMessage is the event of a loss; err is the lease's (Lease.Err).
 func lockLostMessage(err error) string { return evLockLost.Text("%s", LostReason(err)) }

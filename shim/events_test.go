@@ -95,6 +95,8 @@ func eventExamples() map[string][]string {
 		"waiting-held":          {waitingHeldMessage("nomad/jobs/web/lock", holder)},
 		"stopped-while-waiting": {stoppedWhileWaitingMessage()},
 		"acquired":              {acquiredMessage(7)},
+		"lock-denied":           {lockDeniedMessage(&lockclient.PermissionError{Op: "acquire", Path: "nomad/jobs/web/web/api/lock", JobID: "web"})},
+		"acquired-slot":         {acquiredSlotMessage(1, 3, "nomad/jobs/q/workers/slot-1", 7)},
 		"lock-lost": {lockLostMessage(lost), lockLostMessage(&lockclient.LostError{Reason: "Nomad answered 404 on renew: the lock variable was deleted"}),
 			lockLostMessage(&lockclient.LostError{Reason: "no successful renew before the fence deadline (14s)"})},
 		"stopping":           {stoppingMessage("SIGTERM")},
@@ -121,6 +123,7 @@ func eventExamples() map[string][]string {
 		"lb-remove-skipped": {lbRemoveSkippedMessage("10.0.0.1:8080", "web")},
 
 		"gate-not-started":       {gateNotStartedMessage(&GateConfigError{Msg: `gate "lock": must be a prestart sidecar`})},
+		"on-lock-not-started":    {watchNotStartedMessage(errors.New("read allocation a1: permission denied"))},
 		"gate-adopt-failed":      {gateAdoptFailedMessage(&lockclient.LostError{Reason: "the lease of the previous run (fence 3) is no longer held"})},
 		"gate-acquired":          {gateAcquiredMessage(7)},
 		"gate-took-over":         {gateTookOverMessage(7)},

@@ -285,30 +285,9 @@ func checkDirectRestart(task *api.Task, tg *api.TaskGroup, groupDelay time.Durat
 }
 
 // gateCheck reads the gate's allocation and checks its job (checkGateJob).
-// A read that fails for want of an answer (the agent restarting) is retried
-// for gateCheckWithin.
 func (s *Supervisor) gateCheck(ctx context.Context) error {
 	g := s.Config.Gate
-	var alloc *api.Allocation
-	var err error
-	for until := time.Now().Add(gateCheckWithin); ; {
-		alloc, _, err = s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
-		var pe *lockclient.AllocPermissionError
-		if err == nil || errors.Is(err, lockclient.ErrAllocGone) || errors.As(err, &pe) || !time.Now().Before(until) {
-			break
-		}
-		s.Logger.Warn("gate: cannot read the allocation yet, retrying", "error", err)
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(time.Second):
-		}
-	}
-	if errors.Is(err, lockclient.ErrAllocGone) {
-		// The gate's own allocation runs: the servers hide it from a
-		// token without read-job.
-		return s.Locker.NewAllocPermissionError(g.AllocID, g.Namespace, err)
-	}
+	alloc, err := s.readOwnAlloc(ctx, g.AllocID, g.Namespace, "")
 	if err != nil {
 		return err
 	}
@@ -324,58 +303,15 @@ func (s *Supervisor) gateCheck(ctx context.Context) error {
 }
 
 // gateStopping returns a channel closed when the servers want the gate's
-// allocation stopped (or it is gone). Nomad cannot kill a task whose
-// driver has not yet started it, so a gate waiting for the lock must notice
-// by itself. Reads that fail are retried; nil without a gate.
+// allocation stopped (or it is gone): see allocStopping. Nomad cannot kill
+// a task whose driver has not yet started it, so a gate waiting for the
+// lock must notice by itself; nil without a gate.
 func (s *Supervisor) gateStopping(ctx context.Context) <-chan struct{} {
 	g := s.Config.Gate
 	if g == nil {
 		return nil
 	}
-	ch := make(chan struct{})
-	go func() {
-		var index uint64
-		var rejectedSince time.Time
-		for ctx.Err() == nil {
-			alloc, next, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, index)
-			var pe *lockclient.AllocPermissionError
-			if !errors.Is(err, lockclient.ErrIdentityRejected) {
-				rejectedSince = time.Time{}
-			} else if rejectedSince.IsZero() {
-				rejectedSince = time.Now()
-			}
-			switch {
-			case errors.Is(err, lockclient.ErrIdentityRejected) && time.Since(rejectedSince) >= gateIdentityGone:
-				// Not a blip of the servers: the allocation is gone.
-				s.Logger.Info("gate: the allocation's identity no longer authenticates (a purged job?)", "error", err)
-				close(ch)
-				return
-			case errors.Is(err, lockclient.ErrAllocGone), errors.As(err, &pe):
-				// The read worked at start (gateCheck): an allocation
-				// the servers no longer show, or an identity that no
-				// longer authenticates (a purged job), is going away.
-				s.Logger.Info("gate: the allocation is gone, or its identity no longer reads it", "error", err)
-				close(ch)
-				return
-			case err != nil:
-				if ctx.Err() == nil {
-					s.Logger.Debug("gate: read allocation", "error", err)
-				}
-				index = 0
-				select {
-				case <-ctx.Done():
-				case <-time.After(time.Second):
-				}
-				continue
-			case alloc.DesiredStatus != api.AllocDesiredStatusRun:
-				s.Logger.Info("gate: the allocation is being stopped", "desired_status", alloc.DesiredStatus)
-				close(ch)
-				return
-			}
-			index = next
-		}
-	}()
-	return ch
+	return s.allocStopping(ctx, g.AllocID, g.Namespace)
 }
 
 // stopArrival is what the gate knew of its allocation when Nomad's stop

@@ -14,7 +14,8 @@ import (
 // hook implements the stages it takes part in, each an interface of its
 // own, and the core loop calls, at each stage, every hook that implements
 // it, in the order of Supervisor.hooks. The core loop knows no hook by
-// name. The gate (gatehook.go) is one.
+// name. The gate (gatehook.go) is one; the allocation watch of a run that
+// Nomad sees start only once it holds the lock (allocwatch.go) another.
 
 // runHook is any hook.
 type runHook interface {
@@ -137,6 +138,8 @@ func (s *Supervisor) buildHooks() {
 	s.hooks = nil
 	if s.Config.Gate != nil {
 		s.hooks = append(s.hooks, newGateHook(s, s.Config.Gate))
+	} else if w := s.Config.WatchAlloc; w != nil {
+		s.hooks = append(s.hooks, &allocWatchHook{s: s, w: w})
 	}
 	if s.Locker != nil {
 		if h := newUpdateHook(s); h != nil {

@@ -27,13 +27,15 @@ func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockcli
 		holder.Upstream = cfg.Upstream
 	}
 	return lockclient.New(lockclient.Config{
-		Endpoint:  ep,
-		Namespace: cfg.Namespace,
-		Path:      cfg.Path,
-		Timing:    cfg.Timing(),
-		Holder:    holder,
-		MaxRetry:  cfg.MaxRetry,
-		Logger:    log,
+		Endpoint:   ep,
+		Namespace:  cfg.Namespace,
+		Path:       cfg.Path,
+		Timing:     cfg.Timing(),
+		Holder:     holder,
+		Holders:    cfg.Holders,
+		PreferSlot: cfg.AllocIndex,
+		MaxRetry:   cfg.MaxRetry,
+		Logger:     log,
 	})
 }
 

@@ -45,6 +45,8 @@ type LockSetting struct {
 	// Min is the least value of a duration setting (0: no minimum). Below
 	// it the root supervisor would busy-loop against Nomad.
 	Min time.Duration
+	// FlagName is the flag's name where it is not the Name's (see Flag).
+	FlagName string
 	// field is the Config field the setting sets: a *string, *int, *bool,
 	// *time.Duration or *syscall.Signal.
 	field func(*Config) any
@@ -65,6 +67,10 @@ var LockSettings = LockSpec{
 	{Name: "namespace", In: InFileLock | InFlags,
 		Usage: "the lock variable's `namespace` (default: the task's)",
 		field: func(c *Config) any { return &c.Namespace }},
+	{Name: "holders", In: InDriver | InFileLock | InFlags, FlagName: "n",
+		Usage: "at most `N` holders at once: a semaphore of N slots under the path, each a lock at <path>/slot-<i>; " +
+			"the workload gets its slot (0 to N-1) in NOMAD_LOCK_SLOT; 0 is one lock at the path (see docs/semaphore.md)",
+		field: func(c *Config) any { return &c.Holders }},
 	{Name: "ttl", In: InDriver | InFileLock | InFlags, Default: DefaultTTL.String(),
 		Usage: "lock TTL, 10s to 24h",
 		field: func(c *Config) any { return &c.TTL }},
@@ -124,7 +130,12 @@ func (spec LockSpec) CheckMin(name string, d time.Duration, label string) error 
 }
 
 // Flag is the setting's flag name: its Name with dashes.
-func (s LockSetting) Flag() string { return strings.ReplaceAll(s.Name, "_", "-") }
+func (s LockSetting) Flag() string {
+	if s.FlagName != "" {
+		return s.FlagName
+	}
+	return strings.ReplaceAll(s.Name, "_", "-")
+}
 
 // Kind is the type of the setting's value.
 func (s LockSetting) Kind() Kind {

@@ -49,7 +49,7 @@ func (rt *retaker) start(lost *lockclient.Lease) bool {
 	go func() {
 		defer close(rt.done)
 		for ctx.Err() == nil {
-			l, err := rt.s.Locker.Adopt(ctx, lost.LockID(), lost.Fence)
+			l, err := lost.Retake(ctx)
 			switch {
 			case err == nil:
 				rt.retaken <- l

@@ -148,6 +148,12 @@ type Supervisor struct {
 	// guard (the driver: nothing else kills a workload whose supervisor was
 	// SIGKILLed before the watchdog's margin runs out).
 	RequireGuard bool
+	// WaitForPolicy makes an HTTP 403 on acquire a wait instead of exit 77
+	// (the driver): the supervisor says in a task event which ACL policy
+	// to apply, retries with backoff, and takes the lock as soon as the
+	// policy is applied, without a restart of the task. Only a stop ends
+	// the wait.
+	WaitForPolicy bool
 
 	spawner *spawner
 	// hooks is the optional behaviour attached to the run (hooks.go).
@@ -357,6 +363,9 @@ func (s *Supervisor) startHeld(lease *lockclient.Lease) (r *heldRun, code int, s
 // holdingMessage is the holding event's message, as a hook words it.
 func (s *Supervisor) holdingMessage(lease *lockclient.Lease) string {
 	msg := acquiredMessage(lease.Fence)
+	if lease.Holders > 0 {
+		msg = acquiredSlotMessage(lease.Slot, lease.Holders, lease.Path(), lease.Fence)
+	}
 	for _, h := range hooksOf[holdHook](s) {
 		if m := h.holdingMessage(lease); m != "" {
 			msg = m
@@ -578,7 +587,7 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 		h.acquireOptions(&opts)
 	}
 	go func() {
-		l, err := s.Locker.Acquire(actx, opts)
+		l, err := s.acquireWaitingForPolicy(actx, opts)
 		results <- result{l, err}
 	}()
 
@@ -623,6 +632,41 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 	}
 }
 
+// Bounds of the backoff between acquire attempts while the lock is denied
+// (WaitForPolicy).
+const (
+	deniedRetryMin = 2 * time.Second
+	deniedRetryMax = 30 * time.Second
+)
+
+// acquireWaitingForPolicy is Locker.Acquire; with WaitForPolicy, an HTTP 403
+// is a wait: an event names the policy to apply (again whenever the reason
+// changes), and the acquire is retried with backoff until it is applied or
+// ctx ends.
+func (s *Supervisor) acquireWaitingForPolicy(ctx context.Context, opts lockclient.AcquireOptions) (*lockclient.Lease, error) {
+	wait, said := deniedRetryMin, ""
+	for {
+		l, err := s.Locker.Acquire(ctx, opts)
+		var pe *lockclient.PermissionError
+		if err == nil || !s.WaitForPolicy || !errors.As(err, &pe) || ctx.Err() != nil {
+			return l, err
+		}
+		if msg := lockDeniedMessage(pe); msg != said {
+			s.Logger.Error(pe.Error())
+			s.emit(Event{State: StateWaiting, Message: msg})
+			said = msg
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, deniedRetryMax)
+	}
+}
+
 func (s *Supervisor) acquireErrorCode(err error) int {
 	var ce *lockclient.ConfigError
 	var pe *lockclient.PermissionError
@@ -645,7 +689,8 @@ func (s *Supervisor) acquireErrorCode(err error) int {
 }
 
 // startWorkload execs the command with no shell (unless Shell), in the
-// guard's process group, with PDEATHSIG, NOMAD_LOCK_PATH and NOMAD_LOCK_FENCE.
+// guard's process group, with PDEATHSIG, NOMAD_LOCK_PATH and NOMAD_LOCK_FENCE
+// (and NOMAD_LOCK_SLOT for a semaphore's slot).
 func (s *Supervisor) startWorkload(lease *lockclient.Lease, g *group) (*exec.Cmd, *group, error) {
 	argv := s.Config.Command
 	if s.Config.Shell {
@@ -693,9 +738,13 @@ func (s *Supervisor) workloadEnv(lease *lockclient.Lease) []string {
 			env = append(env, kv)
 		}
 	}
-	return append(env,
-		"NOMAD_LOCK_PATH="+s.Config.Path,
+	env = append(env,
+		"NOMAD_LOCK_PATH="+lease.Path(),
 		"NOMAD_LOCK_FENCE="+strconv.FormatUint(lease.Fence, 10))
+	if lease.Holders > 0 {
+		env = append(env, "NOMAD_LOCK_SLOT="+strconv.Itoa(lease.Slot))
+	}
+	return env
 }
 
 // stop ends the workload: sig to the group, grace until every member is gone

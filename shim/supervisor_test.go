@@ -418,3 +418,46 @@ func TestRunReleaseFailure(t *testing.T) {
 		})
 	}
 }
+
+// With WaitForPolicy (the driver), a lock denied by ACLs (HTTP 403) is a
+// wait: an event names the policy to apply, and the lock is taken as soon
+// as the server grants it, without a restart. Without it (`lock`), 77.
+func TestRunLockDeniedWaitsForPolicy(t *testing.T) {
+	t.Run("driver waits", func(t *testing.T) {
+		r := newRunRig(t, sleeper, time.Second)
+		r.sup.WaitForPolicy = true
+		r.srv.FailAcquire(locktest.Error(403, "Permission denied"))
+		r.run()
+		ev := r.event("denied", func(ev Event) bool {
+			return ev.State == StateWaiting && strings.Contains(ev.Message, "Lock denied (HTTP 403)")
+		})
+		for _, want := range []string{`path "locks/web"`, `capabilities = ["write", "read"]`, "nomad acl policy apply -namespace default -job "} {
+			if !strings.Contains(ev.Message, want) {
+				t.Errorf("the denied event does not name the fix (%q): %q", want, ev.Message)
+			}
+		}
+		r.srv.FailAcquire(nil)
+		r.holding()
+		r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
+		r.exit()
+	})
+	t.Run("stop ends the wait", func(t *testing.T) {
+		r := newRunRig(t, sleeper, time.Second)
+		r.sup.WaitForPolicy = true
+		r.srv.FailAcquire(locktest.Error(403, "Permission denied"))
+		r.run()
+		r.event("denied", func(ev Event) bool { return strings.Contains(ev.Message, "Lock denied (HTTP 403)") })
+		r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
+		if code := r.exit(); code != 128+int(syscall.SIGTERM) {
+			t.Errorf("exit %d, want %d", code, 128+int(syscall.SIGTERM))
+		}
+	})
+	t.Run("lock exits 77", func(t *testing.T) {
+		r := newRunRig(t, sleeper, time.Second)
+		r.srv.FailAcquire(locktest.Error(403, "Permission denied"))
+		r.run()
+		if code := r.exit(); code != ExitPermission {
+			t.Errorf("exit %d, want %d", code, ExitPermission)
+		}
+	})
+}

@@ -125,6 +125,17 @@ func (d *Dir) Sub(name string, create bool) (*Dir, error) {
 	return &Dir{fd: fd, path: p}, nil
 }
 
+// Names lists the entries of d (any kind; "." and ".." left out).
+func (d *Dir) Names() ([]string, error) {
+	fd, err := unix.Openat(d.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.path, err)
+	}
+	f := os.NewFile(uintptr(fd), d.path)
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
 // openDirAt opens name below dirfd as a directory, without following a
 // symlink, creating it 0700 first if asked.
 func openDirAt(dirfd int, name string, create bool) (int, error) {

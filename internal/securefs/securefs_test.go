@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -202,5 +203,32 @@ func TestReadBeneath(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("ReadBeneath(%q) hangs", rel)
 		}
+	}
+}
+
+// Names lists a private dir's files and subdirs, and works on a Sub.
+func TestNames(t *testing.T) {
+	d, _ := privateDir(t)
+	if err := d.WriteFile("f", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := d.Sub("s", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if err := sub.WriteFile("g", nil); err != nil {
+		t.Fatal(err)
+	}
+	names, err := d.Names()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"f", "s"}) {
+		t.Errorf("Names() = %v, want [f s]", names)
+	}
+	if names, err := sub.Names(); err != nil || !slices.Equal(names, []string{"g"}) {
+		t.Errorf("sub Names() = %v %v, want [g]", names, err)
 	}
 }

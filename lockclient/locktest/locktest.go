@@ -69,6 +69,7 @@ type Server struct {
 	changed    chan struct{}     // closed at every write: wakes blocking reads
 	lockIDs    int
 	renewErr   error
+	acquireErr error
 	releaseErr error
 	onRelease  func()
 	calls      map[string]int
@@ -189,6 +190,13 @@ func (s *Server) Write(items map[string]string) uint64 {
 	s.items = maps.Clone(items)
 	s.write()
 	return s.index
+}
+
+// FailAcquire makes every acquire answer err until FailAcquire(nil).
+func (s *Server) FailAcquire(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.acquireErr = err
 }
 
 // FailRenew makes every renew answer err until FailRenew(nil).
@@ -315,6 +323,9 @@ func (s *Server) AcquireLock(v *api.Variable, w *api.WriteOptions) (*api.Variabl
 	s.calls[OpAcquire]++
 	if err := w.Context().Err(); err != nil {
 		return nil, nil, err
+	}
+	if s.acquireErr != nil {
+		return nil, nil, s.acquireErr
 	}
 	if s.lock != nil || time.Now().Before(s.delayUntil) {
 		s.calls[OpRefused]++

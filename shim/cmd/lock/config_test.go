@@ -47,6 +47,13 @@ func TestParseRunArgs(t *testing.T) {
 					time.Minute, 3*time.Second, syscall.SIGINT, true, 9*time.Second, "prod"
 			},
 		},
+		{
+			name: "a semaphore of 3",
+			args: []string{"-n", "3", "nomad/jobs/q/workers", "cmd"},
+			want: func(c *shim.Config) {
+				c.Path, c.Command, c.Holders = "nomad/jobs/q/workers", []string{"cmd"}, 3
+			},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,6 +89,9 @@ func TestParseRunArgsErrors(t *testing.T) {
 		{"unknown signal", []string{"-kill-signal", "SIGFOO", "p", "c"}, `unknown signal "SIGFOO"`},
 		{"uncatchable kill signal", []string{"-kill-signal", "KILL", "p", "c"}, "cannot be handled"},
 		{"negative wait", []string{"-wait", "-1s", "p", "c"}, "must not be negative"},
+		{"negative holders", []string{"-n", "-1", "p", "c"}, "holders -1 is out of range"},
+		{"too many holders", []string{"-n", "65", "p", "c"}, "1 to 64 holders"},
+		{"slot paths too long", []string{"-n", "10", strings.Repeat("a", 125), "c"}, "the slot paths"},
 		{"missing config file", []string{"-config", "/nonexistent.hcl", "p", "c"}, "read -config file"},
 	}
 	for _, tc := range cases {

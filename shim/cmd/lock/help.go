@@ -24,7 +24,8 @@ of nomad var lock, with the same meaning (some defaults differ: see docs/cli.md)
 	runHelpTail = `
 The token comes from NOMAD_TOKEN or $NOMAD_SECRETS_DIR/nomad_token, never from argv.
 The workload gets NOMAD_LOCK_PATH and NOMAD_LOCK_FENCE (a fencing token that grows
-with every acquisition).
+with every acquisition); with -n N, also NOMAD_LOCK_SLOT (0 to N-1), and the path
+is its slot's.
 
 Exit codes: the command's own code (128+N if killed by signal N); 64 config error;
 69 Nomad unreachable or API errors; 74 the LB refused the ADD; 75 wait timeout;
@@ -53,7 +54,8 @@ the LB refused the request, 77 the token cannot read the lock.
 	statusHelpHead = `Usage:
   lock status [flags] <path>
 
-Shows who holds the lock at <path>, and since when.
+Shows who holds the lock at <path>, and since when. For a semaphore (lock -n N
+<path>), every slot: held or free, by which allocation, its fence and since when.
 `
 	lbFlagsTitle = `
 Load balancer flags (optional; the same fields as the load_balancer and

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -51,6 +52,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 // but its own passed on to the workload.
 func supervise(cfg shim.Config, stderr io.Writer) int {
 	log := newLogger(stderr, cfg.Verbose)
+	cfg.AllocIndex, _ = strconv.Atoi(os.Getenv("NOMAD_ALLOC_INDEX"))
 	locker, err := shim.NewLocker(cfg, log, lockclient.HolderFromEnv(os.Getenv))
 	if err != nil {
 		fmt.Fprintf(stderr, "lock: %v\n", err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,6 +24,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	namespace := fs.String("namespace", "", settingUsage("namespace"))
 	address := fs.String("address", "", addressUsage)
+	holders := fs.Int("n", 0, "the semaphore's `N` (default: as recorded in its slot 0, when <path> is no lock itself)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -46,14 +48,19 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := locker.Status(ctx)
-	if err != nil {
-		fmt.Fprintf(stderr, "lock status: %v\n", err)
-		var pe *lockclient.PermissionError
-		if errors.As(err, &pe) {
-			return shim.ExitPermission
+	var st lockclient.Status
+	if *holders == 0 {
+		st, err = locker.Status(ctx)
+		if err == nil && !st.Exists {
+			*holders, err = locker.RecordedHolders(ctx)
 		}
-		return shim.ExitInfra
+	}
+	if err == nil && *holders > 0 {
+		cfg.Holders = *holders
+		return statusOfSlots(ctx, cfg, *asJSON, stdout, stderr)
+	}
+	if err != nil {
+		return statusError(err, stderr)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -105,5 +112,69 @@ func printStatus(w io.Writer, st lockclient.Status) {
 	}
 	if !st.ModifiedAt.IsZero() {
 		row("Modified", st.ModifiedAt.Format(time.RFC3339))
+	}
+}
+
+func statusError(err error, stderr io.Writer) int {
+	fmt.Fprintf(stderr, "lock status: %v\n", err)
+	var pe *lockclient.PermissionError
+	if errors.As(err, &pe) {
+		return shim.ExitPermission
+	}
+	return shim.ExitInfra
+}
+
+// statusOfSlots is `lock status` of a semaphore: one row per slot.
+func statusOfSlots(ctx context.Context, cfg shim.Config, asJSON bool, stdout, stderr io.Writer) int {
+	if err := cfg.ValidateLock(); err != nil {
+		fmt.Fprintf(stderr, "lock status: %v\n", err)
+		return shim.ExitConfig
+	}
+	locker, err := shim.NewLocker(cfg, newLogger(stderr, false), lockclient.Holder{})
+	if err != nil {
+		fmt.Fprintf(stderr, "lock status: %v\n", err)
+		return shim.ExitConfig
+	}
+	slots, err := locker.SlotStatus(ctx)
+	if err != nil {
+		return statusError(err, stderr)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(slots)
+		return 0
+	}
+	printSlots(stdout, cfg.Path, slots, time.Now())
+	return 0
+}
+
+func printSlots(w io.Writer, prefix string, slots []lockclient.Status, now time.Time) {
+	fmt.Fprintf(w, "Semaphore %s: %d holders\n", prefix, len(slots))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	defer tw.Flush()
+	fmt.Fprintln(tw, "Slot\tState\tHolder\tAlloc ID\tFence\tSince")
+	for i, st := range slots {
+		state, holder, alloc, fence, since := "free", "-", "-", "-", "-"
+		switch {
+		case !st.Exists:
+			state = "free (never held)"
+		case !st.HeldKnown:
+			state = "unknown"
+		case st.Held:
+			state = "held"
+		}
+		if st.Exists && !st.Holder.IsZero() {
+			holder = st.Holder.String()
+			alloc = cmp.Or(st.Holder.AllocID, "-")
+			fence = fmt.Sprint(st.Fence)
+			if at := st.Holder.AcquiredAt; !at.IsZero() {
+				since = fmt.Sprintf("%s (%s ago)", at.Format(time.RFC3339), now.Sub(at).Round(time.Second))
+			}
+			if !st.Held && st.HeldKnown {
+				holder = "last: " + holder
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", i, state, holder, alloc, fence, since)
 	}
 }

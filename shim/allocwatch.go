@@ -1,0 +1,137 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// AllocWatch makes a run that Nomad does not yet see started watch its own
+// allocation while it waits for the lock, and give up the wait once the
+// allocation is being stopped: Nomad cannot stop a task whose StartTask has
+// not returned. The driver's `start = "on_lock"` tasks use it; a gate
+// watches the same way (gateHook). The reads use the task's workload
+// identity, which needs "read-job" on the namespace.
+type AllocWatch struct {
+	// AllocID and Namespace name the run's own allocation (from Nomad,
+	// never from the task environment).
+	AllocID, Namespace string
+	// Who says, in a permission error, what reads the allocation.
+	Who string
+}
+
+// readOwnAlloc reads the run's own allocation once, at start. A read that
+// fails for want of an answer (the agent restarting) is retried for
+// gateCheckWithin. An allocation the servers do not show is one they hide
+// from a token without read-job (it runs): a permission error, worded for
+// who.
+func (s *Supervisor) readOwnAlloc(ctx context.Context, allocID, namespace, who string) (*api.Allocation, error) {
+	var alloc *api.Allocation
+	var err error
+	for until := time.Now().Add(gateCheckWithin); ; {
+		alloc, _, err = s.Locker.Allocation(ctx, allocID, namespace, 0)
+		var pe *lockclient.AllocPermissionError
+		if err == nil || errors.Is(err, lockclient.ErrAllocGone) || errors.As(err, &pe) || !time.Now().Before(until) {
+			break
+		}
+		s.Logger.Warn("cannot read the allocation yet, retrying", "error", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Second):
+		}
+	}
+	if errors.Is(err, lockclient.ErrAllocGone) {
+		err = s.Locker.NewAllocPermissionError(allocID, namespace, err)
+	}
+	var pe *lockclient.AllocPermissionError
+	if errors.As(err, &pe) && who != "" {
+		pe.Who = who
+	}
+	return alloc, err
+}
+
+// allocStopping returns a channel closed when the servers want the
+// allocation stopped (or it is gone). Reads that fail are retried; an
+// identity that the Task API keeps rejecting for gateIdentityGone (a purged
+// job) counts as gone.
+func (s *Supervisor) allocStopping(ctx context.Context, allocID, namespace string) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		var index uint64
+		var rejectedSince time.Time
+		for ctx.Err() == nil {
+			alloc, next, err := s.Locker.Allocation(ctx, allocID, namespace, index)
+			var pe *lockclient.AllocPermissionError
+			if !errors.Is(err, lockclient.ErrIdentityRejected) {
+				rejectedSince = time.Time{}
+			} else if rejectedSince.IsZero() {
+				rejectedSince = time.Now()
+			}
+			switch {
+			case errors.Is(err, lockclient.ErrIdentityRejected) && time.Since(rejectedSince) >= gateIdentityGone:
+				// Not a blip of the servers: the allocation is gone.
+				s.Logger.Info("the allocation's identity no longer authenticates (a purged job?)", "error", err)
+				close(ch)
+				return
+			case errors.Is(err, lockclient.ErrAllocGone), errors.As(err, &pe):
+				// The read worked at start: an allocation the servers no
+				// longer show, or an identity that no longer reads it
+				// (a purged job), is going away.
+				s.Logger.Info("the allocation is gone, or its identity no longer reads it", "error", err)
+				close(ch)
+				return
+			case err != nil:
+				if ctx.Err() == nil {
+					s.Logger.Debug("read allocation", "error", err)
+				}
+				index = 0
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
+				continue
+			case alloc.DesiredStatus != api.AllocDesiredStatusRun:
+				s.Logger.Info("the allocation is being stopped", "desired_status", alloc.DesiredStatus)
+				close(ch)
+				return
+			}
+			index = next
+		}
+	}()
+	return ch
+}
+
+// allocWatchHook attaches an AllocWatch to the supervisor's life cycle: it
+// checks at start that the identity reads the allocation (so that a stop
+// while waiting is noticed), and ends the wait for the lock when the
+// allocation is being stopped.
+type allocWatchHook struct {
+	s *Supervisor
+	w *AllocWatch
+}
+
+func (h *allocWatchHook) hookName() string { return "alloc-watch" }
+
+// check refuses to wait for the lock without read-job: the wait could not
+// be ended by a stop of the allocation.
+func (h *allocWatchHook) check(ctx context.Context) (int, error) {
+	_, err := h.s.readOwnAlloc(ctx, h.w.AllocID, h.w.Namespace, h.w.Who)
+	if err == nil {
+		return 0, nil
+	}
+	h.s.Logger.Error("not taking the lock: cannot watch the allocation", "error", err)
+	h.s.emit(Event{State: StateStopping, Message: watchNotStartedMessage(err)})
+	var pe *lockclient.AllocPermissionError
+	if errors.As(err, &pe) {
+		return ExitPermission, err
+	}
+	return ExitInfra, err
+}
+
+func (h *allocWatchHook) abortWait(ctx context.Context) <-chan struct{} {
+	return h.s.allocStopping(ctx, h.w.AllocID, h.w.Namespace)
+}
