@@ -368,7 +368,7 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 		LB: tc.LoadBalancer, Health: tc.HealthCheck,
 		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
 		Holders: sc.Holders, AllocIndex: allocIndex(cfg),
-		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait,
+		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait, UpdateGrace: sc.UpdateGrace,
 		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
 		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), SecretsDir: cfg.TaskDir().SecretsDir, ShareNomadToken: tc.ShareNomadToken,
 		OOMScoreAdj: tc.OOMScoreAdj, Holder: taskHolder(cfg),

@@ -382,7 +382,7 @@ func TestLockBlockDecodes(t *testing.T) {
 		names = append(names, s.Name)
 	}
 	slices.Sort(names)
-	if want := []string{"delay", "holders", "kill_signal", "kill_timeout", "path", "renew", "ttl", "wait"}; !slices.Equal(names, want) {
+	if want := []string{"delay", "holders", "kill_signal", "kill_timeout", "path", "renew", "ttl", "update_grace", "wait"}; !slices.Equal(names, want) {
 		t.Errorf("config.lock takes %v, want %v", names, want)
 	}
 

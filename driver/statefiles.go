@@ -112,6 +112,7 @@ type supervisorSpec struct {
 	LockDelay   time.Duration
 	Renew       time.Duration
 	Wait        time.Duration
+	UpdateGrace time.Duration `json:",omitempty"`
 	KillSignal  int
 	KillSigSet  bool
 	KillTimeout time.Duration

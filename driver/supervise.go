@@ -179,6 +179,7 @@ func (spec supervisorSpec) shimConfig() shim.Config {
 	cfg.Holders, cfg.AllocIndex = spec.Holders, spec.AllocIndex
 	cfg.RootSecretsDir = spec.SecretsDir
 	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
+	cfg.UpdateGrace = spec.UpdateGrace
 	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
 	if g := spec.Gate; g != nil {
 		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}

@@ -30,5 +30,8 @@ func NewWithLockAPI(key testkey.Key, cfg Config, vars lockAPI) (*Locker, error) 
 			sl.allocs = a
 		}
 	}
+	if j, ok := vars.(jobAllocsAPI); ok {
+		l.jobs = j
+	}
 	return l, nil
 }

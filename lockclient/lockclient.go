@@ -26,6 +26,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -132,12 +134,19 @@ type Config struct {
 // Locker acquires leases on one variable path.
 type Locker struct {
 	cfg    Config
-	api    *api.Client // for what is not the lease's: the token's own ACL
-	vars   lockAPI     // the variable and its lock
-	slots  []*Locker   // a semaphore's, one per slot (Config.Holders)
-	allocs allocAPI    // a gate's reads of allocations; nil without one
+	api    *api.Client  // for what is not the lease's: the token's own ACL
+	vars   lockAPI      // the variable and its lock
+	slots  []*Locker    // a semaphore's, one per slot (Config.Holders)
+	allocs allocAPI     // a gate's reads of allocations; nil without one
+	jobs   jobAllocsAPI // a rolling update's reads of the job's allocations; nil without one
 	clock  clock
 	log    hclog.Logger
+	// seesOnce and sees cache whether the token is shown lock state.
+	seesOnce sync.Once
+	sees     bool
+	// sawLock is set once a read showed the Lock field: the token sees
+	// lock state, so a read without it shows a free lock.
+	sawLock atomic.Bool
 }
 
 // New validates cfg and builds the API client. No request is sent.
@@ -185,6 +194,7 @@ func newLocker(cfg Config, client *api.Client, vars lockAPI, c clock) *Locker {
 	l := &Locker{cfg: cfg, api: client, vars: vars, clock: c, log: cfg.Logger.With("path", cfg.Path)}
 	if client != nil {
 		l.allocs = client.Allocations()
+		l.jobs = client.Jobs()
 	}
 	l.slots = l.slotLockers()
 	return l
@@ -205,6 +215,15 @@ type AcquireOptions struct {
 	// GatedDirect is written into the holder's Items (Holder.GatedDirect):
 	// a gate that kills and proves dead every one of its gated tasks itself.
 	GatedDirect bool
+	// Defer, if set, is asked before each attempt made while the lock
+	// looks free (see snapshot.looksFree). hold keeps the caller from
+	// acquiring at all for now (an allocation that is being stopped): the
+	// loop waits for the variable to change, or the blocking wait to end,
+	// and asks again. A positive grace lets another holder take the lock
+	// first: the loop waits, for as long as the lock looks free and at
+	// most grace counted from when it first saw it free, for the variable
+	// to change, and then acquires anyway.
+	Defer func(ctx context.Context) (grace time.Duration, hold bool)
 }
 
 // Acquire takes the lock, waiting while another holder has it. While held
@@ -223,6 +242,7 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 	bo := l.newBackoff()
 	failures := 0
 	var reported Holder
+	var deferred deferral
 	retryAfter := func(err error) error {
 		failures++
 		if l.cfg.MaxRetry > 0 && failures >= l.cfg.MaxRetry {
@@ -248,11 +268,23 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 			continue
 		}
 
-		lease, err := l.tryAcquire(ctx, current, opts)
+		if l.deferAttempt(ctx, current, index, opts, &deferred) {
+			continue
+		}
+		var lease *Lease
+		if opts.Defer != nil && current.heldVisibly() {
+			// Held, as we are shown: wait for a change and read again,
+			// rather than race a release that would then go unseen by
+			// Defer.
+			err = ErrNotAcquired
+		} else {
+			lease, err = l.tryAcquire(ctx, current, opts)
+		}
 		switch {
 		case err == nil:
 			return lease, nil
 		case errors.Is(err, ErrNotAcquired):
+			deferred = deferral{}
 			failures = 0
 			bo.Reset()
 			holder := holderFromItems(current.items())
@@ -279,6 +311,45 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 			}
 		}
 	}
+}
+
+// deferAttempt asks opts.Defer, while the lock looks free, whether to
+// give way, and if so waits (a blocking read of the variable at index,
+// bounded by what is left of the grace, or a whole blocking wait to hold).
+// It reports whether it waited, in which case the loop reads again.
+func (l *Locker) deferAttempt(ctx context.Context, current snapshot, index uint64, opts AcquireOptions, d *deferral) bool {
+	if opts.Defer == nil || !l.looksFree(ctx, current) {
+		*d = deferral{}
+		return false
+	}
+	grace, hold := opts.Defer(ctx)
+	now := l.clock.Now().UnixNano()
+	var left time.Duration
+	switch {
+	case hold:
+		*d = deferral{}
+		left = l.cfg.BlockingWait
+	case grace <= 0:
+		*d = deferral{}
+		return false
+	default:
+		if d.since == 0 {
+			d.since, d.until = now, now+int64(grace)
+			l.log.Info("lock is free: giving way to a newer version first", "grace", grace)
+		}
+		if left = time.Duration(d.until - now); left <= 0 {
+			l.log.Info("lock still free after the grace: acquiring", "grace", grace)
+			return false
+		}
+	}
+	wctx, cancel := withTimeout(ctx, l.clock, left)
+	defer cancel()
+	if index == 0 {
+		_ = sleep(wctx, l.clock, min(left, time.Second))
+		return true
+	}
+	_, _, _ = l.read(wctx, index)
+	return true
 }
 
 // waitError turns the end of the acquire loop into the error callers expect.

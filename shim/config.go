@@ -43,6 +43,9 @@ type Config struct {
 	EarlyReturn bool
 	MaxRetry    int
 	Backoff     time.Duration // cap of the error backoff
+	// UpdateGrace is how long a standby of an older job version gives way
+	// to a newer one before it takes a lock that came free; 0: the default.
+	UpdateGrace time.Duration
 
 	Command []string // argv; with Shell, joined and run by $SHELL -c
 	Shell   bool
@@ -83,6 +86,7 @@ func DefaultConfig() Config {
 		Backoff:     DefaultMaxBackoff,
 		KillSignal:  DefaultKillSignal,
 		KillTimeout: DefaultKillTimeout,
+		UpdateGrace: DefaultUpdateGrace,
 	}
 }
 

@@ -37,6 +37,12 @@ var (
 	evNotReleased     = events.New("not-released", "Lock not released (")
 )
 
+// Rolling updates (update.go).
+var (
+	evUpdateGivingWay = events.New("update-giving-way", "Lock free: giving way for up to ")
+	evUpdateNoReadJob = events.New("update-no-read-job", "Rolling updates: the workload identity may not read job ")
+)
+
 // The load balancer.
 var (
 	evLBHealthy         = events.New("lb-healthy", "Health check passed on ")
@@ -385,4 +391,14 @@ func gateAwaitPreviousMessage(path string, prev lockclient.Holder, alive []strin
 func gateStillAwaitingMessage(prev lockclient.Holder) string {
 	return evGateStillAwaiting.Text("%s's gate task is reported running by a client the servers reach (a gate frozen or stuck?), "+
 		"so its gated tasks may run; the wait ends when Nomad reports them or that gate dead", prev)
+}
+
+func updateGivingWayMessage(grace time.Duration, allocID string, version uint64) string {
+	return evUpdateGivingWay.Text("%s to allocation %s of job version %d (rolling update), then taking it if still free", grace, allocID, version)
+}
+
+func updateNoReadJobMessage(jobID, namespace string) string {
+	return evUpdateNoReadJob.Text(`%q's allocations, so this standby takes the lock even from a newer version (two handovers per update). `+
+		`Add namespace %q { capabilities = ["read-job"] } to the task's policy (examples/acl/singleton-update.policy.hcl; docs/updates.md)`,
+		jobID, namespace)
 }

@@ -127,6 +127,8 @@ func eventExamples() map[string][]string {
 		"gate-adopt-failed":      {gateAdoptFailedMessage(&lockclient.LostError{Reason: "the lease of the previous run (fence 3) is no longer held"})},
 		"gate-acquired":          {gateAcquiredMessage(7)},
 		"gate-took-over":         {gateTookOverMessage(7)},
+		"update-giving-way":      {updateGivingWayMessage(10*time.Second, "0cad7827", 5)},
+		"update-no-read-job":     {updateNoReadJobMessage("web", "default")},
 		"gate-stopping":          {gateStoppingMessage(false), gateStoppingMessage(true)},
 		"gate-kills-itself":      {gate.killerMessage(lockCfg.Timing)},
 		"gate-leaves-to-nomad":   {(&Gate{gated: []string{"db"}, tasks: []GatedTask{{"db", "java"}}, killBound: time.Minute}).killerMessage(lockCfg.Timing)},

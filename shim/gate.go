@@ -422,7 +422,7 @@ func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.Locker.Config().RequestTimeout)
 	defer cancel()
 	if err := lease.MarkReleasedClean(ctx); err != nil {
-		s.Logger.Warn("gate: cannot mark the release clean; the next holder waits for Nomad to report our gated tasks dead", "error", err)
+		s.Logger.Warn("cannot mark the release clean: a next gate waits for Nomad to report our gated tasks dead, and under ACLs an old-version standby does not give way to a new version", "error", err)
 	}
 }
 

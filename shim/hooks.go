@@ -141,6 +141,11 @@ func (s *Supervisor) buildHooks() {
 	} else if w := s.Config.WatchAlloc; w != nil {
 		s.hooks = append(s.hooks, &allocWatchHook{s: s, w: w})
 	}
+	if s.Locker != nil {
+		if h := newUpdateHook(s); h != nil {
+			s.hooks = append(s.hooks, h)
+		}
+	}
 }
 
 // anyClosed returns a channel closed once any of chs is (nil for none),

@@ -83,6 +83,10 @@ var LockSettings = LockSpec{
 	{Name: "wait", In: InDriver | InFileLock | InFlags,
 		Usage: "give up (exit 75) if the lock is not acquired within this time; 0 waits forever",
 		field: func(c *Config) any { return &c.Wait }},
+	{Name: "update_grace", In: InDriver | InFileLock | InFlags, Default: DefaultUpdateGrace.String(), Min: time.Second,
+		Usage: "in a rolling update, how long a standby of an older job version lets a newer one take a lock that came free " +
+			"before it takes it itself, at least 1s (needs read-job; docs/updates.md)",
+		field: func(c *Config) any { return &c.UpdateGrace }},
 	{Name: "backoff", In: InFileLock | InFlags, Default: DefaultMaxBackoff.String(), Min: 100 * time.Millisecond,
 		Usage: "cap of the jittered backoff after API errors, at least 100ms",
 		field: func(c *Config) any { return &c.Backoff }},

@@ -70,7 +70,7 @@ func TestLockSettingKinds(t *testing.T) {
 // Nomad's own 15s for a delay).
 func TestLockDurationsHaveMinimums(t *testing.T) {
 	label := func(s LockSetting) string { return "config.lock." + s.Name }
-	want := map[string]time.Duration{"delay": 100 * time.Millisecond, "renew": time.Second, "backoff": 100 * time.Millisecond}
+	want := map[string]time.Duration{"delay": 100 * time.Millisecond, "renew": time.Second, "backoff": 100 * time.Millisecond, "update_grace": time.Second}
 	for _, s := range LockSettings {
 		if s.Kind() != KindDuration || s.Name == "ttl" || s.Name == "wait" || s.Name == "kill_timeout" {
 			continue // ttl: Nomad's 10s-24h; wait and kill_timeout: any length is a choice, none loops

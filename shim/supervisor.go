@@ -872,13 +872,14 @@ func (s *Supervisor) finish(lease *lockclient.Lease, g *group, exited <-chan str
 	if len(s.Config.Command) > 0 && !s.workloadDead(g, exited) {
 		return
 	}
-	clean := false
-	for _, h := range hooksOf[releaseHook](s) {
+	hooks := hooksOf[releaseHook](s)
+	clean := len(hooks) > 0 // marked clean only if every hook says so
+	for _, h := range hooks {
 		release, c := h.mayRelease(lease, end)
 		if !release {
 			return
 		}
-		clean = c
+		clean = clean && c
 	}
 	if clean {
 		s.markReleasedClean(lease)

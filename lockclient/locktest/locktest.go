@@ -16,6 +16,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -44,13 +45,14 @@ func Timing() lockclient.Timing {
 
 // Operations counted by Server.Calls.
 const (
-	OpRead    = "read"    // a read of the variable, blocking or not
-	OpAcquire = "acquire" // an acquire, granted or refused
-	OpRefused = "refused" // an acquire refused: held, or within the lock delay
-	OpRenew   = "renew"
-	OpRelease = "release"
-	OpUpdate  = "update"
-	OpAlloc   = "alloc" // a read of an allocation (Info), blocking or not
+	OpRead      = "read"    // a read of the variable, blocking or not
+	OpAcquire   = "acquire" // an acquire, granted or refused
+	OpRefused   = "refused" // an acquire refused: held, or within the lock delay
+	OpRenew     = "renew"
+	OpRelease   = "release"
+	OpUpdate    = "update"
+	OpAlloc     = "alloc"      // a read of an allocation (Info), blocking or not
+	OpJobAllocs = "job-allocs" // a list of a job's allocations (Allocations)
 )
 
 // Server is an in-memory lock API for one variable. It is safe for
@@ -454,4 +456,38 @@ func (s *Server) String() string {
 		return fmt.Sprintf("unlocked at index %d", s.index)
 	}
 	return fmt.Sprintf("locked by %s at index %d", s.lock.ID, s.index)
+}
+
+// Allocations is the Jobs API's list of one job's allocations, as Nomad
+// answers it: a stub of every allocation SetAllocation wrote whose JobID is
+// jobID, in the order of their IDs. With a WaitIndex it is a blocking
+// query over the server's index.
+func (s *Server) Allocations(jobID string, _ bool, q *api.QueryOptions) ([]*api.AllocationListStub, *api.QueryMeta, error) {
+	ctx := q.Context()
+	if q.WaitIndex > 0 {
+		if err := s.waitPast(ctx, q.WaitIndex, q.WaitTime); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpJobAllocs]++
+	var out []*api.AllocationListStub
+	for _, id := range slices.Sorted(maps.Keys(s.allocs)) {
+		a := s.allocs[id]
+		if a.JobID != jobID {
+			continue
+		}
+		var version uint64
+		if a.Job != nil && a.Job.Version != nil {
+			version = *a.Job.Version
+		}
+		out = append(out, &api.AllocationListStub{ID: a.ID, Name: a.Name, Namespace: a.Namespace, NodeID: a.NodeID,
+			JobID: a.JobID, JobVersion: version, TaskGroup: a.TaskGroup, DesiredStatus: a.DesiredStatus,
+			DesiredDescription: a.DesiredDescription, ClientStatus: a.ClientStatus, TaskStates: a.TaskStates})
+	}
+	return out, &api.QueryMeta{LastIndex: s.index}, nil
 }

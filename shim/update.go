@@ -1,0 +1,193 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// DefaultUpdateGrace is how long an old-version standby gives way to a
+// newer version of its group before it takes a lock that came free
+// (update_grace; docs/updates.md).
+const DefaultUpdateGrace = 10 * time.Second
+
+// updateHook makes a standby of an older job version give way to a newer
+// one during a rolling update. Nomad replaces the allocations of a group
+// lowest name index first, so the holder of the lock is often stopped
+// before its standbys: without this, an old-version standby takes the
+// lock, and hands it over again when it is replaced in turn.
+//
+// When the lock looks free, the hook reads the task's own allocation and
+// its job's allocations (read-job on the namespace). An allocation that is
+// being stopped never takes the lock. One of an older version than a
+// successor (standbySuccessor) waits up to the grace for it to take the
+// lock, and then takes it anyway if it is still free: a broken new version
+// costs the grace, never two holders (the lock decides, as always).
+// Without read-job it does as before, and says so once.
+type updateHook struct {
+	s                           *Supervisor
+	allocID, jobID, group, task string
+	namespace                   string
+	grace                       time.Duration
+	// off is set once the allocations cannot be read for good (no
+	// read-job): the standby then takes the lock as soon as it is free.
+	off bool
+	// told is the successor last announced, so each is told once.
+	told string
+}
+
+// newUpdateHook attaches to a supervisor that runs as a task of a Nomad
+// allocation (its holder names the allocation, job, group and task); nil
+// otherwise.
+func newUpdateHook(s *Supervisor) *updateHook {
+	h := s.Locker.Config().Holder
+	if h.AllocID == "" || h.JobID == "" || h.Group == "" || h.Task == "" {
+		return nil
+	}
+	ns := s.getenv("NOMAD_NAMESPACE")
+	if ns == "" {
+		ns = s.Config.Namespace
+	}
+	grace := s.Config.UpdateGrace
+	if grace == 0 {
+		grace = DefaultUpdateGrace
+	}
+	return &updateHook{s: s, allocID: h.AllocID, jobID: h.JobID, group: h.Group, task: h.Task, namespace: ns, grace: grace}
+}
+
+func (h *updateHook) hookName() string { return "update" }
+
+func (h *updateHook) acquireOptions(opts *lockclient.AcquireOptions) { opts.Defer = h.deferTo }
+
+// deferTo is the acquire's Defer: hold while our allocation is being
+// stopped, the grace while a successor of a newer version is on its way.
+func (h *updateHook) deferTo(ctx context.Context) (time.Duration, bool) {
+	if h.off {
+		return 0, false
+	}
+	l := h.s.Locker
+	self, _, err := l.Allocation(ctx, h.allocID, h.namespace, 0)
+	if err != nil {
+		h.readFailed(err)
+		return 0, false
+	}
+	if standbyStopping(self) {
+		h.s.Logger.Info("the lock is free but this allocation is being stopped: not taking it", "desired", self.DesiredStatus)
+		return 0, true
+	}
+	stubs, _, err := l.JobAllocations(ctx, h.jobID, h.namespace, 0)
+	if err != nil {
+		h.readFailed(err)
+		return 0, false
+	}
+	succ := standbySuccessor(self, stubs, h.task)
+	if succ == nil {
+		h.s.Logger.Info("lock free: no newer version of the group on its way", "allocations", describeStubs(stubs, h.task))
+		return 0, false
+	}
+	if h.told != succ.ID {
+		h.told = succ.ID
+		h.s.Logger.Info("lock free: giving way to a newer version of the group", "successor", succ.ID, "version", succ.JobVersion, "grace", h.grace)
+		h.s.notify(Event{State: StateWaiting, Message: updateGivingWayMessage(h.grace, shortAlloc(succ.ID), succ.JobVersion)})
+	}
+	return h.grace, false
+}
+
+// readFailed turns the hook off, with one event, when the identity may not
+// read the allocations; other errors only cost this attempt's deferral.
+func (h *updateHook) readFailed(err error) {
+	var pe *lockclient.AllocPermissionError
+	if !errors.As(err, &pe) && !errors.Is(err, lockclient.ErrAllocHidden) {
+		h.s.Logger.Warn("rolling updates: cannot read the allocations, not giving way this time", "error", err)
+		return
+	}
+	h.off = true
+	h.s.Logger.Warn("rolling updates: the task's identity may not read its job's allocations", "error", err)
+	h.s.notify(Event{State: StateWaiting, Message: updateNoReadJobMessage(h.jobID, nsOrDefault(h.namespace))})
+}
+
+func nsOrDefault(ns string) string {
+	if ns == "" {
+		return "default"
+	}
+	return ns
+}
+
+func shortAlloc(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}
+
+// standbyStopping reports whether the servers want alloc stopped (or
+// evicted): such a standby never takes the lock.
+func standbyStopping(alloc *api.Allocation) bool {
+	return alloc.DesiredStatus != "" && alloc.DesiredStatus != "run"
+}
+
+// allocVersion is the job version alloc runs.
+func allocVersion(alloc *api.Allocation) (uint64, bool) {
+	if alloc.Job == nil || alloc.Job.Version == nil {
+		return 0, false
+	}
+	return *alloc.Job.Version, true
+}
+
+// standbySuccessor is the allocation that self, a standby about to take a
+// free lock, gives way to: one of the same group and a newer job version
+// (so self's version is older than the job's latest), that the servers want
+// running, and that is on its way to the lock: placed (pending: a
+// replacement waits for the allocation it replaces to finish, see
+// docs/updates.md) or running its task task. An allocation whose node is
+// down is lost or unknown, not pending or running. The newest such wins;
+// nil for none.
+func standbySuccessor(self *api.Allocation, stubs []*api.AllocationListStub, task string) *api.AllocationListStub {
+	mine, ok := allocVersion(self)
+	if !ok {
+		return nil
+	}
+	var best *api.AllocationListStub
+	for _, a := range stubs {
+		if a.ID == self.ID || a.TaskGroup != self.TaskGroup || a.JobVersion <= mine || a.DesiredStatus != "run" {
+			continue
+		}
+		switch a.ClientStatus {
+		case "pending":
+		case "running":
+			if st := a.TaskStates[task]; st != nil && st.State == "dead" {
+				continue
+			}
+		default:
+			continue
+		}
+		if best == nil || a.JobVersion > best.JobVersion {
+			best = a
+		}
+	}
+	return best
+}
+
+// mayRelease marks the release clean: the workload is proven dead by now
+// (finish), and the mark is what tells a standby whose token is not shown
+// the lock's state (any token under ACLs) that the lock is free, so that
+// an old-version standby gives way to a new version then too.
+func (h *updateHook) mayRelease(*lockclient.Lease, ending) (release, clean bool) { return true, true }
+
+// describeStubs sums allocations up for a log line.
+func describeStubs(stubs []*api.AllocationListStub, task string) string {
+	var b strings.Builder
+	for _, a := range stubs {
+		st := ""
+		if ts := a.TaskStates[task]; ts != nil {
+			st = ts.State
+		}
+		fmt.Fprintf(&b, "%s:%s:v%d:%s/%s/%s ", shortAlloc(a.ID), a.TaskGroup, a.JobVersion, a.DesiredStatus, a.ClientStatus, st)
+	}
+	return b.String()
+}

@@ -1,0 +1,223 @@
+package shim
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/api"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/locktest"
+)
+
+func versioned(id, group string, v uint64, desired string) *api.Allocation {
+	return &api.Allocation{ID: id, TaskGroup: group, DesiredStatus: desired, Job: &api.Job{Version: &v}}
+}
+
+func stub(id, group string, v uint64, desired, client, task string) *api.AllocationListStub {
+	s := &api.AllocationListStub{ID: id, TaskGroup: group, JobVersion: v, DesiredStatus: desired, ClientStatus: client}
+	if task != "" {
+		s.TaskStates = map[string]*api.TaskState{"app": {State: task}}
+	}
+	return s
+}
+
+// A standby gives way only to an allocation of its own group, of a newer
+// job version, that the servers want running and that is on its way to
+// the lock (placed, or running its task); never to itself, an older or
+// equal version, one being stopped, one whose task is dead, or one on a
+// node that is down (lost, unknown).
+func TestStandbyGivesWayOnlyToANewerVersionOnItsWay(t *testing.T) {
+	self := versioned("self", "web", 3, "run")
+	cases := []struct {
+		name  string
+		stubs []*api.AllocationListStub
+		want  string
+	}{
+		{"none", nil, ""},
+		{"itself", []*api.AllocationListStub{stub("self", "web", 4, "run", "running", "running")}, ""},
+		{"same version", []*api.AllocationListStub{stub("b", "web", 3, "run", "running", "running")}, ""},
+		{"older version", []*api.AllocationListStub{stub("b", "web", 2, "run", "running", "running")}, ""},
+		{"other group", []*api.AllocationListStub{stub("b", "db", 4, "run", "running", "running")}, ""},
+		{"being stopped", []*api.AllocationListStub{stub("b", "web", 4, "stop", "running", "running")}, ""},
+		{"task dead", []*api.AllocationListStub{stub("b", "web", 4, "run", "running", "dead")}, ""},
+		{"node down: lost", []*api.AllocationListStub{stub("b", "web", 4, "run", "lost", "running")}, ""},
+		{"node down: unknown", []*api.AllocationListStub{stub("b", "web", 4, "run", "unknown", "running")}, ""},
+		{"failed", []*api.AllocationListStub{stub("b", "web", 4, "run", "failed", "dead")}, ""},
+		{"waiting for the lock", []*api.AllocationListStub{stub("b", "web", 4, "run", "running", "running")}, "b"},
+		{"task starting", []*api.AllocationListStub{stub("b", "web", 4, "run", "running", "pending")}, "b"},
+		{"placed, waiting for the allocation it replaces", []*api.AllocationListStub{stub("b", "web", 4, "run", "pending", "")}, "b"},
+		{"the newest wins", []*api.AllocationListStub{
+			stub("b", "web", 4, "run", "running", "running"), stub("c", "web", 5, "run", "pending", ""),
+			stub("d", "web", 2, "run", "running", "running")}, "c"},
+	}
+	for _, tc := range cases {
+		got := standbySuccessor(self, tc.stubs, "app")
+		if id := func() string {
+			if got == nil {
+				return ""
+			}
+			return got.ID
+		}(); id != tc.want {
+			t.Errorf("%s: successor %q, want %q", tc.name, id, tc.want)
+		}
+	}
+	if got := standbySuccessor(&api.Allocation{ID: "self", TaskGroup: "web"}, []*api.AllocationListStub{stub("b", "web", 4, "run", "running", "running")}, "app"); got != nil {
+		t.Errorf("an allocation whose version is unknown gave way to %s", got.ID)
+	}
+}
+
+// A standby that the servers want stopped (an update, a scale-down, a
+// drain) never takes the lock; one they want running does.
+func TestStandbyBeingStoppedNeverAcquires(t *testing.T) {
+	for desired, want := range map[string]bool{"run": false, "": false, "stop": true, "evict": true} {
+		if got := standbyStopping(versioned("a", "web", 1, desired)); got != want {
+			t.Errorf("desired %q: stopping %v, want %v", desired, got, want)
+		}
+	}
+}
+
+// updateRig is a standby's Supervisor (job web, group web, task app, job
+// version 1) over a locktest.Server that serves its allocations.
+func updateRig(t *testing.T, grace time.Duration) (*Supervisor, *locktest.Server) {
+	srv := locktest.New()
+	cfg := lockclient.Config{Path: "locks/web", Timing: locktest.Timing(),
+		Holder: lockclient.Holder{AllocID: "standby", JobID: "web", Group: "web", Task: "app"}}
+	s := &Supervisor{Config: Config{UpdateGrace: grace}, Locker: srv.Locker(t, cfg), Logger: hclog.NewNullLogger(), Getenv: func(string) string { return "" }}
+	s.buildHooks()
+	return s, srv
+}
+
+func (s *Supervisor) updateAcquire(ctx context.Context) (*lockclient.Lease, error) {
+	var opts lockclient.AcquireOptions
+	for _, h := range hooksOf[acquireHook](s) {
+		h.acquireOptions(&opts)
+	}
+	return s.Locker.Acquire(ctx, opts)
+}
+
+func jobAlloc(id string, v uint64, desired, client string) *api.Allocation {
+	a := versioned(id, "web", v, desired)
+	a.JobID, a.ClientStatus = "web", client
+	a.TaskStates = map[string]*api.TaskState{"app": {State: "running"}}
+	return a
+}
+
+// A free lock with a newer version on its way: the old-version standby
+// lets it take the lock; if it does not within the grace, the standby
+// takes it anyway. Without a newer version it takes the lock at once.
+func TestOldStandbyGivesWayForTheGraceThenAcquires(t *testing.T) {
+	const grace = 1500 * time.Millisecond
+	s, srv := updateRig(t, grace)
+	srv.SetAllocation(jobAlloc("standby", 1, "run", "running"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	start := time.Now()
+	lease, err := s.updateAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lease.Release(ctx)
+	if srv.Calls(locktest.OpJobAllocs) == 0 {
+		t.Fatal("the standby took the lock without looking for a newer version")
+	}
+
+	srv.SetAllocation(jobAlloc("successor", 2, "run", "pending"))
+	start = time.Now()
+	lease, err = s.updateAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lease.Release(ctx) }()
+	if waited := time.Since(start); waited < grace {
+		t.Fatalf("the standby took the lock after %s, before its grace of %s", waited, grace)
+	}
+}
+
+// The newer version takes the lock within the grace: the standby does not
+// get it, and keeps waiting behind it.
+func TestOldStandbyWaitsBehindTheNewVersion(t *testing.T) {
+	s, srv := updateRig(t, 20*time.Second)
+	srv.SetAllocation(jobAlloc("standby", 1, "run", "running"))
+	srv.SetAllocation(jobAlloc("successor", 2, "run", "running"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		l, err := s.updateAcquire(ctx)
+		if err == nil {
+			_ = l.Release(context.Background())
+		}
+		got <- err
+	}()
+	waitFor(t, func() bool { return srv.Calls(locktest.OpJobAllocs) > 0 })
+	time.Sleep(500 * time.Millisecond) // inside the grace of 20s
+	if n := srv.Calls(locktest.OpAcquire); n != 0 {
+		t.Fatalf("the standby sent %d acquires during its grace", n)
+	}
+	srv.TakeOver(time.Second)
+	select {
+	case err := <-got:
+		t.Fatalf("the standby's acquire ended (%v) while the new version holds", err)
+	case <-time.After(3 * time.Second):
+	}
+	cancel()
+	<-got
+}
+
+// A standby that the servers want stopped never takes the lock, free or not.
+func TestStandbyBeingStoppedNeverTakesAFreeLock(t *testing.T) {
+	s, srv := updateRig(t, time.Second)
+	srv.SetAllocation(jobAlloc("standby", 1, "stop", "running"))
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	if l, err := s.updateAcquire(ctx); err == nil {
+		_ = l.Release(context.Background())
+		t.Fatal("a standby being stopped took the lock")
+	}
+	if n := srv.Calls(locktest.OpAcquire); n != 0 {
+		t.Fatalf("a standby being stopped sent %d acquires", n)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(20 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("condition not met within 20s")
+		}
+	}
+}
+
+// A standby shown the lock held sends no acquire: it waits for the
+// variable to change and asks about newer versions before it takes the
+// lock, so a release that follows a holder's last write is never raced.
+func TestStandbyAsksBeforeTakingAReleasedLock(t *testing.T) {
+	s, srv := updateRig(t, time.Second)
+	srv.SetAllocation(jobAlloc("standby", 1, "run", "running"))
+	srv.TakeOver(time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		l, err := s.updateAcquire(ctx)
+		if err == nil {
+			_ = l.Release(context.Background())
+		}
+		got <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if n := srv.Calls(locktest.OpAcquire); n != 0 {
+		t.Fatalf("the standby sent %d acquires while it was shown the lock held", n)
+	}
+	asked := srv.Calls(locktest.OpJobAllocs)
+	srv.Free()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if srv.Calls(locktest.OpJobAllocs) <= asked {
+		t.Fatal("the standby took the released lock without asking about newer versions")
+	}
+}
