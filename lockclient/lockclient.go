@@ -239,19 +239,10 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 		ctx, cancel = withTimeout(ctx, l.clock, opts.Wait)
 		defer cancel()
 	}
-	bo := l.newBackoff()
-	failures := 0
+	retry := l.newRetrier()
+	retryAfter := func(err error) error { return retry.after(ctx, err) }
 	var reported Holder
 	var deferred deferral
-	retryAfter := func(err error) error {
-		failures++
-		if l.cfg.MaxRetry > 0 && failures >= l.cfg.MaxRetry {
-			return fmt.Errorf("%w (%d): %w", ErrTooManyErrors, failures, err)
-		}
-		d := bo.NextBackOff()
-		l.log.Warn("lock API error, retrying", "error", err, "backoff", d)
-		return sleep(ctx, l.clock, d)
-	}
 
 	for {
 		if err := ctx.Err(); err != nil {
@@ -285,8 +276,7 @@ func (l *Locker) Acquire(ctx context.Context, opts AcquireOptions) (*Lease, erro
 			return lease, nil
 		case errors.Is(err, ErrNotAcquired):
 			deferred = deferral{}
-			failures = 0
-			bo.Reset()
+			retry.reset()
 			holder := holderFromItems(current.items())
 			if holder != reported {
 				reported = holder
@@ -435,6 +425,34 @@ func (l *Locker) tryAcquire(ctx context.Context, current snapshot, opts AcquireO
 
 func (l *Locker) writeOptions(ctx context.Context) *api.WriteOptions {
 	return (&api.WriteOptions{Namespace: l.cfg.Namespace}).WithContext(ctx)
+}
+
+// retrier is an acquire loop's answer to lock API errors: a backoff, and
+// ErrTooManyErrors after MaxRetry failures in a row.
+type retrier struct {
+	l        *Locker
+	bo       backoff.BackOff
+	failures int
+}
+
+func (l *Locker) newRetrier() *retrier { return &retrier{l: l, bo: l.newBackoff()} }
+
+// after counts err and sleeps the next backoff; it returns an error when
+// the loop must end (too many failures, or ctx done).
+func (r *retrier) after(ctx context.Context, err error) error {
+	r.failures++
+	if r.l.cfg.MaxRetry > 0 && r.failures >= r.l.cfg.MaxRetry {
+		return fmt.Errorf("%w (%d): %w", ErrTooManyErrors, r.failures, err)
+	}
+	d := r.bo.NextBackOff()
+	r.l.log.Warn("lock API error, retrying", "error", err, "backoff", d)
+	return sleep(ctx, r.l.clock, d)
+}
+
+// reset starts the count and the backoff again after a success.
+func (r *retrier) reset() {
+	r.failures = 0
+	r.bo.Reset()
 }
 
 func (l *Locker) newBackoff() backoff.BackOff {

@@ -91,17 +91,8 @@ func (l *Locker) acquireSlot(ctx context.Context, opts AcquireOptions) (*Lease, 
 		defer cancel()
 	}
 	n := l.cfg.Holders
-	bo := l.newBackoff()
-	failures := 0
-	retryAfter := func(err error) error {
-		failures++
-		if l.cfg.MaxRetry > 0 && failures >= l.cfg.MaxRetry {
-			return fmt.Errorf("%w (%d): %w", ErrTooManyErrors, failures, err)
-		}
-		d := bo.NextBackOff()
-		l.log.Warn("lock API error, retrying", "error", err, "backoff", d)
-		return sleep(ctx, l.clock, d)
-	}
+	retry := l.newRetrier()
+	retryAfter := func(err error) error { return retry.after(ctx, err) }
 	indexes := make([]uint64, n)
 	retryIn := make([]time.Duration, n)
 	pending := slotOrder(l.cfg.PreferSlot, n)
@@ -154,8 +145,7 @@ func (l *Locker) acquireSlot(ctx context.Context, opts AcquireOptions) (*Lease, 
 			pending = slotOrder(l.cfg.PreferSlot, n)
 			continue
 		}
-		failures = 0
-		bo.Reset()
+		retry.reset()
 		if opts.TryOnce {
 			return nil, fmt.Errorf("acquire %s: %w (all %d slots are held)", l.cfg.Path, ErrNotAcquired, n)
 		}
