@@ -89,14 +89,9 @@ func chaosGateDecoy(t *testing.T, d *harness.Docker, allocID string) string {
 // containing each of says.
 func chaosGateEventSays(t *testing.T, a *harness.Agent, holder string, says ...string) {
 	t.Helper()
-	evs, err := a.TaskEvents(holder, "gate")
-	if err != nil {
-		t.Fatal(err)
-	}
+	evs := chaosGateEventsSaying(t, a, holder, says)
 	for _, want := range says {
-		if !slices.ContainsFunc(evs, func(ev *api.TaskEvent) bool {
-			return strings.Contains(ev.DisplayMessage, want) || strings.Contains(ev.Message, want)
-		}) {
+		if !chaosEventsSay(evs, want) {
 			t.Errorf("alloc %s: no gate task event says %q:\n%s", drvShort(holder), want, drvFormatEvents(evs))
 		}
 	}
@@ -106,17 +101,35 @@ func chaosGateEventSays(t *testing.T, a *harness.Agent, holder string, says ...s
 // plugin's watchdog, which killed its gated tasks.
 func chaosGateWatchdogFired(t *testing.T, a *harness.Agent, holder string) {
 	t.Helper()
-	evs, err := a.TaskEvents(holder, "gate")
-	if err != nil {
-		t.Fatal(err)
+	const says = "watchdog killed the gate and its gated tasks"
+	if evs := chaosGateEventsSaying(t, a, holder, []string{says}); !chaosEventsSay(evs, says) {
+		t.Errorf("alloc %s: no task event says that the watchdog killed the frozen gate and its gated tasks:\n%s", drvShort(holder), drvFormatEvents(evs))
 	}
-	for _, ev := range evs {
-		if strings.Contains(ev.DisplayMessage, "watchdog killed the gate and its gated tasks") ||
-			strings.Contains(ev.Message, "watchdog killed the gate and its gated tasks") {
-			return
+}
+
+// chaosGateEventsSaying reads the holder's gate task events until they say
+// every one of says, or for at most 30 s: the plugin's event reaches the
+// servers with the client's next sync of the allocation, which may come
+// after the next app has started.
+func chaosGateEventsSaying(t *testing.T, a *harness.Agent, holder string, says []string) []*api.TaskEvent {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		evs, err := a.TaskEvents(holder, "gate")
+		if err != nil {
+			t.Fatal(err)
 		}
+		if !slices.ContainsFunc(says, func(want string) bool { return !chaosEventsSay(evs, want) }) || time.Now().After(deadline) {
+			return evs
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	t.Errorf("alloc %s: no task event says that the watchdog killed the frozen gate and its gated tasks:\n%s", drvShort(holder), drvFormatEvents(evs))
+}
+
+func chaosEventsSay(evs []*api.TaskEvent, want string) bool {
+	return slices.ContainsFunc(evs, func(ev *api.TaskEvent) bool {
+		return strings.Contains(ev.DisplayMessage, want) || strings.Contains(ev.Message, want)
+	})
 }
 
 // chaosGateKindName is the variant column of a gate row.
