@@ -272,7 +272,7 @@ func (f *fakeAPI) do(c *call) reply {
 }
 
 func (f *fakeAPI) Peek(path string, q *api.QueryOptions) (*api.Variable, *api.QueryMeta, error) {
-	c := &call{op: "read", ctx: q.Context()}
+	c := &call{op: "read", ctx: q.Context(), v: &api.Variable{Path: path}}
 	if q.WaitIndex > 0 {
 		c.op, c.index, c.wait = "wait", q.WaitIndex, q.WaitTime
 	}
@@ -412,4 +412,9 @@ func stillOpen(ch <-chan struct{}) bool {
 	case <-time.After(20 * time.Millisecond):
 		return true
 	}
+}
+
+func (f *fakeAPI) CheckedUpdate(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
+	r := f.do(&call{op: "cas", v: v, ctx: w.Context()})
+	return r.v, nil, r.err
 }

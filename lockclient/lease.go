@@ -37,6 +37,14 @@ type Lease struct {
 	// then proven still ours, see stillOurs). If no renew succeeds before
 	// the fence deadline, the loss then counts as the server's word.
 	refused bool
+	// Lease mode (heartbeat.go): lastBeat is the send time of the last
+	// acknowledged heartbeat (the acquire's before the first), beatSeq
+	// and beatIndex the last heartbeat's sequence and ModifyIndex;
+	// beating is closed once the first heartbeat is written.
+	lastBeat  time.Time
+	beatSeq   uint64
+	beatIndex uint64
+	beating   chan struct{}
 
 	lost      chan struct{}
 	renewed   chan struct{}
@@ -54,6 +62,8 @@ func newLease(l *Locker, id string, fence uint64, sent time.Time, previous Holde
 		locker:    l,
 		id:        id,
 		lastRenew: sent,
+		lastBeat:  sent,
+		beating:   make(chan struct{}),
 		lost:      make(chan struct{}),
 		renewed:   make(chan struct{}, 1),
 		stop:      make(chan struct{}),
@@ -101,7 +111,26 @@ func (ls *Lease) until(t time.Time) time.Duration { return t.Sub(ls.locker.clock
 
 func (ls *Lease) fenceDeadlineLocked() time.Time {
 	t := ls.locker.cfg.Timing
-	return ls.lastRenew.Add(t.TTL - t.FenceMargin)
+	fence := ls.lastRenew.Add(t.TTL - t.FenceMargin)
+	if hb := ls.locker.cfg.Heartbeat; hb != nil {
+		fence = earliest(fence, ls.lastBeat.Add(hb.Fence))
+	}
+	return fence
+}
+
+// beatFencedLocked reports whether the heartbeat fence, not the renew's,
+// is the fence deadline.
+func (ls *Lease) beatFencedLocked() bool {
+	t := ls.locker.cfg.Timing
+	hb := ls.locker.cfg.Heartbeat
+	return hb != nil && ls.lastBeat.Add(hb.Fence).Before(ls.lastRenew.Add(t.TTL-t.FenceMargin))
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // StopDeadline is when the workload must be gone after a loss. If the server
@@ -115,7 +144,13 @@ func (ls *Lease) StopDeadline() time.Time {
 		return ls.fenceDeadlineLocked()
 	}
 	t := ls.locker.cfg.Timing
-	return ls.lastRenew.Add(2*t.TTL - t.FenceMargin)
+	stop := ls.lastRenew.Add(2*t.TTL - t.FenceMargin)
+	if hb := ls.locker.cfg.Heartbeat; hb != nil {
+		// Lease mode: a standby may release the lock Fence + KillGrace +
+		// TakeoverMargin after our last acknowledged heartbeat.
+		stop = earliest(stop, ls.lastBeat.Add(hb.Fence+hb.KillGrace))
+	}
+	return stop
 }
 
 func (ls *Lease) lose(reason string, conflict bool) {
@@ -142,6 +177,17 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 
 	changed := make(chan struct{}, 1)
 	go ls.watchLoop(ctx, changed)
+	var beat chan struct{}
+	if l.cfg.Heartbeat != nil {
+		beat = make(chan struct{}, 1)
+		go func() {
+			select {
+			case <-ls.beating:
+				ls.heartbeatLoop(ctx, beat)
+			case <-ls.stop:
+			}
+		}()
+	}
 
 	renew := l.clock.NewTimer(t.RenewInterval)
 	defer renew.Stop()
@@ -158,9 +204,14 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 				continue
 			}
 			ls.mu.Lock()
-			refused := ls.refused
+			refused, beatFenced := ls.refused, ls.beatFencedLocked()
 			ls.mu.Unlock()
 			why := fmt.Sprintf("no successful renew before the fence deadline (%s after the last renew, TTL %s)", t.TTL-t.FenceMargin, t.TTL)
+			if beatFenced {
+				why = fmt.Sprintf("no acknowledged heartbeat before the lease fence (lease_fence %s after the last one): "+
+					"a standby may take the lock over %s after it", l.cfg.Heartbeat.Fence, l.cfg.Heartbeat.Takeover())
+				refused = false
+			}
 			if refused {
 				why += "; Nomad answered 409 to the last renews"
 			}
@@ -168,6 +219,14 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 			return
 		case <-changed:
 			l.log.Debug("lock variable changed, renewing now to confirm we still hold it")
+		case <-beat:
+			// A heartbeat moved the fence deadline: republish it.
+			fence.Reset(ls.until(ls.FenceDeadline()))
+			select {
+			case ls.renewed <- struct{}{}:
+			default:
+			}
+			continue
 		case <-renew.C():
 		}
 
@@ -316,6 +375,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 	}
 	ls.mu.Unlock()
 	ls.locker.log.Info("lock released", "fence", ls.Fence)
+	ls.clearEscrow()
 	return nil
 }
 

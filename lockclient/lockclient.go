@@ -125,6 +125,10 @@ type Config struct {
 	// PreferSlot mod Holders first, so a replacement usually takes over
 	// the same slot.
 	PreferSlot int
+	// Heartbeat, if set, is lease mode (heartbeat.go, docs/lease.md): the
+	// lock plus a heartbeat, a self-fence on it, and the lock ID escrowed
+	// for a standby's takeover of a dead holder.
+	Heartbeat *Heartbeat
 	// MaxRetry ends Acquire after this many consecutive API errors (not
 	// conflicts). 0 retries until the wait ends.
 	MaxRetry int
@@ -136,6 +140,7 @@ type Locker struct {
 	cfg    Config
 	api    *api.Client  // for what is not the lease's: the token's own ACL
 	vars   lockAPI      // the variable and its lock
+	cas    casAPI       // check-and-set writes (lease mode's heartbeat); nil without one
 	slots  []*Locker    // a semaphore's, one per slot (Config.Holders)
 	allocs allocAPI     // a gate's reads of allocations; nil without one
 	jobs   jobAllocsAPI // a rolling update's reads of the job's allocations; nil without one
@@ -182,6 +187,14 @@ func (cfg Config) prepared() (Config, error) {
 	if err := cfg.validateHolders(); err != nil {
 		return cfg, err
 	}
+	if cfg.Heartbeat != nil {
+		if cfg.Holders > 0 {
+			return cfg, configErrorf("lease mode with holders (a semaphore) is not supported: use a single lock")
+		}
+		if err := cfg.Heartbeat.Validate(cfg.Timing); err != nil {
+			return cfg, err
+		}
+	}
 	cfg.Timing = cfg.Timing.withDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
@@ -193,6 +206,7 @@ func (cfg Config) prepared() (Config, error) {
 func newLocker(cfg Config, client *api.Client, vars lockAPI, c clock) *Locker {
 	l := &Locker{cfg: cfg, api: client, vars: vars, clock: c, log: cfg.Logger.With("path", cfg.Path)}
 	if client != nil {
+		l.cas = client.Variables()
 		l.allocs = client.Allocations()
 		l.jobs = client.Jobs()
 	}
@@ -420,6 +434,16 @@ func (l *Locker) tryAcquire(ctx context.Context, current snapshot, opts AcquireO
 	}
 	lease := newLease(l, out.Lock.ID, out.ModifyIndex, sent, holderFromItems(current.items()))
 	l.log.Info("lock acquired", "fence", lease.Fence)
+	if l.cfg.Heartbeat != nil {
+		if err := lease.startHeartbeat(ctx); err != nil {
+			l.log.Error("lease mode: cannot escrow the lock or write the first heartbeat; releasing", "error", err)
+			rctx, cancel := withTimeout(context.Background(), l.clock, l.cfg.RequestTimeout+time.Second)
+			_ = lease.Release(rctx)
+			cancel()
+			return nil, err
+		}
+		close(lease.beating)
+	}
 	return lease, nil
 }
 

@@ -1,0 +1,374 @@
+package lockclient
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+)
+
+const (
+	testBeatPath   = testPath + "/lease"
+	testEscrowPath = "singleton/escrow/" + testPath
+)
+
+// leaseRig is a lease-mode Locker on the fake clock whose fake API answers
+// by itself: reads, acquire, renews and the escrow write succeed, and a
+// heartbeat (check-and-set) succeeds while beats is true.
+type leaseRig struct {
+	*rig
+	mu      sync.Mutex
+	beats   bool
+	index   uint64
+	casSent []*api.Variable
+	onCAS   func(*call) (reply, bool)
+	escrow  map[string]string
+}
+
+func newLeaseRig(t *testing.T, ttl time.Duration, hb Heartbeat) *leaseRig {
+	t.Helper()
+	hb.Path, hb.EscrowPath = testBeatPath, testEscrowPath
+	cfg, err := Config{Path: testPath, Timing: Timing{TTL: ttl, LockDelay: time.Second},
+		Holder: Holder{AllocID: "alloc-self"}, Heartbeat: &hb}.prepared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newFakeClock()
+	f := newFakeAPI(c)
+	lr := &leaseRig{rig: &rig{clock: c, api: f, l: newLocker(cfg, nil, f, c)}, beats: true, index: 100}
+	lr.l.cas = f
+	f.auto = func(c *call) (reply, bool) {
+		lr.mu.Lock()
+		defer lr.mu.Unlock()
+		switch c.op {
+		case "wait":
+			return reply{err: httpError{403, "Permission denied"}}, true
+		case "read":
+			if c.v.Path == testBeatPath {
+				return reply{}, true
+			}
+			return reply{index: 5}, true
+		case "acquire":
+			return acquired(), true
+		case "renew", "release":
+			return reply{}, true
+		case "update":
+			lr.escrow = c.v.Items
+			return reply{v: &api.Variable{}}, true
+		case "cas":
+			if lr.onCAS != nil {
+				if r, ok := lr.onCAS(c); ok {
+					return r, true
+				}
+			}
+			lr.casSent = append(lr.casSent, c.v)
+			if !lr.beats {
+				return reply{err: httpError{500, "rpc error: no cluster leader"}}, true
+			}
+			lr.index++
+			return reply{v: &api.Variable{ModifyIndex: lr.index}}, true
+		}
+		return reply{}, false
+	}
+	return lr
+}
+
+func (lr *leaseRig) acquire(t *testing.T) *Lease {
+	t.Helper()
+	ls, err := lr.l.Acquire(context.Background(), AcquireOptions{})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	t.Cleanup(func() { ls.stopOnce.Do(func() { close(ls.stop); ls.cancelReq() }) })
+	return ls
+}
+
+// The holder fences itself D after the send of its last acknowledged
+// heartbeat, long before the lock's own fence, and its workload must be
+// dead K later; every heartbeat carries what the standby needs.
+func TestHeartbeatFencesTheHolder(t *testing.T) {
+	hb := Heartbeat{Interval: time.Second, Fence: 6 * time.Second, KillGrace: 2 * time.Second}
+	lr := newLeaseRig(t, 20*time.Second, hb)
+	ls := lr.acquire(t)
+	if lr.escrow["lock_id"] != testID || lr.escrow["fence"] != strconv.Itoa(testFence) {
+		t.Fatalf("escrow written at acquire = %v, want the lock ID and fence", lr.escrow)
+	}
+	if got := ls.FenceDeadline(); !got.Equal(t0.Add(hb.Fence)) {
+		t.Fatalf("fence deadline after acquire = t0+%s, want t0+%s (the first heartbeat's send + D)", got.Sub(t0), hb.Fence)
+	}
+	for i := 1; i <= 3; i++ {
+		at := t0.Add(time.Duration(i) * time.Second)
+		lr.clock.waitTimerAt(t, at)
+		lr.clock.advanceTo(t, at)
+		select {
+		case <-ls.Renewed():
+		case <-time.After(realWait):
+			t.Fatalf("heartbeat %d did not republish the deadlines", i)
+		}
+		if got := ls.FenceDeadline(); !got.Equal(at.Add(hb.Fence)) {
+			t.Fatalf("fence deadline after heartbeat %d = t0+%s, want t0+%s", i, got.Sub(t0), at.Add(hb.Fence).Sub(t0))
+		}
+	}
+	lr.mu.Lock()
+	last := lr.casSent[len(lr.casSent)-1]
+	lr.beats = false
+	lr.mu.Unlock()
+	rec, ok := parseBeat(last.Items)
+	if !ok || rec.Epoch != testFence || rec.Seq != 4 || rec.Fence != hb.Fence || rec.KillGrace != hb.KillGrace ||
+		rec.Interval != hb.Interval || rec.RenewAge != 3*time.Second || last.ModifyIndex != 103 {
+		t.Fatalf("heartbeat 4 = %+v at cas index %d, want seq 4, epoch %d, D/K/R, renew age 3s (since the acquire), cas on 103",
+			rec, last.ModifyIndex, testFence)
+	}
+
+	lr.clock.advanceTo(t, t0.Add(9*time.Second))
+	if !closedWithin(ls.Lost()) {
+		t.Fatal("the lease was not lost at its heartbeat fence (last heartbeat + D)")
+	}
+	if err := ls.Err(); err == nil || !strings.Contains(err.Error(), "heartbeat") {
+		t.Fatalf("Err() = %v, want a loss that names the heartbeat", err)
+	}
+	if got, want := ls.StopDeadline(), t0.Add(3*time.Second+hb.Fence+hb.KillGrace); !got.Equal(want) {
+		t.Fatalf("stop deadline = t0+%s, want t0+%s (last heartbeat + D + K)", got.Sub(t0), want.Sub(t0))
+	}
+}
+
+// A heartbeat that a standby sealed ends the lease at once, as a loss the
+// server confirmed: the workload must be gone by the fence deadline.
+func TestSealedHeartbeatEndsTheLease(t *testing.T) {
+	lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
+	ls := lr.acquire(t)
+	sealed := beatRecord{Seq: 9, Epoch: testFence, SealedBy: "alloc-standby"}
+	lr.mu.Lock()
+	lr.onCAS = func(c *call) (reply, bool) {
+		return reply{err: api.ErrCASConflict{CheckIndex: 101, Conflict: &api.Variable{}}}, true
+	}
+	lr.mu.Unlock()
+	auto := lr.api.auto
+	lr.api.auto = func(c *call) (reply, bool) {
+		if c.op == "read" && c.v.Path == testBeatPath {
+			return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 102, Items: sealed.items()}}, true
+		}
+		return auto(c)
+	}
+	lr.clock.waitTimerAt(t, t0.Add(time.Second))
+	lr.clock.advanceTo(t, t0.Add(time.Second))
+	if !closedWithin(ls.Lost()) {
+		t.Fatal("a sealed heartbeat did not end the lease")
+	}
+	if !errors.Is(ls.Err(), ErrLost) || !strings.Contains(ls.Err().Error(), "sealed") {
+		t.Fatalf("Err() = %v, want a loss that says the heartbeat was sealed", ls.Err())
+	}
+	if !ls.StopDeadline().Equal(ls.FenceDeadline()) {
+		t.Fatal("after a takeover the stop deadline must be the fence deadline")
+	}
+}
+
+func TestHeartbeatValidate(t *testing.T) {
+	base := Heartbeat{Path: testBeatPath, EscrowPath: testEscrowPath, Interval: time.Second, Fence: 6 * time.Second, KillGrace: 2 * time.Second}
+	timing := Timing{TTL: 15 * time.Second, LockDelay: time.Second}
+	tests := []struct {
+		name  string
+		edit  func(*Heartbeat)
+		field string // "" for valid
+	}{
+		{"default", func(*Heartbeat) {}, ""},
+		{"aggressive", func(h *Heartbeat) {
+			h.Interval, h.Fence, h.KillGrace = AggressiveHeartbeat.Interval, AggressiveHeartbeat.Fence, AggressiveHeartbeat.KillGrace
+		}, ""},
+		{"interval too short", func(h *Heartbeat) { h.Interval = 100 * time.Millisecond }, "lease_interval"},
+		{"fence below two intervals", func(h *Heartbeat) { h.Fence = 1500 * time.Millisecond }, "lease_fence"},
+		{"fence past the lock's fence", func(h *Heartbeat) { h.Fence = 14 * time.Second }, "lease_fence"},
+		{"kill grace negative", func(h *Heartbeat) { h.KillGrace = -time.Second }, "lease_kill_grace"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := base
+			tc.edit(&h)
+			err := h.Validate(timing)
+			if (err == nil) != (tc.field == "") || (err != nil && !strings.Contains(err.Error(), tc.field)) {
+				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestTakeoverTimes(t *testing.T) {
+	if got := DefaultHeartbeat.Takeover(); got != 9*time.Second {
+		t.Fatalf("default profile L = %s, want 9s", got)
+	}
+	if got := AggressiveHeartbeat.Takeover(); got != 4*time.Second {
+		t.Fatalf("aggressive profile L = %s, want 4s", got)
+	}
+}
+
+// obs is a read of the heartbeat at index, sent at ms and answered 10 ms
+// later, of a record with renew age 2s and the default D and K.
+func obs(ms int, index uint64) beatObservation {
+	at := t0.Add(time.Duration(ms) * time.Millisecond)
+	rec := beatRecord{Seq: index, Epoch: testFence, Interval: time.Second, Fence: 6 * time.Second,
+		KillGrace: 2 * time.Second, RenewAge: 2 * time.Second}
+	return beatObservation{sent: at, received: at.Add(10 * time.Millisecond), index: index, rec: rec, ok: true}
+}
+
+func failed(ms int) beatObservation {
+	at := t0.Add(time.Duration(ms) * time.Millisecond)
+	return beatObservation{sent: at, received: at.Add(10 * time.Millisecond), err: errors.New("500 no cluster leader")}
+}
+
+// The standby's decision: only a heartbeat unchanged for L over continuous
+// successful reads, with two changes seen before it (the lower bound on
+// the holder's last renew), allows a takeover.
+func TestTakeoverDecision(t *testing.T) {
+	// The holder's heartbeats 1, 2 and 3 at 0 s, 1 s and 2 s, seen by reads
+	// every 250 ms; then the holder dies.
+	healthy := []beatObservation{obs(100, 1), obs(350, 1), obs(600, 1), obs(850, 1), obs(1100, 2), obs(1350, 2),
+		obs(1600, 2), obs(1850, 2), obs(2100, 3)}
+	// reads of 3 until and including ms
+	stale := func(until int) []beatObservation {
+		var out []beatObservation
+		for ms := 2350; ms <= until; ms += 250 {
+			out = append(out, obs(ms, 3))
+		}
+		return out
+	}
+	join := func(parts ...[]beatObservation) []beatObservation {
+		var out []beatObservation
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	tests := []struct {
+		name  string
+		reads []beatObservation
+		now   int // ms
+		ready bool
+		why   string
+		// renewAfter: the last read of 1 was sent at 850 ms, less the
+		// renew age of 2 s.
+		renewAfter time.Duration
+	}{
+		{"stale for L", join(healthy, stale(11200)), 11200, true, "", 850*time.Millisecond - 2*time.Second},
+		{"not yet L", join(healthy, stale(11000)), 11000, false, "unchanged for", 0},
+		{"a read error restarts the count", join(healthy, stale(5000), []beatObservation{failed(5250)}, stale(11200)),
+			11200, false, "unchanged for", 0},
+		{"counted again from the first good read after the error",
+			join(healthy, stale(5000), []beatObservation{failed(5250)}, []beatObservation{obs(5500, 3)}),
+			5510 + 9000, true, "", 850*time.Millisecond - 2*time.Second},
+		{"an error as the last read", join(healthy, stale(11000), []beatObservation{failed(11250)}), 11300, false, "since the last error", 0},
+		{"too few changes seen", join([]beatObservation{obs(1850, 2), obs(2100, 3)}, stale(11200)), 11200, false, "too few", 0},
+		{"a holder that asks for a longer L", func() []beatObservation {
+			r := join(healthy, stale(11200))
+			for i := range r {
+				r[i].rec.Fence = 8 * time.Second
+			}
+			return r
+		}(), 11200, false, "of 11s", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &takeoverCount{own: DefaultHeartbeat.Takeover()}
+			for _, o := range tc.reads {
+				c.observe(o)
+			}
+			v := c.decide(t0.Add(time.Duration(tc.now) * time.Millisecond))
+			if v.ready != tc.ready || !strings.Contains(v.why, tc.why) {
+				t.Fatalf("decide = ready %v (%q), want ready %v (%q)", v.ready, v.why, tc.ready, tc.why)
+			}
+			if tc.ready && (!v.renewAfter.Equal(t0.Add(tc.renewAfter)) || v.index != 3) {
+				t.Fatalf("renew lower bound t0%+v, index %d; want t0%+v, index 3", v.renewAfter.Sub(t0), v.index, tc.renewAfter)
+			}
+		})
+	}
+	t.Run("sealed", func(t *testing.T) {
+		c := &takeoverCount{own: DefaultHeartbeat.Takeover()}
+		for _, o := range join(healthy, stale(11200)) {
+			o.rec.SealedBy = "alloc-other"
+			c.observe(o)
+		}
+		if v := c.decide(t0.Add(12 * time.Second)); v.ready {
+			t.Fatal("a sealed heartbeat allowed a takeover")
+		}
+	})
+}
+
+// takeOver checks the lock's epoch and the release cutoff before it
+// touches anything, seals the heartbeat on the index it counted, and only
+// then releases with the escrowed lock ID.
+func TestTakeOver(t *testing.T) {
+	hb := DefaultHeartbeat
+	hb.Path, hb.EscrowPath = testBeatPath, testEscrowPath
+	verdict := takeoverVerdict{ready: true, index: 103, rec: beatRecord{Seq: 3, Epoch: testFence}, renewAfter: t0}
+	lockVar := func(index uint64) *api.Variable {
+		return &api.Variable{Path: testPath, ModifyIndex: index, Lock: &api.VariableLock{ID: "", TTL: "10s", LockDelay: "1s"}}
+	}
+	escrow := &api.Variable{Path: testEscrowPath, Items: map[string]string{"lock_id": testID, "fence": strconv.Itoa(testFence)}}
+	tests := []struct {
+		name    string
+		lock    *api.Variable
+		now     time.Duration
+		sealErr error
+		ops     []string // the requests made, in order
+		err     string   // "" for a release
+	}{
+		{"released", lockVar(testFence), 9 * time.Second, nil, []string{"read", "read", "cas", "release"}, ""},
+		{"epoch changed", lockVar(testFence + 5), 9 * time.Second, nil, []string{"read"}, "no longer in the heartbeat's epoch"},
+		{"lock free", &api.Variable{Path: testPath, ModifyIndex: testFence}, 9 * time.Second, nil, []string{"read"}, "epoch"},
+		// cutoff: t0 + 2×10s − 1s − 2.5s = t0 + 16.5s
+		{"past the release cutoff", lockVar(testFence), 16500 * time.Millisecond, nil, []string{"read"}, "left to the server's expiry"},
+		{"the heartbeat moved before the seal", lockVar(testFence), 9 * time.Second,
+			api.ErrCASConflict{CheckIndex: 103, Conflict: &api.Variable{}}, []string{"read", "read", "cas"}, "changed before it could be sealed"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newFakeClock()
+			c.now = t0.Add(tc.now)
+			f := newFakeAPI(c)
+			var ops []string
+			var released, sealed *api.Variable
+			f.auto = func(cl *call) (reply, bool) {
+				ops = append(ops, cl.op)
+				switch {
+				case cl.op == "read" && cl.v.Path == testPath:
+					return reply{v: tc.lock}, true
+				case cl.op == "read" && cl.v.Path == testEscrowPath:
+					return reply{v: escrow}, true
+				case cl.op == "cas":
+					sealed = cl.v
+					return reply{v: &api.Variable{}, err: tc.sealErr}, true
+				case cl.op == "release":
+					released = cl.v
+					return reply{}, true
+				}
+				return reply{err: errors.New("unexpected")}, true
+			}
+			cfg, err := Config{Path: testPath, Timing: Timing{TTL: 10 * time.Second, LockDelay: time.Second}}.prepared()
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := newLocker(cfg, nil, f, c)
+			l.cas = f
+			err = l.takeOver(context.Background(), TakeoverOptions{Heartbeat: hb, SealedBy: "alloc-standby"}, verdict)
+			if strings.Join(ops, ",") != strings.Join(tc.ops, ",") {
+				t.Fatalf("requests %v, want %v", ops, tc.ops)
+			}
+			if tc.err == "" {
+				if err != nil || released == nil || released.Lock.ID != testID {
+					t.Fatalf("takeOver = %v, released %+v; want a release with the escrowed ID", err, released)
+				}
+				if rec, _ := parseBeat(sealed.Items); sealed.ModifyIndex != 103 || rec.SealedBy != "alloc-standby" {
+					t.Fatalf("seal sent %+v on index %d, want sealed_by alloc-standby on 103", sealed.Items, sealed.ModifyIndex)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err) || released != nil {
+				t.Fatalf("takeOver = %v (released %v), want no release and an error with %q", err, released != nil, tc.err)
+			}
+		})
+	}
+}
