@@ -293,6 +293,10 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 		errs = append(errs, errors.New("config.command is missing: give the program to run, or set config.gate = true "+
 			"to hold the lock for the group's other tasks"))
 	}
+	if c.Mode == shim.ModeLease && tc.ShareNomadToken {
+		errs = append(errs, errors.New(`config.lock.mode = "lease" with config.share_nomad_token = true: `+
+			"a workload with the token could write the heartbeat the standby trusts; remove share_nomad_token"))
+	}
 	if tc.Command == "" && len(tc.Args) > 0 {
 		errs = append(errs, errors.New("config.args without config.command: a gate with args needs a command to pass them to"))
 	}
@@ -372,6 +376,8 @@ func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users use
 		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
 		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), SecretsDir: cfg.TaskDir().SecretsDir, ShareNomadToken: tc.ShareNomadToken,
 		OOMScoreAdj: tc.OOMScoreAdj, Holder: taskHolder(cfg),
+		Mode: sc.Mode, LeaseProfile: sc.LeaseProfile,
+		LeaseInterval: sc.LeaseInterval, LeaseFence: sc.LeaseFence, LeaseKillGrace: sc.LeaseKillGrace,
 	}
 	if g := sc.Gate; g != nil {
 		spec.Gate = &gateSpec{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace}

@@ -382,7 +382,8 @@ func TestLockBlockDecodes(t *testing.T) {
 		names = append(names, s.Name)
 	}
 	slices.Sort(names)
-	if want := []string{"delay", "holders", "kill_signal", "kill_timeout", "path", "renew", "ttl", "update_grace", "wait"}; !slices.Equal(names, want) {
+	if want := []string{"delay", "holders", "kill_signal", "kill_timeout", "lease_fence", "lease_interval", "lease_kill_grace",
+		"lease_profile", "mode", "path", "renew", "ttl", "update_grace", "wait"}; !slices.Equal(names, want) {
 		t.Errorf("config.lock takes %v, want %v", names, want)
 	}
 

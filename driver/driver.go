@@ -265,6 +265,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := d.checkLeaseMode(spec); err != nil {
+		return nil, nil, err
+	}
 	cg, err := d.setUpCgroup(cfg, &spec)
 	if err != nil {
 		return nil, nil, err
@@ -303,6 +306,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	d.tasks.set(cfg.ID, h)
 	go d.run(h, &eventTail{dir: dir})
 	h.logger.Info("started supervisor", "pid", proc.pid, "lock", spec.Path)
+	d.startLeaseStandby(h, spec)
 	if h.holding != nil {
 		if err := d.waitHolding(h, root, spec.Path); err != nil {
 			return nil, nil, err
@@ -375,6 +379,9 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	d.tasks.set(cfg.ID, h)
 	go d.run(h, tail)
 	h.logger.Info("recovered supervisor", "pid", st.PID)
+	if spec.Mode == shim.ModeLease && d.checkLeaseMode(spec) == nil {
+		go d.leaseStandby(h, spec.shimConfig(), *spec.shimConfig().Heartbeat())
+	}
 	return nil
 }
 

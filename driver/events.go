@@ -6,6 +6,7 @@ import (
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/events"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -29,6 +30,10 @@ var (
 	evCrashLBRemoveFail = events.New("crash-lb-remove-failed", "LB remove after supervisor crash failed: ")
 	evCrashLBRemoveSkip = events.New("crash-lb-remove-skipped", "LB remove after the gate's crash skipped: ")
 	evOOMKilled         = events.New("oom-killed", "OOM Killed: ")
+	evLeaseMode         = events.New("lease-mode", "Lease mode: ")
+	evLeaseTakeover     = events.New("lease-takeover", "Took the lock over from a holder whose heartbeat stopped: ")
+	evLeaseNoTakeover   = events.New("lease-no-takeover", "Lease takeover not made: ")
+	evLeaseStandbyOff   = events.New("lease-standby-off", "Lease standby not running: ")
 )
 
 func gateWaitingMessage(path string) string {
@@ -121,4 +126,24 @@ func crashLBRemovedMessage(upstream string, resp lbhook.BaragonResponse) string 
 // cgroup OOM-killed (the docker driver says "OOM Killed" too).
 func oomKilledMessage() string {
 	return evOOMKilled.Text("a workload process went over the task's memory limit; raise resources.memory (or memory_max)")
+}
+
+// leaseModeMessage: the lease mode's timings, with the takeover time L.
+func leaseModeMessage(hb lockclient.Heartbeat) string {
+	return evLeaseMode.Text("heartbeat every %s; the holder fences itself %s after its last acknowledged heartbeat "+
+		"and its workload is killed %s later; a standby takes a dead holder's lock over once its heartbeat is unchanged for L = %s",
+		hb.Interval, hb.Fence, hb.KillGrace, hb.Takeover())
+}
+
+func leaseTakeoverMessage(unchanged time.Duration) string {
+	return evLeaseTakeover.Text("unchanged for %s; the heartbeat is sealed and the lock released with the escrowed lock ID, "+
+		"so this task takes it now", unchanged)
+}
+
+func leaseNoTakeoverMessage(why string) string {
+	return evLeaseNoTakeover.Text("%s; the lock comes free when the server expires it (2×TTL + delay after the last renew)", why)
+}
+
+func leaseStandbyOffMessage(err error) string {
+	return evLeaseStandbyOff.Text("%v; a dead holder's lock comes free only when the server expires it", err)
 }

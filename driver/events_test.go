@@ -92,6 +92,10 @@ func TestEventsDocumented(t *testing.T) {
 		"crash-lb-remove-failed":  {crashLBRemoveFailedMessage(refused, cfg, "10.0.0.1:8080")},
 		"crash-lb-remove-skipped": {crashLBRemoveSkippedMessage("10.0.0.1:8080", "web")},
 		"oom-killed":              {oomKilledMessage()},
+		"lease-mode":              {leaseModeMessage(lockclient.DefaultHeartbeat)},
+		"lease-takeover":          {leaseTakeoverMessage(9 * time.Second)},
+		"lease-no-takeover":       {leaseNoTakeoverMessage("the lock is no longer in the heartbeat's epoch 7 (index 9)")},
+		"lease-standby-off":       {leaseStandbyOffMessage(errNoReleaseToken)},
 	}
 	for _, p := range events.CheckPackage("../docs/troubleshooting.md", "driver", examples) {
 		t.Error(p)

@@ -116,6 +116,13 @@ type supervisorSpec struct {
 	KillSignal  int
 	KillSigSet  bool
 	KillTimeout time.Duration
+	// Mode, LeaseProfile and the Lease* durations are config.lock's lease
+	// mode settings (shim.Config.Heartbeat).
+	Mode           string        `json:",omitempty"`
+	LeaseProfile   string        `json:",omitempty"`
+	LeaseInterval  time.Duration `json:",omitempty"`
+	LeaseFence     time.Duration `json:",omitempty"`
+	LeaseKillGrace time.Duration `json:",omitempty"`
 
 	// LB and Health are the task's blocks; the supervisor resolves their
 	// port labels from its environment.

@@ -180,6 +180,8 @@ func (spec supervisorSpec) shimConfig() shim.Config {
 	cfg.RootSecretsDir = spec.SecretsDir
 	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
 	cfg.UpdateGrace = spec.UpdateGrace
+	cfg.Mode, cfg.LeaseProfile = spec.Mode, spec.LeaseProfile
+	cfg.LeaseInterval, cfg.LeaseFence, cfg.LeaseKillGrace = spec.LeaseInterval, spec.LeaseFence, spec.LeaseKillGrace
 	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
 	if g := spec.Gate; g != nil {
 		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}

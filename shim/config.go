@@ -58,6 +58,14 @@ type Config struct {
 
 	Verbose bool
 
+	// Mode is ModeLock (or "") or ModeLease; LeaseProfile and the Lease*
+	// durations shape lease mode (see Heartbeat; 0 takes the profile's).
+	Mode           string
+	LeaseProfile   string
+	LeaseInterval  time.Duration
+	LeaseFence     time.Duration
+	LeaseKillGrace time.Duration
+
 	// LB registers the instance with a load balancer; nil for none.
 	LB *LoadBalancer
 
@@ -87,12 +95,89 @@ func DefaultConfig() Config {
 		KillSignal:  DefaultKillSignal,
 		KillTimeout: DefaultKillTimeout,
 		UpdateGrace: DefaultUpdateGrace,
+		Mode:        ModeLock,
+		// LeaseProfile: ProfileDefault; Lease*: the profile's.
+		LeaseProfile: ProfileDefault,
 	}
 }
 
-// Timing is the lease timing this config asks for.
+// Timing is the lease timing this config asks for. In lease mode renews
+// default to every 2 s at most (they are not Raft writes): the standby's
+// bound on the holder's last renew is then tighter (docs/lease.md).
 func (c Config) Timing() lockclient.Timing {
-	return lockclient.Timing{TTL: c.TTL, LockDelay: c.LockDelay, RenewInterval: c.Renew, MaxBackoff: c.Backoff}
+	renew := c.Renew
+	if renew == 0 && c.Mode == ModeLease {
+		renew = min(c.TTL/2, LeaseRenew)
+	}
+	return lockclient.Timing{TTL: c.TTL, LockDelay: c.LockDelay, RenewInterval: renew, MaxBackoff: c.Backoff}
+}
+
+// Lock modes and lease profiles (config.lock.mode, config.lock.lease_profile).
+const (
+	ModeLock          = "lock"
+	ModeLease         = "lease"
+	ProfileDefault    = "default"
+	ProfileAggressive = "aggressive"
+	// LeaseRenew is the longest default renew interval in lease mode.
+	LeaseRenew = 2 * time.Second
+)
+
+// Heartbeat is lease mode's heartbeat for this config: the profile's
+// timings with the lease_* settings over them, at the lock's heartbeat and
+// escrow paths; nil outside lease mode.
+func (c Config) Heartbeat() *lockclient.Heartbeat {
+	if c.Mode != ModeLease {
+		return nil
+	}
+	hb := lockclient.DefaultHeartbeat
+	if c.LeaseProfile == ProfileAggressive {
+		hb = lockclient.AggressiveHeartbeat
+	}
+	hb.Path, hb.EscrowPath = lockclient.HeartbeatPathFor(c.Path), lockclient.EscrowPathFor(c.Path)
+	if c.LeaseInterval != 0 {
+		hb.Interval = c.LeaseInterval
+	}
+	if c.LeaseFence != 0 {
+		hb.Fence = c.LeaseFence
+	}
+	if c.LeaseKillGrace != 0 {
+		hb.KillGrace = c.LeaseKillGrace
+	}
+	return &hb
+}
+
+// leaseErrors are what is wrong with the lock mode and lease settings.
+func (c Config) leaseErrors() []error {
+	var errs []error
+	switch c.Mode {
+	case "", ModeLock, ModeLease:
+	default:
+		errs = append(errs, fmt.Errorf("config.lock.mode = %q: use %q (the Nomad lock alone) or %q (docs/lease.md)", c.Mode, ModeLock, ModeLease))
+	}
+	switch c.LeaseProfile {
+	case "", ProfileDefault, ProfileAggressive:
+	default:
+		errs = append(errs, fmt.Errorf("config.lock.lease_profile = %q: use %q (takeover after 9s) or %q (after 4s; any heartbeat outage "+
+			"longer than 2s, such as a Nomad leader election, fences the holder)", c.LeaseProfile, ProfileDefault, ProfileAggressive))
+	}
+	if c.Mode != ModeLease {
+		if (c.LeaseProfile != "" && c.LeaseProfile != ProfileDefault) || c.LeaseInterval != 0 || c.LeaseFence != 0 || c.LeaseKillGrace != 0 {
+			errs = append(errs, errors.New(`config.lock.lease_* settings apply to lease mode only: add mode = "lease" to the lock block, or remove them`))
+		}
+		return errs
+	}
+	if c.Holders > 0 {
+		errs = append(errs, errors.New(`config.lock.mode = "lease" with holders (a semaphore) is not supported: use a single lock`))
+	}
+	if c.Gate != nil {
+		errs = append(errs, errors.New(`config.lock.mode = "lease" with config.gate = true is not supported yet: use it on a driver task`))
+	}
+	if c.Path != "" && len(errs) == 0 {
+		if err := c.Heartbeat().Validate(c.Timing()); err != nil {
+			errs = append(errs, fmt.Errorf("config.lock: %w", err))
+		}
+	}
+	return errs
 }
 
 // Validate checks everything that can be checked without Nomad.
@@ -149,7 +234,7 @@ func (c Config) lockErrors() []error {
 	if c.Holders > 0 && c.Gate != nil {
 		errs = append(errs, errors.New("holders with gate = true is not supported yet: use a single lock for a gate"))
 	}
-	return errs
+	return append(errs, c.leaseErrors()...)
 }
 
 // ParseDuration sets *dst from v, a Go duration such as "10s", for the

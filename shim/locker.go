@@ -35,6 +35,7 @@ func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockcli
 		Holders:    cfg.Holders,
 		PreferSlot: cfg.AllocIndex,
 		MaxRetry:   cfg.MaxRetry,
+		Heartbeat:  cfg.Heartbeat(),
 		Logger:     log,
 	})
 }

@@ -70,7 +70,8 @@ func TestLockSettingKinds(t *testing.T) {
 // Nomad's own 15s for a delay).
 func TestLockDurationsHaveMinimums(t *testing.T) {
 	label := func(s LockSetting) string { return "config.lock." + s.Name }
-	want := map[string]time.Duration{"delay": 100 * time.Millisecond, "renew": time.Second, "backoff": 100 * time.Millisecond, "update_grace": time.Second}
+	want := map[string]time.Duration{"delay": 100 * time.Millisecond, "renew": time.Second, "backoff": 100 * time.Millisecond, "update_grace": time.Second,
+		"lease_interval": 250 * time.Millisecond, "lease_fence": 500 * time.Millisecond, "lease_kill_grace": 100 * time.Millisecond}
 	for _, s := range LockSettings {
 		if s.Kind() != KindDuration || s.Name == "ttl" || s.Name == "wait" || s.Name == "kill_timeout" {
 			continue // ttl: Nomad's 10s-24h; wait and kill_timeout: any length is a choice, none loops

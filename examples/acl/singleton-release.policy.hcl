@@ -24,6 +24,10 @@
 #
 # then, in the plugin's config: release_token_file = "/etc/nomad.d/singleton-release.token"
 #
+# Lease mode (docs/lease.md) adds two paths: the standby's plugin reads the
+# heartbeats and seals a dead holder's (write), and reads the lock ID the
+# holder escrowed under singleton/escrow/ (read), to release the lock for it.
+#
 namespace "*" {
   # A gate's lock covers its gated tasks: the plugin releases it only once
   # Nomad says the allocation is stopped or gone, which takes read-job.
@@ -32,6 +36,13 @@ namespace "*" {
   variables {
     path "nomad/jobs/*/lock" {
       capabilities = ["write", "read"]
+    }
+    # lease mode: the heartbeats, and the escrowed lock IDs
+    path "nomad/jobs/*/lock/lease" {
+      capabilities = ["write", "read"]
+    }
+    path "singleton/escrow/*" {
+      capabilities = ["read"]
     }
   }
 }
