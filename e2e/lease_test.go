@@ -1,0 +1,221 @@
+package e2e
+
+// Lease mode (docs/lease.md): the holder's whole node dies, and a standby
+// on another node takes the lock over in about L = D + K + 1s (9 s by
+// default), well before the server would expire it (2×TTL + delay after the
+// last renew: 19 s or more with TTL 10s, delay 1s, renew every 2 s).
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+)
+
+// leaseTakeoverBound is a loose ceiling on the node-death takeover in lease
+// mode: below the plain lock's expiry (at least 2×TTL + delay − the renew
+// interval, 19 s), above L (9 s) with room for a busy machine.
+const leaseTakeoverBound = 15 * time.Second
+
+// TestLeaseNodeDeath: a lease-mode driver job with one allocation on each
+// of two clients (network namespaces); every process of the holder's
+// client (its agent, the plugin, the supervisors, the guards and the
+// workloads) is frozen at once and then SIGKILLed, as a node dies. The
+// standby's plugin must release the dead holder's lock with its escrowed
+// ID, after the heartbeat went stale, and its workload start well before
+// the lock's expiry; never two workloads at once.
+func TestLeaseNodeDeath(t *testing.T) {
+	t.Parallel()
+	if why := chaosPartitionSkip(); why != "" {
+		t.Skip(why)
+	}
+	harness.BuildTestWorkload(t)
+	tokenFile := filepath.Join(t.TempDir(), "release.token")
+	// Without ACLs any non-empty token passes; the plugin still requires
+	// the file and sends it only to its own agent.
+	if err := os.WriteFile(tokenFile, []byte("operator-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := drvAgentOptions(t, false)
+	opts.Clients = 2
+	opts.Netns = true
+	plugin := opts.Config[0]
+	opts.Config[0] = strings.Replace(plugin, "  config {\n", fmt.Sprintf("  config {\n    release_token_file = %q\n", tokenFile), 1)
+	if opts.Config[0] == plugin {
+		t.Fatalf("no config block in the plugin config:\n%s", plugin)
+	}
+	a := harness.StartAgent(t, opts)
+
+	j := newDrvJob(t, "lease-nd", 2)
+	j.lockBlock = "ttl = \"10s\"\n          delay = \"1s\"\n          mode = \"lease\""
+	j.groupExtra = "constraint {\n      operator = \"distinct_hosts\"\n      value    = \"true\"\n    }"
+	j.run(t, a)
+	t.Cleanup(func() { _ = a.Purge(j.id) })
+
+	s := &chaosSubject{variant: "driver", a: a, drv: j}
+	holder := s.holder(t)
+	node := chaosAllocNode(t, a, holder.AllocID)
+	dead := a.ClientOf(node)
+	if dead == nil {
+		t.Fatalf("no client runs node %s", drvShort(node))
+	}
+	var standby string
+	for _, id := range drvRunning(t, a, j.id) {
+		if id != holder.AllocID {
+			standby = id
+		}
+	}
+	if standby == "" || chaosAllocNode(t, a, standby) == node {
+		t.Fatalf("want the standby on the other client; allocations %v", drvRunning(t, a, j.id))
+	}
+	drvWaitEvent(t, a, standby, 30*time.Second, "Lease mode: ", "L = 9s")
+	// The standby bounds the holder's last renew from two heartbeat
+	// changes it saw: let it see a few.
+	time.Sleep(4 * time.Second)
+
+	smp := s.sampler(t)
+	smp.WaitSeen(t, 30*time.Second, holder.PID)
+	at, frozen := leaseKillNode(t, dead)
+	known := []harness.KnownEnd{{PID: holder.PID, Mono: leaseWaitGone(t, holder.PID)}}
+	t.Logf("node death: froze and SIGKILLed %d processes of %s", len(frozen), dead.Name())
+
+	next := s.next(t, holder, 60*time.Second)
+	takeover := time.Duration(next.Mono - at)
+	harness.Measure(t, "lease_node_death_takeover", takeover)
+	if next.AllocID != standby {
+		t.Errorf("the new holder is %s, want the standby %s", drvShort(next.AllocID), drvShort(standby))
+	}
+	if takeover > leaseTakeoverBound {
+		t.Errorf("takeover took %s after the node died, want under %s (the plain lock's expiry is 19 s or more)", takeover, leaseTakeoverBound)
+	}
+	drvWaitEvent(t, a, standby, 30*time.Second, "Took the lock over from a holder whose heartbeat stopped")
+
+	sum := smp.Stop()
+	harness.CheckNoOverlap(t, s.records(t), sum, known...)
+
+	// The node comes back, and the job is purged, so that nothing of it
+	// outlives the test.
+	if err := dead.Start(); err != nil {
+		t.Fatal(err)
+	}
+	chaosWaitNodeReady(t, a, dead, 60*time.Second)
+	s.purge(t)
+	leaseWaitNodeQuiet(t, dead, 45*time.Second)
+}
+
+// leaseWaitNodeQuiet waits until no logmon (a helper of each allocation's
+// tasks, stopped after the allocation) runs in the client's network
+// namespace: the harness's clean-up counts one left as a leak.
+func leaseWaitNodeQuiet(t *testing.T, m *harness.Member, timeout time.Duration) {
+	t.Helper()
+	agent := m.PID()
+	ns, err := os.Readlink("/proc/" + strconv.Itoa(agent) + "/ns/net")
+	if err != nil {
+		t.Fatalf("%s: network namespace of agent %d: %v", m.Name(), agent, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var left []int
+		for _, pid := range leaseNetnsPIDs(ns) {
+			if argv, err := harness.ReadCmdline(pid); err == nil && slices.Contains(argv, "logmon") {
+				left = append(left, pid)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Logf("%s: logmon processes %v still run %s after the purge", m.Name(), left, timeout)
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// leaseKillNode kills a client as a node dies: every process in its
+// network namespace (the agent, the plugin and everything they started)
+// is SIGSTOPped, pass after pass until none is left running, then each is
+// SIGKILLed and the agent reaped. It returns when the freeze began
+// (CLOCK_MONOTONIC ns) and the processes.
+func leaseKillNode(t *testing.T, m *harness.Member) (int64, []int) {
+	t.Helper()
+	agent := m.PID()
+	ns, err := os.Readlink("/proc/" + strconv.Itoa(agent) + "/ns/net")
+	if err != nil {
+		t.Fatalf("%s: network namespace of agent %d: %v", m.Name(), agent, err)
+	}
+	self, _ := os.Readlink("/proc/self/ns/net")
+	if ns == self {
+		t.Fatalf("%s runs in the test's own network namespace: it cannot be killed alone", m.Name())
+	}
+	at := harness.MonoNow()
+	stopped := map[int]bool{}
+	for pass := 0; pass < 10; pass++ {
+		fresh := 0
+		for _, pid := range leaseNetnsPIDs(ns) {
+			if !stopped[pid] {
+				_ = syscall.Kill(pid, syscall.SIGSTOP)
+				stopped[pid] = true
+				fresh++
+			}
+		}
+		if fresh == 0 {
+			break
+		}
+	}
+	var pids []int
+	for pid := range stopped {
+		pids = append(pids, pid)
+		if pid != agent {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if err := m.Kill(); err != nil {
+		t.Error(err)
+	}
+	return at, pids
+}
+
+// leaseNetnsPIDs lists the processes whose network namespace is ns.
+func leaseNetnsPIDs(ns string) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if l, err := os.Readlink("/proc/" + e.Name() + "/ns/net"); err == nil && l == ns {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// leaseWaitGone waits (up to 10 s) until pid is gone and returns when it
+// was seen gone (CLOCK_MONOTONIC ns).
+func leaseWaitGone(t *testing.T, pid int) int64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		// Gone, or a zombie nobody has reaped yet: it runs no more.
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if _, rest, _ := strings.Cut(string(stat), ") "); err != nil || strings.HasPrefix(rest, "Z") {
+			return harness.MonoNow()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workload %d still alive 10s after SIGKILL", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
