@@ -117,7 +117,7 @@ func (r beatRecord) items() map[string]string {
 	it := map[string]string{
 		beatSeq: strconv.FormatUint(r.Seq, 10), beatEpoch: strconv.FormatUint(r.Epoch, 10),
 		beatInterval: ms(r.Interval), beatFence: ms(r.Fence), beatKillGrace: ms(r.KillGrace),
-		beatRenewAge: ms(r.RenewAge), beatAlloc: r.Alloc,
+		beatRenewAge: ms(r.RenewAge + time.Millisecond - 1), beatAlloc: r.Alloc, // rounded up: the standby's bound stays below
 	}
 	if r.SealedBy != "" {
 		it[beatSealed] = r.SealedBy
@@ -232,7 +232,9 @@ func (ls *Lease) beatOnce(ctx context.Context) error {
 	case err == nil && out != nil:
 		ls.mu.Lock()
 		ls.beatIndex = out.ModifyIndex
-		if sent.After(ls.lastBeat) {
+		// A lease already lost keeps its deadlines: a heartbeat must not
+		// move them once the server (or the fence) ended it.
+		if ls.err == nil && sent.After(ls.lastBeat) {
 			ls.lastBeat = sent
 		}
 		ls.mu.Unlock()
@@ -287,6 +289,8 @@ func (ls *Lease) heartbeatLoop(ctx context.Context, moved chan<- struct{}) {
 		case <-ctx.Done():
 			return
 		case <-ls.stop:
+			return
+		case <-ls.lost:
 			return
 		case <-t.C():
 		}

@@ -372,3 +372,49 @@ func TestTakeOver(t *testing.T) {
 		})
 	}
 }
+
+// Once the server ended the lease (a renew answered 404), heartbeats stop
+// and none moves its deadlines: the workload must be gone by the fence
+// deadline the loss found.
+func TestHeartbeatsStopWhenTheLeaseIsLost(t *testing.T) {
+	lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
+	auto := lr.api.auto
+	lr.api.auto = func(c *call) (reply, bool) {
+		if c.op == "renew" {
+			return reply{err: httpError{404, "variable not found"}}, true
+		}
+		return auto(c)
+	}
+	ls := lr.acquire(t)
+	for i := 1; i <= 10; i++ {
+		at := t0.Add(time.Duration(i) * time.Second)
+		lr.clock.waitTimer(t, "for the next heartbeat or renew", func(w time.Time) bool { return w.Equal(at) })
+		lr.clock.advanceTo(t, at)
+		if i < 10 {
+			select {
+			case <-ls.Renewed():
+			case <-time.After(realWait):
+				t.Fatalf("heartbeat %d did not republish the deadlines", i)
+			}
+		}
+	}
+	if !closedWithin(ls.Lost()) {
+		t.Fatal("a renew answered 404 did not end the lease")
+	}
+	fence, stop := ls.FenceDeadline(), ls.StopDeadline()
+	lr.mu.Lock()
+	sent := len(lr.casSent)
+	lr.mu.Unlock()
+	lr.clock.advance(5 * time.Second)
+	lr.api.quiet(t)
+	lr.mu.Lock()
+	after := len(lr.casSent)
+	lr.mu.Unlock()
+	if after > sent+1 { // one may have been on its way at the loss
+		t.Fatalf("%d heartbeats sent after the loss", after-sent)
+	}
+	if !ls.FenceDeadline().Equal(fence) || !ls.StopDeadline().Equal(stop) || !stop.Equal(fence) {
+		t.Fatalf("after the loss: fence t0+%s stop t0+%s, then fence t0+%s stop t0+%s; want both unchanged and equal",
+			fence.Sub(t0), stop.Sub(t0), ls.FenceDeadline().Sub(t0), ls.StopDeadline().Sub(t0))
+	}
+}
