@@ -368,6 +368,40 @@ func TestChaos(t *testing.T) {
 		}
 	})
 
+	// Row 10: the holder's node dies, with and without lease mode
+	// (docs/lease.md), on a server and two clients in network namespaces.
+	t.Run("node-death", func(t *testing.T) {
+		t.Parallel()
+		fault := "every process of the holder's client (agent, plugin, supervisors, guards, workloads) SIGSTOPped at once, then SIGKILLed; " +
+			"a driver job of count = 2, one allocation on each client (distinct_hosts), TTL 10s, delay 1s"
+		var a *harness.Agent
+		rows := []chaosRowTrial{
+			{chaosRow{ID: "10-node-death-lease", Variant: "driver, lock { mode = \"lease\" } (default profile, L = 9s)",
+				Fault: fault,
+				Proves: "the standby's plugin sees the holder's heartbeat unchanged for L, seals it and releases the lock with the escrowed lock ID " +
+					"while the server's expiry cannot have begun; the standby's workload starts in about L, no overlap (docs/lease.md)"},
+				func(t *testing.T, n int, tr *chaosTrial) {
+					leaseNodeDeathTrial(t, a, leaseLockBlock, chaosName("ndl", "driver", n), tr)
+				}},
+			{chaosRow{ID: "10-node-death-lock", Variant: "driver, the plain lock", Fault: fault,
+				Proves: "the baseline: the standby waits for the server to expire the lock (2×TTL + delay after the last renew); no overlap"},
+				func(t *testing.T, n int, tr *chaosTrial) {
+					leaseNodeDeathTrial(t, a, plainLockBlock, chaosName("ndp", "driver", n), tr)
+				}},
+		}
+		if skip := chaosPartitionSkip(); skip != "" {
+			for _, r := range rows {
+				r.row.Skip = skip
+				chaosRunRow(t, r.row, trials, nil)
+			}
+			return
+		}
+		a = harness.StartAgent(t, leaseAgentOptions(t))
+		for _, r := range rows {
+			chaosRunRow(t, r.row, trials, r.trial)
+		}
+	})
+
 	// Row 9: Nomad leader elections, on a cluster of three servers.
 	t.Run("election", func(t *testing.T) {
 		t.Parallel()

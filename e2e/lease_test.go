@@ -36,10 +36,29 @@ func TestLeaseNodeDeath(t *testing.T) {
 	if why := chaosPartitionSkip(); why != "" {
 		t.Skip(why)
 	}
+	a := harness.StartAgent(t, leaseAgentOptions(t))
+	tr := &chaosTrial{}
+	leaseNodeDeathTrial(t, a, leaseLockBlock, "lease-nd", tr)
+	if tr.Takeover > leaseTakeoverBound {
+		t.Errorf("takeover took %s after the node died, want under %s (the plain lock's expiry is 19 s or more)", tr.Takeover, leaseTakeoverBound)
+	}
+}
+
+// leaseLockBlock and plainLockBlock are the lock blocks of the node-death
+// trials: TTL 10s, delay 1s, with and without lease mode (default profile).
+const (
+	leaseLockBlock = "ttl = \"10s\"\n          delay = \"1s\"\n          mode = \"lease\""
+	plainLockBlock = "ttl = \"10s\"\n          delay = \"1s\""
+)
+
+// leaseAgentOptions: a server and two clients in network namespaces, the
+// singleton plugin with a release_token_file (without ACLs any non-empty
+// token passes; the plugin still requires the file and sends the token
+// only to its own agent).
+func leaseAgentOptions(t *testing.T) harness.AgentOptions {
+	t.Helper()
 	harness.BuildTestWorkload(t)
 	tokenFile := filepath.Join(t.TempDir(), "release.token")
-	// Without ACLs any non-empty token passes; the plugin still requires
-	// the file and sends it only to its own agent.
 	if err := os.WriteFile(tokenFile, []byte("operator-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -51,13 +70,21 @@ func TestLeaseNodeDeath(t *testing.T) {
 	if opts.Config[0] == plugin {
 		t.Fatalf("no config block in the plugin config:\n%s", plugin)
 	}
-	a := harness.StartAgent(t, opts)
+	return opts
+}
 
-	j := newDrvJob(t, "lease-nd", 2)
-	j.lockBlock = "ttl = \"10s\"\n          delay = \"1s\"\n          mode = \"lease\""
+// leaseNodeDeathTrial runs a driver job of two allocations, one on each
+// client, with lockBlock; kills the holder's node (leaseKillNode); waits
+// for the standby's workload; checks that no two workloads ever ran at
+// once; then brings the node back and purges the job. tr.Takeover is the
+// time from the node's death to the standby's workload start.
+func leaseNodeDeathTrial(t *testing.T, a *harness.Agent, lockBlock, name string, tr *chaosTrial) {
+	j := newDrvJob(t, name, 2)
+	j.lockBlock = lockBlock
 	j.groupExtra = "constraint {\n      operator = \"distinct_hosts\"\n      value    = \"true\"\n    }"
 	j.run(t, a)
 	t.Cleanup(func() { _ = a.Purge(j.id) })
+	lease := strings.Contains(lockBlock, "lease")
 
 	s := &chaosSubject{variant: "driver", a: a, drv: j}
 	holder := s.holder(t)
@@ -75,10 +102,12 @@ func TestLeaseNodeDeath(t *testing.T) {
 	if standby == "" || chaosAllocNode(t, a, standby) == node {
 		t.Fatalf("want the standby on the other client; allocations %v", drvRunning(t, a, j.id))
 	}
-	drvWaitEvent(t, a, standby, 30*time.Second, "Lease mode: ", "L = 9s")
-	// The standby bounds the holder's last renew from two heartbeat
-	// changes it saw: let it see a few.
-	time.Sleep(4 * time.Second)
+	if lease {
+		drvWaitEvent(t, a, standby, 30*time.Second, "Lease mode: ", "L = 9s")
+		// The standby bounds the holder's last renew from two heartbeat
+		// changes it saw: let it see a few.
+		time.Sleep(4 * time.Second)
+	}
 
 	smp := s.sampler(t)
 	smp.WaitSeen(t, 30*time.Second, holder.PID)
@@ -86,57 +115,33 @@ func TestLeaseNodeDeath(t *testing.T) {
 	known := []harness.KnownEnd{{PID: holder.PID, Mono: leaseWaitGone(t, holder.PID)}}
 	t.Logf("node death: froze and SIGKILLed %d processes of %s", len(frozen), dead.Name())
 
-	next := s.next(t, holder, 60*time.Second)
-	takeover := time.Duration(next.Mono - at)
-	harness.Measure(t, "lease_node_death_takeover", takeover)
+	next := s.next(t, holder, chaosTakeoverBound)
+	tr.Takeover = time.Duration(next.Mono - at)
+	mode := "lock"
+	if lease {
+		mode = "lease"
+	}
+	harness.Measure(t, "node_death_takeover_"+mode, tr.Takeover)
 	if next.AllocID != standby {
 		t.Errorf("the new holder is %s, want the standby %s", drvShort(next.AllocID), drvShort(standby))
 	}
-	if takeover > leaseTakeoverBound {
-		t.Errorf("takeover took %s after the node died, want under %s (the plain lock's expiry is 19 s or more)", takeover, leaseTakeoverBound)
+	if lease {
+		drvWaitEvent(t, a, standby, 30*time.Second, "Took the lock over from a holder whose heartbeat stopped")
 	}
-	drvWaitEvent(t, a, standby, 30*time.Second, "Took the lock over from a holder whose heartbeat stopped")
 
 	sum := smp.Stop()
-	harness.CheckNoOverlap(t, s.records(t), sum, known...)
+	chaosCheck(t, tr, s.records(t), sum, known...)
 
 	// The node comes back, and the job is purged, so that nothing of it
-	// outlives the test.
+	// outlives the trial.
+	began := harness.MonoNow()
 	if err := dead.Start(); err != nil {
 		t.Fatal(err)
 	}
 	chaosWaitNodeReady(t, a, dead, 60*time.Second)
+	tr.Recovery = time.Duration(harness.MonoNow() - began)
 	s.purge(t)
 	leaseWaitNodeQuiet(t, dead, 45*time.Second)
-}
-
-// leaseWaitNodeQuiet waits until no logmon (a helper of each allocation's
-// tasks, stopped after the allocation) runs in the client's network
-// namespace: the harness's clean-up counts one left as a leak.
-func leaseWaitNodeQuiet(t *testing.T, m *harness.Member, timeout time.Duration) {
-	t.Helper()
-	agent := m.PID()
-	ns, err := os.Readlink("/proc/" + strconv.Itoa(agent) + "/ns/net")
-	if err != nil {
-		t.Fatalf("%s: network namespace of agent %d: %v", m.Name(), agent, err)
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		var left []int
-		for _, pid := range leaseNetnsPIDs(ns) {
-			if argv, err := harness.ReadCmdline(pid); err == nil && slices.Contains(argv, "logmon") {
-				left = append(left, pid)
-			}
-		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Logf("%s: logmon processes %v still run %s after the purge", m.Name(), left, timeout)
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 // leaseKillNode kills a client as a node dies: every process in its
@@ -217,5 +222,34 @@ func leaseWaitGone(t *testing.T, pid int) int64 {
 			t.Fatalf("workload %d still alive 10s after SIGKILL", pid)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// leaseWaitNodeQuiet waits until no logmon (a helper of each allocation's
+// tasks, stopped after the allocation) runs in the client's network
+// namespace: the harness's clean-up counts one left as a leak.
+func leaseWaitNodeQuiet(t *testing.T, m *harness.Member, timeout time.Duration) {
+	t.Helper()
+	agent := m.PID()
+	ns, err := os.Readlink("/proc/" + strconv.Itoa(agent) + "/ns/net")
+	if err != nil {
+		t.Fatalf("%s: network namespace of agent %d: %v", m.Name(), agent, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var left []int
+		for _, pid := range leaseNetnsPIDs(ns) {
+			if argv, err := harness.ReadCmdline(pid); err == nil && slices.Contains(argv, "logmon") {
+				left = append(left, pid)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Logf("%s: logmon processes %v still run %s after the purge", m.Name(), left, timeout)
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
