@@ -383,6 +383,12 @@ func TestChaos(t *testing.T) {
 				func(t *testing.T, n int, tr *chaosTrial) {
 					leaseNodeDeathTrial(t, a, leaseLockBlock, chaosName("ndl", "driver", n), tr)
 				}},
+			{chaosRow{ID: "10-node-death-lease-aggressive", Variant: "driver, lock { mode = \"lease\", lease_profile = \"aggressive\" } (L = 4s)",
+				Fault:  fault,
+				Proves: "as 10-node-death-lease, with R 500ms, D 2s, K 1s: the standby's workload starts in about 4 s, no overlap"},
+				func(t *testing.T, n int, tr *chaosTrial) {
+					leaseNodeDeathTrial(t, a, aggressiveLockBlock, chaosName("nda", "driver", n), tr)
+				}},
 			{chaosRow{ID: "10-node-death-lock", Variant: "driver, the plain lock", Fault: fault,
 				Proves: "the baseline: the standby waits for the server to expire the lock (2×TTL + delay after the last renew); no overlap"},
 				func(t *testing.T, n int, tr *chaosTrial) {

@@ -47,8 +47,9 @@ func TestLeaseNodeDeath(t *testing.T) {
 // leaseLockBlock and plainLockBlock are the lock blocks of the node-death
 // trials: TTL 10s, delay 1s, with and without lease mode (default profile).
 const (
-	leaseLockBlock = "ttl = \"10s\"\n          delay = \"1s\"\n          mode = \"lease\""
-	plainLockBlock = "ttl = \"10s\"\n          delay = \"1s\""
+	leaseLockBlock      = "ttl = \"10s\"\n          delay = \"1s\"\n          mode = \"lease\""
+	aggressiveLockBlock = leaseLockBlock + "\n          lease_profile = \"aggressive\""
+	plainLockBlock      = "ttl = \"10s\"\n          delay = \"1s\""
 )
 
 // leaseAgentOptions: a server and two clients in network namespaces, the
@@ -84,7 +85,14 @@ func leaseNodeDeathTrial(t *testing.T, a *harness.Agent, lockBlock, name string,
 	j.groupExtra = "constraint {\n      operator = \"distinct_hosts\"\n      value    = \"true\"\n    }"
 	j.run(t, a)
 	t.Cleanup(func() { _ = a.Purge(j.id) })
-	lease := strings.Contains(lockBlock, "lease")
+	mode, l := "lock", ""
+	switch {
+	case strings.Contains(lockBlock, "aggressive"):
+		mode, l = "lease_aggressive", "L = 4s"
+	case strings.Contains(lockBlock, "lease"):
+		mode, l = "lease", "L = 9s"
+	}
+	lease := l != ""
 
 	s := &chaosSubject{variant: "driver", a: a, drv: j}
 	holder := s.holder(t)
@@ -103,7 +111,7 @@ func leaseNodeDeathTrial(t *testing.T, a *harness.Agent, lockBlock, name string,
 		t.Fatalf("want the standby on the other client; allocations %v", drvRunning(t, a, j.id))
 	}
 	if lease {
-		drvWaitEvent(t, a, standby, 30*time.Second, "Lease mode: ", "L = 9s")
+		drvWaitEvent(t, a, standby, 30*time.Second, "Lease mode: ", l)
 		// The standby bounds the holder's last renew from two heartbeat
 		// changes it saw: let it see a few.
 		time.Sleep(4 * time.Second)
@@ -117,10 +125,6 @@ func leaseNodeDeathTrial(t *testing.T, a *harness.Agent, lockBlock, name string,
 
 	next := s.next(t, holder, chaosTakeoverBound)
 	tr.Takeover = time.Duration(next.Mono - at)
-	mode := "lock"
-	if lease {
-		mode = "lease"
-	}
 	harness.Measure(t, "node_death_takeover_"+mode, tr.Takeover)
 	if next.AllocID != standby {
 		t.Errorf("the new holder is %s, want the standby %s", drvShort(next.AllocID), drvShort(standby))

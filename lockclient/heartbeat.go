@@ -326,17 +326,21 @@ func (ls *Lease) LastHeartbeat() time.Time {
 	return ls.lastBeat
 }
 
-// clearEscrow overwrites the escrowed lock ID once the lock is released.
-func (ls *Lease) clearEscrow() {
+// clearEscrow overwrites the escrowed lock ID before the lock is
+// released, within escrowClearTimeout: a release is not held up longer.
+func (ls *Lease) clearEscrow(ctx context.Context) {
 	if ls.locker.cfg.Heartbeat == nil {
 		return
 	}
-	ctx, cancel := withTimeout(context.Background(), ls.locker.clock, ls.locker.cfg.RequestTimeout)
+	ctx, cancel := withTimeout(ctx, ls.locker.clock, min(ls.locker.cfg.RequestTimeout, escrowClearTimeout))
 	defer cancel()
 	if err := ls.writeEscrow(ctx, ""); err != nil {
-		ls.locker.log.Warn("could not clear the lock escrow (the lock ID in it no longer releases anything)", "error", err)
+		ls.locker.log.Warn("could not clear the lock escrow (once the lock is released, the lock ID in it releases nothing)", "error", err)
 	}
 }
+
+// escrowClearTimeout bounds the escrow's overwrite before a release.
+const escrowClearTimeout = time.Second
 
 // classifyPath turns a failed read or write of lease mode's own variables
 // into an error; a 403 names the policy that fixes it.

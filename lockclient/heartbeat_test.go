@@ -418,3 +418,24 @@ func TestHeartbeatsStopWhenTheLeaseIsLost(t *testing.T) {
 			fence.Sub(t0), stop.Sub(t0), ls.FenceDeadline().Sub(t0), ls.StopDeadline().Sub(t0))
 	}
 }
+
+// Release overwrites the escrowed lock ID first, while the lock is still
+// ours: once released, a late overwrite could clobber the next holder's.
+func TestReleaseClearsTheEscrowFirst(t *testing.T) {
+	lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
+	ls := lr.acquire(t)
+	var order []string
+	auto := lr.api.auto
+	lr.api.auto = func(c *call) (reply, bool) {
+		if c.op == "update" || c.op == "release" {
+			order = append(order, c.op)
+		}
+		return auto(c)
+	}
+	if err := ls.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(order, ",") != "update,release" || lr.escrow["lock_id"] != "" || lr.escrow["released"] != "true" {
+		t.Fatalf("requests %v, escrow %v; want the escrow overwritten (no lock ID), then the release", order, lr.escrow)
+	}
+}

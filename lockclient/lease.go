@@ -366,6 +366,10 @@ func (ls *Lease) renewOnce(ctx context.Context) error {
 // the error wraps ErrLeftToExpire and the lock expires on the server.
 func (ls *Lease) Release(ctx context.Context) error {
 	ls.stopRenewing()
+	// Lease mode: the escrowed lock ID is overwritten first, while the
+	// lock is still ours, so that it can never overwrite the next
+	// holder's.
+	ls.clearEscrow(ctx)
 	if err := ls.locker.ReleaseID(ctx, ls.id, ls.LastRenew()); err != nil {
 		return err
 	}
@@ -375,7 +379,6 @@ func (ls *Lease) Release(ctx context.Context) error {
 	}
 	ls.mu.Unlock()
 	ls.locker.log.Info("lock released", "fence", ls.Fence)
-	ls.clearEscrow()
 	return nil
 }
 
