@@ -420,6 +420,16 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 	if h.exited() {
 		return nil
 	}
+	if h.proc == nil {
+		// Recovered after its supervisor had exited: the clean-up after
+		// that exit (a crash release, bounded) is under way, and ends the
+		// task. There is no supervisor to ask.
+		select {
+		case <-h.done:
+		case <-time.After(timeout + stopReserve):
+		}
+		return nil
+	}
 	sig := syscall.SIGINT // Nomad's default kill_signal
 	if signal != "" {
 		s, err := shim.ParseSignal(signal)

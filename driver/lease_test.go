@@ -87,3 +87,19 @@ func TestLeaseModeNeedsTheReleaseToken(t *testing.T) {
 		t.Fatalf("lease mode with release_token_file: %v", err)
 	}
 }
+
+// A task recovered after its supervisor had exited (a node that comes back
+// after its processes died) has no supervisor to stop: StopTask waits for
+// the clean-up under way instead of crashing the plugin.
+func TestStopTaskWithoutSupervisor(t *testing.T) {
+	d := &Driver{tasks: newTaskStore()}
+	h := &taskHandle{done: make(chan struct{})}
+	d.tasks.set("t1", h)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		close(h.done)
+	}()
+	if err := d.StopTask("t1", time.Minute, ""); err != nil {
+		t.Fatalf("StopTask: %v", err)
+	}
+}
