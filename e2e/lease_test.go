@@ -6,6 +6,7 @@ package e2e
 // last renew: 19 s or more with TTL 10s, delay 1s, renew every 2 s).
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 )
@@ -42,6 +45,85 @@ func TestLeaseNodeDeath(t *testing.T) {
 	if tr.Takeover > leaseTakeoverBound {
 		t.Errorf("takeover took %s after the node died, want under %s (the plain lock's expiry is 19 s or more)", tr.Takeover, leaseTakeoverBound)
 	}
+}
+
+// TestLeaseUnderACLs: node death of a lease-mode holder under ACLs, with
+// the example policies (examples/acl/singleton-lease.policy.hcl for the
+// job, singleton-release.policy.hcl for the plugin's release token): the
+// holder escrows its lock ID with a write-only capability, the standby's
+// plugin reads it with the release token, seals the heartbeat and releases.
+// A token with the job's policy cannot read the escrow back.
+func TestLeaseUnderACLs(t *testing.T) {
+	t.Parallel()
+	if why := chaosPartitionSkip(); why != "" {
+		t.Skip(why)
+	}
+	opts := leaseAgentOptions(t)
+	opts.ACLs = true
+	a := harness.StartAgent(t, opts)
+	secret := purgeReleaseToken(t, a)
+	tokenFile := leaseTokenFile(t, opts)
+	if err := os.WriteFile(tokenFile, []byte(secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var job, escrow string
+	tr := &chaosTrial{}
+	leaseNodeDeathTrial(t, a, leaseLockBlock, "lease-acl", tr, func(j *drvJob) {
+		job, escrow = j.id, "singleton/escrow/"+j.lockPath()
+		applyLeasePolicy(t, a, j.id, j.lockPath())
+	})
+	if tr.Takeover > leaseTakeoverBound {
+		t.Errorf("takeover took %s after the node died, want under %s", tr.Takeover, leaseTakeoverBound)
+	}
+
+	out := a.Nomad(t, "acl", "token", "create", "-name", "lease-job", "-policy", "singleton-lease-"+job, "-json")
+	var tok api.ACLToken
+	if err := json.Unmarshal([]byte(out), &tok); err != nil || tok.SecretID == "" {
+		t.Fatalf("acl token create: %v\n%s", err, out)
+	}
+	for _, c := range []struct {
+		who, secret string
+		readable    bool
+	}{{"the job's policy (write only)", tok.SecretID, false}, {"the release token", secret, true}} {
+		cl, err := api.NewClient(&api.Config{Address: a.Addr(), SecretID: c.secret})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = cl.Variables().Peek(escrow, nil)
+		if denied := err != nil && strings.Contains(err.Error(), "403"); denied == c.readable || (c.readable && err != nil) {
+			t.Errorf("read of the escrow %s with %s: %v; want readable %v", escrow, c.who, err, c.readable)
+		}
+	}
+}
+
+// leaseTokenFile is the release_token_file of the plugin config in opts.
+func leaseTokenFile(t *testing.T, opts harness.AgentOptions) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(opts.Config[0], "release_token_file = \"")
+	path, _, ok2 := strings.Cut(rest, "\"")
+	if !ok || !ok2 {
+		t.Fatalf("no release_token_file in the plugin config:\n%s", opts.Config[0])
+	}
+	return path
+}
+
+// applyLeasePolicy applies examples/acl/singleton-lease.policy.hcl to job,
+// for the lock at path.
+func applyLeasePolicy(t *testing.T, a *harness.Agent, job, path string) {
+	t.Helper()
+	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-lease.policy.hcl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := strings.ReplaceAll(string(example), "nomad/jobs/web/web/web/lock", path)
+	if policy == string(example) {
+		t.Fatalf("the example policy no longer has the lock path nomad/jobs/web/web/web/lock:\n%s", example)
+	}
+	f := filepath.Join(t.TempDir(), "policy.hcl")
+	if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", job, "singleton-lease-"+job, f)
 }
 
 // leaseLockBlock and plainLockBlock are the lock blocks of the node-death
@@ -79,10 +161,13 @@ func leaseAgentOptions(t *testing.T) harness.AgentOptions {
 // for the standby's workload; checks that no two workloads ever ran at
 // once; then brings the node back and purges the job. tr.Takeover is the
 // time from the node's death to the standby's workload start.
-func leaseNodeDeathTrial(t *testing.T, a *harness.Agent, lockBlock, name string, tr *chaosTrial) {
+func leaseNodeDeathTrial(t *testing.T, a *harness.Agent, lockBlock, name string, tr *chaosTrial, prepare ...func(*drvJob)) {
 	j := newDrvJob(t, name, 2)
 	j.lockBlock = lockBlock
 	j.groupExtra = "constraint {\n      operator = \"distinct_hosts\"\n      value    = \"true\"\n    }"
+	for _, p := range prepare {
+		p(j)
+	}
 	j.run(t, a)
 	t.Cleanup(func() { _ = a.Purge(j.id) })
 	mode, l := "lock", ""

@@ -100,6 +100,7 @@ const (
 	beatFence     = "fence_ms"
 	beatKillGrace = "kill_grace_ms"
 	beatRenewAge  = "renew_age_ms" // since the send of the last acknowledged renew, at this heartbeat's send
+	beatTTL       = "ttl_ms"       // the lock's TTL, as the holder acquired it
 	beatAlloc     = "alloc_id"
 	beatSealed    = "sealed_by" // set by a standby that took the lock over: no heartbeat may follow
 )
@@ -108,7 +109,7 @@ const (
 type beatRecord struct {
 	Seq, Epoch                 uint64
 	Interval, Fence, KillGrace time.Duration
-	RenewAge                   time.Duration
+	RenewAge, TTL              time.Duration
 	Alloc, SealedBy            string
 }
 
@@ -117,7 +118,8 @@ func (r beatRecord) items() map[string]string {
 	it := map[string]string{
 		beatSeq: strconv.FormatUint(r.Seq, 10), beatEpoch: strconv.FormatUint(r.Epoch, 10),
 		beatInterval: ms(r.Interval), beatFence: ms(r.Fence), beatKillGrace: ms(r.KillGrace),
-		beatRenewAge: ms(r.RenewAge + time.Millisecond - 1), beatAlloc: r.Alloc, // rounded up: the standby's bound stays below
+		beatRenewAge: ms(r.RenewAge + time.Millisecond - 1), // rounded up: the standby's bound stays below
+		beatTTL:      ms(r.TTL), beatAlloc: r.Alloc,
 	}
 	if r.SealedBy != "" {
 		it[beatSealed] = r.SealedBy
@@ -135,13 +137,14 @@ func parseBeat(items map[string]string) (r beatRecord, ok bool) {
 		n, ok := u(k)
 		return time.Duration(n) * time.Millisecond, ok
 	}
-	var oks [6]bool
+	var oks [7]bool
 	r.Seq, oks[0] = u(beatSeq)
 	r.Epoch, oks[1] = u(beatEpoch)
 	r.Interval, oks[2] = d(beatInterval)
 	r.Fence, oks[3] = d(beatFence)
 	r.KillGrace, oks[4] = d(beatKillGrace)
 	r.RenewAge, oks[5] = d(beatRenewAge)
+	r.TTL, oks[6] = d(beatTTL)
 	r.Alloc, r.SealedBy = items[beatAlloc], items[beatSealed]
 	for _, ok := range oks {
 		if !ok {
@@ -219,7 +222,7 @@ func (ls *Lease) beatOnce(ctx context.Context) error {
 	ls.beatSeq++
 	sent := l.clock.Now()
 	rec := beatRecord{Seq: ls.beatSeq, Epoch: ls.Fence, Interval: hb.Interval, Fence: hb.Fence, KillGrace: hb.KillGrace,
-		RenewAge: max(sent.Sub(ls.lastRenew), 0), Alloc: l.cfg.Holder.AllocID}
+		RenewAge: max(sent.Sub(ls.lastRenew), 0), TTL: l.cfg.TTL, Alloc: l.cfg.Holder.AllocID}
 	index := ls.beatIndex
 	ls.mu.Unlock()
 

@@ -120,8 +120,8 @@ func TestHeartbeatFencesTheHolder(t *testing.T) {
 	lr.mu.Unlock()
 	rec, ok := parseBeat(last.Items)
 	if !ok || rec.Epoch != testFence || rec.Seq != 4 || rec.Fence != hb.Fence || rec.KillGrace != hb.KillGrace ||
-		rec.Interval != hb.Interval || rec.RenewAge != 3*time.Second || last.ModifyIndex != 103 {
-		t.Fatalf("heartbeat 4 = %+v at cas index %d, want seq 4, epoch %d, D/K/R, renew age 3s (since the acquire), cas on 103",
+		rec.Interval != hb.Interval || rec.RenewAge != 3*time.Second || rec.TTL != 20*time.Second || last.ModifyIndex != 103 {
+		t.Fatalf("heartbeat 4 = %+v at cas index %d, want seq 4, epoch %d, D/K/R, renew age 3s (since the acquire), TTL 20s, cas on 103",
 			rec, last.ModifyIndex, testFence)
 	}
 
@@ -211,7 +211,7 @@ func TestTakeoverTimes(t *testing.T) {
 func obs(ms int, index uint64) beatObservation {
 	at := t0.Add(time.Duration(ms) * time.Millisecond)
 	rec := beatRecord{Seq: index, Epoch: testFence, Interval: time.Second, Fence: 6 * time.Second,
-		KillGrace: 2 * time.Second, RenewAge: 2 * time.Second}
+		KillGrace: 2 * time.Second, RenewAge: 2 * time.Second, TTL: 10 * time.Second}
 	return beatObservation{sent: at, received: at.Add(10 * time.Millisecond), index: index, rec: rec, ok: true}
 }
 
@@ -303,7 +303,7 @@ func TestTakeoverDecision(t *testing.T) {
 func TestTakeOver(t *testing.T) {
 	hb := DefaultHeartbeat
 	hb.Path, hb.EscrowPath = testBeatPath, testEscrowPath
-	verdict := takeoverVerdict{ready: true, index: 103, rec: beatRecord{Seq: 3, Epoch: testFence}, renewAfter: t0}
+	verdict := takeoverVerdict{ready: true, index: 103, rec: beatRecord{Seq: 3, Epoch: testFence, TTL: 10 * time.Second}, renewAfter: t0}
 	lockVar := func(index uint64) *api.Variable {
 		return &api.Variable{Path: testPath, ModifyIndex: index, Lock: &api.VariableLock{ID: "", TTL: "10s", LockDelay: "1s"}}
 	}
@@ -318,7 +318,11 @@ func TestTakeOver(t *testing.T) {
 	}{
 		{"released", lockVar(testFence), 9 * time.Second, nil, []string{"read", "read", "cas", "release"}, ""},
 		{"epoch changed", lockVar(testFence + 5), 9 * time.Second, nil, []string{"read"}, "no longer in the heartbeat's epoch"},
-		{"lock free", &api.Variable{Path: testPath, ModifyIndex: testFence}, 9 * time.Second, nil, []string{"read"}, "epoch"},
+		{"lock state hidden (not a management token): the index and the heartbeat's TTL decide",
+			&api.Variable{Path: testPath, ModifyIndex: testFence}, 9 * time.Second, nil, []string{"read", "read", "cas", "release"}, ""},
+		{"lock state hidden, past the cutoff by the heartbeat's TTL", &api.Variable{Path: testPath, ModifyIndex: testFence},
+			16500 * time.Millisecond, nil, []string{"read"}, "left to the server's expiry"},
+		{"lock freed and taken again", lockVar(testFence + 9), 9 * time.Second, nil, []string{"read"}, "epoch"},
 		// cutoff: t0 + 2×10s − 1s − 2.5s = t0 + 16.5s
 		{"past the release cutoff", lockVar(testFence), 16500 * time.Millisecond, nil, []string{"read"}, "left to the server's expiry"},
 		{"the heartbeat moved before the seal", lockVar(testFence), 9 * time.Second,

@@ -202,7 +202,7 @@ func (l *Locker) readBeat(ctx context.Context, path string) beatObservation {
 // seals the heartbeat at v.index and releases the lock with the escrowed
 // ID. Any error means nothing was released.
 func (l *Locker) takeOver(ctx context.Context, opts TakeoverOptions, v takeoverVerdict) error {
-	lock, t, err := l.lockInEpoch(ctx, v.rec.Epoch)
+	lock, t, err := l.lockInEpoch(ctx, v.rec)
 	if err != nil {
 		return err
 	}
@@ -229,24 +229,35 @@ func (l *Locker) takeOver(ctx context.Context, opts TakeoverOptions, v takeoverV
 	return nil
 }
 
-// lockInEpoch reads the lock: held, at the index of the acquire the
-// heartbeat names. It returns the lock's own timing (its TTL and delay).
-func (l *Locker) lockInEpoch(ctx context.Context, epoch uint64) (*api.Variable, Timing, error) {
+// lockInEpoch reads the lock: at the index of the acquire the heartbeat
+// names (every acquire, release, expiry and write moves it, so the lock is
+// still that holder's), and held, where the token is shown lock state
+// (Nomad shows it to management tokens only). It returns the lock's
+// timing: its own TTL and delay where shown, else the TTL the holder
+// recorded in its heartbeat (the delay does not bear on the cutoff).
+func (l *Locker) lockInEpoch(ctx context.Context, rec beatRecord) (*api.Variable, Timing, error) {
 	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
 	lock, _, err := l.vars.Peek(l.cfg.Path, (&api.QueryOptions{Namespace: l.cfg.Namespace}).WithContext(rctx))
 	if err != nil {
 		return nil, Timing{}, fmt.Errorf("read the lock: %w", err)
 	}
-	if lock == nil || lock.Lock == nil || lock.ModifyIndex != epoch {
-		return nil, Timing{}, fmt.Errorf("the lock is no longer in the heartbeat's epoch %d (index %d)", epoch, modifyIndex(lock))
+	if lock == nil || lock.ModifyIndex != rec.Epoch {
+		return nil, Timing{}, fmt.Errorf("the lock is no longer in the heartbeat's epoch %d (index %d)", rec.Epoch, modifyIndex(lock))
 	}
-	ttl, err1 := time.ParseDuration(lock.Lock.TTL)
-	delay, err2 := time.ParseDuration(lock.Lock.LockDelay)
-	if err1 != nil || err2 != nil || ttl < MinTTL {
-		return nil, Timing{}, fmt.Errorf("the lock's TTL %q or delay %q cannot be read", lock.Lock.TTL, lock.Lock.LockDelay)
+	ttl, delay := rec.TTL, time.Second
+	if lock.Lock != nil {
+		var err1, err2 error
+		ttl, err1 = time.ParseDuration(lock.Lock.TTL)
+		delay, err2 = time.ParseDuration(lock.Lock.LockDelay)
+		if err1 != nil || err2 != nil {
+			return nil, Timing{}, fmt.Errorf("the lock's TTL %q or delay %q cannot be read", lock.Lock.TTL, lock.Lock.LockDelay)
+		}
 	}
-	return lock, Timing{TTL: ttl, LockDelay: delay}.withDefaults(), nil
+	if ttl < MinTTL {
+		return nil, Timing{}, fmt.Errorf("the lock's TTL %s is below Nomad's minimum", ttl)
+	}
+	return lock, Timing{TTL: ttl, LockDelay: max(delay, time.Millisecond)}.withDefaults(), nil
 }
 
 // readEscrow reads the lock ID the holder of epoch escrowed. It is never
