@@ -1,6 +1,7 @@
 package lockclient
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -286,7 +287,7 @@ func (l *Locker) seal(ctx context.Context, opts TakeoverOptions, v takeoverVerdi
 		return errors.New("no check-and-set write to seal the heartbeat with")
 	}
 	rec := v.rec
-	rec.SealedBy = cmpOr(opts.SealedBy, "standby")
+	rec.SealedBy = cmp.Or(opts.SealedBy, "standby")
 	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
 	hv := &api.Variable{Namespace: l.cfg.Namespace, Path: opts.Heartbeat.Path, Items: rec.items(), ModifyIndex: v.index}
@@ -298,11 +299,4 @@ func (l *Locker) seal(ctx context.Context, opts TakeoverOptions, v takeoverVerdi
 		return fmt.Errorf("seal the heartbeat: %w", err)
 	}
 	return nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
