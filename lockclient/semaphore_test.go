@@ -263,3 +263,31 @@ func TestSemaphorePermissionErrorGrantsEverySlot(t *testing.T) {
 		t.Fatalf("err = %v, want a PermissionError whose policy grants %s/*", err, semPrefix)
 	}
 }
+
+// A restarted gate takes over the slot its previous run holds, by that
+// slot's path; a path that is no slot of the semaphore, or a slot no
+// longer held under the lock ID, is not taken over.
+func TestSemaphoreAdoptPathTakesOverTheSlotHeld(t *testing.T) {
+	vars := locktest.NewVars()
+	held := acquireWithin(t, vars.Locker(t, semConfig(3, 2, "alloc-2")), lockclient.AcquireOptions{})
+	restarted := vars.Locker(t, semConfig(3, 2, "alloc-2"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := restarted.AdoptPath(ctx, held.Path(), held.LockID(), held.Fence)
+	if err != nil {
+		t.Fatalf("adopt slot %s: %v", held.Path(), err)
+	}
+	if lease.Slot != held.Slot || lease.Holders != 3 || lease.Path() != held.Path() || lease.Fence != held.Fence {
+		t.Errorf("adopted slot %d of %d at %s fence %d, want slot %d of 3 at %s fence %d",
+			lease.Slot, lease.Holders, lease.Path(), lease.Fence, held.Slot, held.Path(), held.Fence)
+	}
+	for _, path := range []string{semPrefix, lockclient.SlotPath(semPrefix, 3), ""} {
+		if _, err := restarted.AdoptPath(ctx, path, held.LockID(), held.Fence); !errors.Is(err, lockclient.ErrLost) {
+			t.Errorf("adopt %q: %v, want ErrLost (no slot of the semaphore)", path, err)
+		}
+	}
+	other := lockclient.SlotPath(semPrefix, (held.Slot+1)%3)
+	if _, err := restarted.AdoptPath(ctx, other, held.LockID(), held.Fence); !errors.Is(err, lockclient.ErrLost) {
+		t.Errorf("adopt the free slot %s under another slot's lock ID: %v, want ErrLost", other, err)
+	}
+}
