@@ -61,6 +61,10 @@ func (l *Locker) slotLockers() []*Locker {
 	return slots
 }
 
+// Slots are a semaphore's per-slot Lockers, slot i at index i (nil for a
+// plain lock): each reads, and could hold, its slot's lock alone.
+func (l *Locker) Slots() []*Locker { return l.slots }
+
 // policyPath is the variable path an ACL policy must grant: a semaphore
 // slot's lock needs every slot, <prefix>/*.
 func (l *Locker) policyPath() string {
