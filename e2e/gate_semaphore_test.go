@@ -1,0 +1,123 @@
+package e2e
+
+// A gate whose lock is a semaphore (lock { holders = N }): of count = N + 2
+// allocations, at most N run their gated app at once, each gate holding one
+// slot, and each app learns its slot from the gate's nomad-lock.env in the
+// allocation's shared dir. A freed slot is taken again after a graceful
+// stop of its holder and after a SIGKILL of its gate's supervisor (the
+// plugin kills the gated app, proves it dead and releases the slot).
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+)
+
+func TestGateSemaphore(t *testing.T) {
+	t.Parallel()
+	workload := harness.BuildTestWorkload(t)
+	records := t.TempDir()
+	if err := os.Chmod(records, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	opts := drvAgentOptions(t, true)
+	opts.HostVolumes = map[string]string{"worker-bin": filepath.Dir(workload), "worker-data": records}
+	a := harness.StartAgent(t, opts)
+	testGateSemaphore(t, a, "raw_exec", records)
+}
+
+// testGateSemaphore: count = 4 allocations of a gated app of kind, whose
+// gate holds a semaphore of 2 slots. (A docker app's records carry its PID
+// in the container, 1 for every app, which the sampler cannot map to the
+// end of a SIGKILLed one: raw_exec only for now.)
+func testGateSemaphore(t *testing.T, a *harness.Agent, kind, records string) {
+	const n = 2
+	j := newGateJobID(t, "gsem-"+kind[:3], kind, records)
+	j.count, j.holders, j.noService = n+2, n, true
+	j.extraArgs = []string{"-lock-env", "${NOMAD_ALLOC_DIR}/nomad-lock.env"}
+	prefix := j.lockPath()
+	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsMainWorkload})
+	j.run(t, a)
+	t.Cleanup(func() { _ = a.Purge(j.id) })
+
+	holders := map[int]harness.Record{} // by slot
+	harness.WaitRecord(t, j.record, 120*time.Second, func(r harness.Record) bool {
+		if isMainStart(r) {
+			holders[slotOf(t, prefix, r)] = r
+		}
+		return len(holders) == n
+	})
+	for s, r := range holders {
+		if r.Fence == "" {
+			t.Errorf("the app on slot %d read no NOMAD_LOCK_FENCE from the gate's nomad-lock.env: %+v", s, r)
+		}
+		gateWaitEvent(t, a, j.id, 30*time.Second, fmt.Sprintf("on slot %d of %d (%s)", s, n, r.LockPath))
+	}
+	// The two other allocations' gates wait; their apps never start.
+	for range n {
+		j.standby(t, a, holders[0].AllocID)
+	}
+	if live := mainWorkloads(t, j.marker); len(live) != n {
+		t.Fatalf("%d apps run, want %d: %v", len(live), n, live)
+	}
+
+	// A graceful stop of slot 0's holder: Nomad stops its app, then its
+	// gate, which releases slot 0 clean; a standby's app starts on slot 0.
+	old := holders[0]
+	t0 := harness.MonoNow()
+	if err := a.StopAlloc(old.AllocID); err != nil {
+		t.Fatal(err)
+	}
+	next := waitMainStart(t, j.record, 60*time.Second, func(r harness.Record) bool {
+		return r.AllocID != old.AllocID && r.LockPath == old.LockPath && r.Mono > t0
+	})
+	stop := harness.WaitRecord(t, j.record, 10*time.Second, func(r harness.Record) bool {
+		return r.Instance == old.Instance && r.Event == harness.EventStop
+	})
+	harness.Measure(t, fmt.Sprintf("gate_%s_semaphore_slot_handover", kind), time.Duration(next.Mono-stop.Mono))
+	if next.Mono < stop.Mono {
+		t.Errorf("the next app on slot 0 started %s before the stopped one ended", time.Duration(stop.Mono-next.Mono))
+	}
+
+	// A SIGKILL of slot 1's gate supervisor: the plugin kills the gated
+	// app, proves it dead and releases slot 1; a standby's app takes it.
+	crashed := holders[1]
+	app := j.appProc(t, crashed.AllocID)
+	j.standby(t, a, next.AllocID)
+	sup := drvSupervisor(t, crashed.AllocID)
+	t0 = harness.MonoNow()
+	if err := syscall.Kill(sup.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	gone := drvWaitGone(t, app.PID, 60*time.Second)
+	taken := waitMainStart(t, j.record, 2*drvTTL+drvDelay+60*time.Second, func(r harness.Record) bool {
+		return r.AllocID != crashed.AllocID && r.LockPath == crashed.LockPath && r.Mono > t0
+	})
+	harness.Measure(t, fmt.Sprintf("gate_%s_semaphore_slot_crash_takeover", kind), time.Duration(taken.Mono-t0))
+	if taken.Mono < gone {
+		t.Errorf("the next app on slot 1 started %s before the crashed gate's app was gone", time.Duration(gone-taken.Mono))
+	}
+	gateWaitEvent(t, a, j.id, 30*time.Second, "Released lock on behalf of crashed supervisor")
+
+	if live := mainWorkloads(t, j.marker); len(live) > n {
+		t.Errorf("%d apps run after the handovers, want at most %d: %v", len(live), n, live)
+	}
+	if err := a.Purge(j.id); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for procs, _ := harness.FindProcs(j.marker); len(procs) > 0; procs, _ = harness.FindProcs(j.marker) {
+		if time.Now().After(deadline) {
+			t.Fatalf("apps still alive 60s after the purge: %v", procs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sum := smp.Stop()
+	checkSlots(t, prefix, n, readRecords(t, j.record), sum, harness.KnownEnd{PID: crashed.PID, Mono: gone})
+	t.Logf("sampler: %s", sum)
+}
