@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -289,5 +290,47 @@ func TestSemaphoreAdoptPathTakesOverTheSlotHeld(t *testing.T) {
 	other := lockclient.SlotPath(semPrefix, (held.Slot+1)%3)
 	if _, err := restarted.AdoptPath(ctx, other, held.LockID(), held.Fence); !errors.Is(err, lockclient.ErrLost) {
 		t.Errorf("adopt the free slot %s under another slot's lock ID: %v, want ErrLost", other, err)
+	}
+}
+
+// A semaphore contender gives way as a single lock's does (a rolling
+// update's Defer): a free slot is taken only once the grace is up, and
+// never while Defer says hold.
+func TestSemaphoreDeferGivesWayBeforeTakingAFreeSlot(t *testing.T) {
+	vars := locktest.NewVars()
+	const grace = 600 * time.Millisecond
+	var asked atomic.Bool
+	start := time.Now()
+	lease := acquireWithin(t, vars.Locker(t, semConfig(2, 0, "alloc-0")), lockclient.AcquireOptions{
+		Defer: func(context.Context) (time.Duration, bool) { asked.Store(true); return grace, false }})
+	if !asked.Load() {
+		t.Error("took a free slot without asking Defer")
+	}
+	if took := time.Since(start); took < grace {
+		t.Errorf("took slot %d after %s, before the grace of %s", lease.Slot, took, grace)
+	}
+
+	var mu sync.Mutex
+	hold := true
+	got := make(chan *lockclient.Lease, 1)
+	go func() {
+		got <- acquireWithin(t, vars.Locker(t, semConfig(2, 1, "alloc-1")), lockclient.AcquireOptions{
+			Defer: func(context.Context) (time.Duration, bool) { mu.Lock(); defer mu.Unlock(); return 0, hold }})
+	}()
+	select {
+	case l := <-got:
+		t.Fatalf("took slot %d while Defer said hold", l.Slot)
+	case <-time.After(time.Second):
+	}
+	mu.Lock()
+	hold = false
+	mu.Unlock()
+	select {
+	case l := <-got:
+		if l.Slot == lease.Slot {
+			t.Errorf("took slot %d, which is held", l.Slot)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the free slot was not taken within 5s once Defer let go")
 	}
 }
