@@ -66,10 +66,29 @@ func testGateSemaphore(t *testing.T, a *harness.Agent, kind, records string) {
 		t.Fatalf("%d apps run, want %d: %v", len(live), n, live)
 	}
 
+	// `nomad alloc restart` of slot 1's holder restarts its gate and app:
+	// the restarted gate takes its slot over (same fence), and the app
+	// starts again on the same slot.
+	restarted := holders[1]
+	fence := drvLock(t, a, restarted.LockPath).ModifyIndex
+	t0 := harness.MonoNow()
+	a.Nomad(t, "alloc", "restart", restarted.AllocID)
+	again := waitMainStart(t, j.record, 60*time.Second, func(r harness.Record) bool { return r.Mono > t0 })
+	if again.AllocID != restarted.AllocID || again.LockPath != restarted.LockPath {
+		t.Fatalf("after nomad alloc restart of %s (slot 1) an app started in %s on %s", drvShort(restarted.AllocID),
+			drvShort(again.AllocID), again.LockPath)
+	}
+	gateWaitEvent(t, a, j.id, 30*time.Second, fmt.Sprintf("Took over lock (fence %d) on slot 1 of %d", fence, n))
+	if v := drvLock(t, a, restarted.LockPath); v.Items["holder_alloc_id"] != restarted.AllocID || v.ModifyIndex != fence {
+		t.Fatalf("after the restart slot 1 is held by %q at index %d, want %s at %d", v.Items["holder_alloc_id"], v.ModifyIndex,
+			drvShort(restarted.AllocID), fence)
+	}
+	holders[1] = again
+
 	// A graceful stop of slot 0's holder: Nomad stops its app, then its
 	// gate, which releases slot 0 clean; a standby's app starts on slot 0.
 	old := holders[0]
-	t0 := harness.MonoNow()
+	t0 = harness.MonoNow()
 	if err := a.StopAlloc(old.AllocID); err != nil {
 		t.Fatal(err)
 	}
