@@ -192,11 +192,15 @@ func (c *lbCmd) followFailed(err error) int {
 	switch {
 	case errors.As(err, &pe):
 		// Not pe's own text: it names the write policy of a lock holder.
-		fmt.Fprintf(c.stderr, "lock lb follow: read %s: permission denied (HTTP 403).\n", c.args[0])
+		path := c.args[0]
+		if c.holders > 0 {
+			path += "/*" // every slot
+		}
+		fmt.Fprintf(c.stderr, "lock lb follow: read %s: permission denied (HTTP 403).\n", path)
 		fmt.Fprintf(c.stderr, "lock lb follow only reads the lock, but its token needs \"read\" on %s, which the implicit "+
 			"workload-identity policy does not grant: apply examples/acl/singleton-lock.policy.hcl to the job (-job %s), "+
 			"or examples/acl/singleton-lock-read.policy.hcl to this task alone (-job %s -group %s -task %s)\n",
-			c.args[0], job, job, cmp.Or(os.Getenv("NOMAD_GROUP_NAME"), "<group>"), cmp.Or(os.Getenv("NOMAD_TASK_NAME"), "<task>"))
+			path, job, job, cmp.Or(os.Getenv("NOMAD_GROUP_NAME"), "<group>"), cmp.Or(os.Getenv("NOMAD_TASK_NAME"), "<task>"))
 		return shim.ExitPermission
 	}
 	fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
