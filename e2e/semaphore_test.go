@@ -43,32 +43,18 @@ func slotOf(t *testing.T, prefix string, r harness.Record) int {
 }
 
 // checkSlots checks the workloads' records: every one held a slot below n,
-// and no two overlapped on one slot (nor did the fences of a slot go back).
+// never more than n ran at once, no two overlapped on one slot, and the
+// fences of a slot never went back (harness.CheckSemaphore).
 func checkSlots(t *testing.T, prefix string, n int, recs []harness.Record, sum harness.SampleSummary, known ...harness.KnownEnd) {
 	t.Helper()
-	slotOfInstance := map[string]int{}
 	for _, r := range recs {
 		if isMainStart(r) {
-			slotOfInstance[r.Instance] = slotOf(t, prefix, r)
-			if s := slotOfInstance[r.Instance]; s < 0 || s >= n {
+			if s := slotOf(t, prefix, r); s < 0 || s >= n {
 				t.Errorf("a workload held slot %d of a semaphore of %d: %+v", s, n, r)
 			}
 		}
 	}
-	bySlot := map[int][]harness.Interval{}
-	for _, iv := range harness.Intervals(recs, sum.GoneByPIDOr(known...)) {
-		s := slotOfInstance[iv.Instance]
-		bySlot[s] = append(bySlot[s], iv)
-	}
-	for s, ivs := range bySlot {
-		for _, o := range harness.Overlaps(ivs) {
-			t.Errorf("two workloads on slot %d at once for %s: %+v and %+v", s, o.For, o.A, o.B)
-		}
-		harness.CheckFences(t, ivs)
-	}
-	if over := sum.Over(n); len(over) > 0 {
-		t.Errorf("the sampler saw more than %d allocations' workloads at once in %d samples: %s", n, len(over), sum)
-	}
+	harness.CheckSemaphore(t, recs, sum, n, known...)
 }
 
 // testSemaphoreNOfNPlusTwo: n+2 allocations contend for n slots. n
