@@ -27,17 +27,25 @@ func TestGateSemaphore(t *testing.T) {
 	}
 	opts := drvAgentOptions(t, true)
 	opts.HostVolumes = map[string]string{"worker-bin": filepath.Dir(workload), "worker-data": records}
+	opts.Docker = harness.StartDocker(t)
+	opts.RequireDrivers = append(opts.RequireDrivers, "docker")
 	a := harness.StartAgent(t, opts)
-	testGateSemaphore(t, a, "raw_exec", records)
+	var subtests []subtest
+	for _, kind := range []string{"raw_exec", "docker"} {
+		subtests = append(subtests, subtest{kind + "_two_of_four", func(t *testing.T) {
+			testGateSemaphore(t, a, opts.Docker, kind, records)
+		}})
+	}
+	runConcurrently(t, subtests)
 }
 
 // testGateSemaphore: count = 4 allocations of a gated app of kind, whose
-// gate holds a semaphore of 2 slots. (A docker app's records carry its PID
-// in the container, 1 for every app, which the sampler cannot map to the
-// end of a SIGKILLed one: raw_exec only for now.)
-func testGateSemaphore(t *testing.T, a *harness.Agent, kind, records string) {
+// gate holds a semaphore of 2 slots. The docker app stops on SIGTERM, so
+// every app but the one the plugin kills records its own end.
+func testGateSemaphore(t *testing.T, a *harness.Agent, d *harness.Docker, kind, records string) {
 	const n = 2
 	j := newGateJobID(t, "gsem-"+kind[:3], kind, records)
+	j.image, j.termOK = d.Image, true
 	j.count, j.holders, j.noService = n+2, n, true
 	j.extraArgs = []string{"-lock-env", "${NOMAD_ALLOC_DIR}/nomad-lock.env"}
 	prefix := j.lockPath()

@@ -94,6 +94,9 @@ type gateJob struct {
 	// holders, above 0, makes the gate's lock a semaphore of that many
 	// slots (built jobs).
 	holders int
+	// termOK lets the docker kind's app stop on SIGTERM (and record its
+	// stop) instead of ignoring it.
+	termOK bool
 }
 
 // newGateJobID is a built (not example) job of kind with the job ID id:
@@ -164,7 +167,7 @@ func (j *gateJob) run(t *testing.T, a *harness.Agent) {
 // often do, so every stop takes the whole kill_timeout and ends in SIGKILL.
 func (j *gateJob) appArgs(portRef string) []string {
 	args := []string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:" + portRef}
-	if j.kind == "docker" {
+	if j.kind == "docker" && !j.termOK {
 		args = append(args, "-ignore-term")
 	}
 	return append(args, j.extraArgs...)
