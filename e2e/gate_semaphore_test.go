@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -36,7 +38,124 @@ func TestGateSemaphore(t *testing.T) {
 			testGateSemaphore(t, a, opts.Docker, kind, records)
 		}})
 	}
+	subtests = append(subtests, subtest{"raw_exec_load_balancer_two_of_three", func(t *testing.T) {
+		testGateSemaphoreLB(t, a, records)
+	}})
 	runConcurrently(t, subtests)
+}
+
+// testGateSemaphoreLB: count = 3, a gate holding one of 2 slots with a
+// load_balancer block, the reference LB over real HTTP. Each slot's holder
+// is listed; a slot's next holder's ADD swaps out that slot's previous
+// upstream, after a graceful stop and after a SIGKILL of the gate's
+// supervisor; the LB lists exactly the current holders, and never more
+// than 2.
+func testGateSemaphoreLB(t *testing.T, a *harness.Agent, records string) {
+	const n = 2
+	lb := lbStartServer(t)
+	j := newGateJobID(t, "gsem-lb", "raw_exec", records)
+	service := fmt.Sprintf("svc-gsem-%d", time.Now().UnixNano()%1e6)
+	j.lb = gateLB(lb, service, lbGroup)
+	j.count, j.holders, j.noService = n+1, n, true
+	j.extraArgs = []string{"-lock-env", "${NOMAD_ALLOC_DIR}/nomad-lock.env"}
+	prefix := j.lockPath()
+	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: j.marker, Filter: harness.Proc.IsMainWorkload})
+	live := lbWatchLive(t, lb, service)
+	j.run(t, a)
+	t.Cleanup(func() { _ = a.Purge(j.id) })
+
+	holders := map[int]harness.Record{}
+	harness.WaitRecord(t, j.record, 120*time.Second, func(r harness.Record) bool {
+		if isMainStart(r) {
+			holders[slotOf(t, prefix, r)] = r
+		}
+		return len(holders) == n
+	})
+	listed := func(what string) {
+		t.Helper()
+		var want []string
+		for _, r := range holders {
+			want = append(want, lbUpstreamOf(t, a, r.AllocID))
+		}
+		slices.Sort(want)
+		lbWaitUpstreamsSet(t, lb, service, 60*time.Second, what, want)
+	}
+	listed("both slots' holders")
+
+	// A graceful stop of slot 0's holder, then a SIGKILL of slot 1's gate
+	// supervisor: each slot's next holder's ADD swaps out its previous one.
+	for slot, how := range []string{"graceful stop", "gate supervisor killed"} {
+		old := holders[slot]
+		oldUp := lbUpstreamOf(t, a, old.AllocID)
+		t0 := harness.MonoNow()
+		if slot == 0 {
+			if err := a.StopAlloc(old.AllocID); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			j.standby(t, a, holders[0].AllocID)
+			if err := syscall.Kill(drvSupervisor(t, old.AllocID).PID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+		next := waitMainStart(t, j.record, 90*time.Second, func(r harness.Record) bool {
+			return r.AllocID != old.AllocID && r.LockPath == old.LockPath && r.Mono > t0
+		})
+		holders[slot] = next
+		add := gateLBRequest(t, lb, service, next.AllocID+"-ADD-", 60*time.Second)
+		if nextUp := lbUpstreamOf(t, a, next.AllocID); nextUp != oldUp && !slices.Contains(add.RemoveUpstreams, oldUp) {
+			t.Errorf("%s: the ADD of %s on slot %d (%s) removes %q, want slot %d's previous holder's %s swapped out",
+				how, drvShort(next.AllocID), slot, add.ID, add.RemoveUpstreams, slot, oldUp)
+		}
+		listed(how)
+		harness.Measure(t, fmt.Sprintf("gate_semaphore_lb_listed_after_%s", strings.ReplaceAll(how, " ", "_")),
+			time.Duration(harness.MonoNow()-t0))
+	}
+
+	live.halt()
+	most := 0
+	live.mu.Lock()
+	for _, c := range live.changes {
+		most = max(most, len(c.ups))
+	}
+	changes := fmt.Sprint(live.changes)
+	live.mu.Unlock()
+	if most > n {
+		t.Errorf("the LB listed %d upstreams at once, want at most %d: %s", most, n, changes)
+	}
+	if err := a.Purge(j.id); err != nil {
+		t.Fatal(err)
+	}
+	lbWaitUpstreams(t, lb, service, 60*time.Second)
+	deadline := time.Now().Add(60 * time.Second)
+	for procs, _ := harness.FindProcs(j.marker); len(procs) > 0; procs, _ = harness.FindProcs(j.marker) {
+		if time.Now().After(deadline) {
+			t.Fatalf("apps still alive 60s after the purge: %v", procs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if over := smp.Stop().Over(n); len(over) > 0 {
+		t.Errorf("the sampler saw more than %d allocations' apps at once in %d samples", n, len(over))
+	}
+}
+
+// lbWaitUpstreamsSet waits until the LB's service lists exactly want
+// (sorted), in any order.
+func lbWaitUpstreamsSet(t *testing.T, lb *harness.LB, service string, timeout time.Duration, what string, want []string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		got := slices.Clone(lb.Upstreams(service))
+		slices.Sort(got)
+		if slices.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: LB service %s lists %q after %s, want exactly %q; requests:\n%s",
+				what, service, got, timeout, want, lbFormatRequests(lb.Requests(service)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // testGateSemaphore: count = 4 allocations of a gated app of kind, whose
