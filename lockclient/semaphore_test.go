@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -258,6 +260,185 @@ func TestSemaphorePermissionErrorGrantsEverySlot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := vars.Locker(t, semConfig(2, 0, "a")).Acquire(ctx, lockclient.AcquireOptions{})
+	var pe *lockclient.PermissionError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), `path "`+semPrefix+`/*"`) {
+		t.Fatalf("err = %v, want a PermissionError whose policy grants %s/*", err, semPrefix)
+	}
+}
+
+// A restarted gate takes over the slot its previous run holds, by that
+// slot's path; a path that is no slot of the semaphore, or a slot no
+// longer held under the lock ID, is not taken over.
+func TestSemaphoreAdoptPathTakesOverTheSlotHeld(t *testing.T) {
+	vars := locktest.NewVars()
+	held := acquireWithin(t, vars.Locker(t, semConfig(3, 2, "alloc-2")), lockclient.AcquireOptions{})
+	restarted := vars.Locker(t, semConfig(3, 2, "alloc-2"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := restarted.AdoptPath(ctx, held.Path(), held.LockID(), held.Fence)
+	if err != nil {
+		t.Fatalf("adopt slot %s: %v", held.Path(), err)
+	}
+	if lease.Slot != held.Slot || lease.Holders != 3 || lease.Path() != held.Path() || lease.Fence != held.Fence {
+		t.Errorf("adopted slot %d of %d at %s fence %d, want slot %d of 3 at %s fence %d",
+			lease.Slot, lease.Holders, lease.Path(), lease.Fence, held.Slot, held.Path(), held.Fence)
+	}
+	for _, path := range []string{semPrefix, lockclient.SlotPath(semPrefix, 3), ""} {
+		if _, err := restarted.AdoptPath(ctx, path, held.LockID(), held.Fence); !errors.Is(err, lockclient.ErrLost) {
+			t.Errorf("adopt %q: %v, want ErrLost (no slot of the semaphore)", path, err)
+		}
+	}
+	other := lockclient.SlotPath(semPrefix, (held.Slot+1)%3)
+	if _, err := restarted.AdoptPath(ctx, other, held.LockID(), held.Fence); !errors.Is(err, lockclient.ErrLost) {
+		t.Errorf("adopt the free slot %s under another slot's lock ID: %v, want ErrLost", other, err)
+	}
+}
+
+// A semaphore contender gives way as a single lock's does (a rolling
+// update's Defer): a free slot is taken only once the grace is up, and
+// never while Defer says hold.
+func TestSemaphoreDeferGivesWayBeforeTakingAFreeSlot(t *testing.T) {
+	vars := locktest.NewVars()
+	const grace = 600 * time.Millisecond
+	var asked atomic.Bool
+	start := time.Now()
+	lease := acquireWithin(t, vars.Locker(t, semConfig(2, 0, "alloc-0")), lockclient.AcquireOptions{
+		Defer: func(context.Context) (time.Duration, bool) { asked.Store(true); return grace, false }})
+	if !asked.Load() {
+		t.Error("took a free slot without asking Defer")
+	}
+	if took := time.Since(start); took < grace {
+		t.Errorf("took slot %d after %s, before the grace of %s", lease.Slot, took, grace)
+	}
+
+	var mu sync.Mutex
+	hold := true
+	got := make(chan *lockclient.Lease, 1)
+	go func() {
+		got <- acquireWithin(t, vars.Locker(t, semConfig(2, 1, "alloc-1")), lockclient.AcquireOptions{
+			Defer: func(context.Context) (time.Duration, bool) { mu.Lock(); defer mu.Unlock(); return 0, hold }})
+	}()
+	select {
+	case l := <-got:
+		t.Fatalf("took slot %d while Defer said hold", l.Slot)
+	case <-time.After(time.Second):
+	}
+	mu.Lock()
+	hold = false
+	mu.Unlock()
+	select {
+	case l := <-got:
+		if l.Slot == lease.Slot {
+			t.Errorf("took slot %d, which is held", l.Slot)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the free slot was not taken within 5s once Defer let go")
+	}
+}
+
+// Two contenders start at once on a prefix nobody ever wrote, asking
+// different N: without the semaphore's record both would find every slot
+// free and get in. The record is created by check-and-set, so exactly one
+// gets in and the other is refused, having taken nothing.
+func TestSemaphoreFirstContendersAskingDifferentNOneIsRefused(t *testing.T) {
+	for round := range 30 {
+		vars := locktest.NewVars()
+		start := make(chan struct{})
+		type result struct {
+			n     int
+			lease *lockclient.Lease
+			err   error
+		}
+		results := make(chan result, 2)
+		for i, n := range []int{2, 3} {
+			l := vars.Locker(t, semConfig(n, i, "alloc-"+string(rune('a'+i))))
+			go func() {
+				<-start
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				lease, err := l.Acquire(ctx, lockclient.AcquireOptions{})
+				results <- result{n, lease, err}
+			}()
+		}
+		close(start)
+		var in, refused []result
+		for range 2 {
+			r := <-results
+			switch {
+			case r.err == nil:
+				in = append(in, r)
+			case errors.Is(r.err, lockclient.ErrHoldersMismatch):
+				refused = append(refused, r)
+			default:
+				t.Fatalf("round %d: N %d: %v", round, r.n, r.err)
+			}
+		}
+		if len(in) != 1 || len(refused) != 1 {
+			t.Fatalf("round %d: %d contenders got in and %d were refused, want one each", round, len(in), len(refused))
+		}
+		recorded := vars.Server(lockclient.SemaphorePath(semPrefix)).Items()["semaphore_holders"]
+		if recorded != strconv.Itoa(in[0].n) {
+			t.Errorf("round %d: the record says %q holders, but the contender asking %d got in", round, recorded, in[0].n)
+		}
+		if msg := refused[0].err.Error(); !strings.Contains(msg, "has "+recorded+" holders") || !strings.Contains(msg, "asks for "+strconv.Itoa(refused[0].n)) {
+			t.Errorf("round %d: the refusal does not name both values: %s", round, msg)
+		}
+		if n := vars.Calls(locktest.OpAcquire); n != 1 {
+			t.Errorf("round %d: %d acquires, want only the one that got in", round, n)
+		}
+	}
+}
+
+// The record is written once, by the first contender; later contenders
+// read it, and one asking another N is refused though no slot was ever
+// written. A variable at the record's path that records no N is refused.
+func TestSemaphoreRecord(t *testing.T) {
+	vars := locktest.NewVars()
+	rec := vars.Server(lockclient.SemaphorePath(semPrefix))
+	first := vars.Locker(t, semConfig(3, 0, "a"))
+	lease := acquireWithin(t, first, lockclient.AcquireOptions{})
+	if got := rec.Items(); got["semaphore_holders"] != "3" || len(got) != 1 {
+		t.Errorf("the record = %v, want semaphore_holders 3", got)
+	}
+	acquireWithin(t, vars.Locker(t, semConfig(3, 1, "b")), lockclient.AcquireOptions{})
+	if n := rec.Calls(locktest.OpCreate); n != 1 {
+		t.Errorf("%d creates of the record, want 1 (the first contender's)", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if n, err := first.RecordedHolders(ctx); n != 3 || err != nil {
+		t.Errorf("RecordedHolders = %d, %v; want 3", n, err)
+	}
+	release(t, lease)
+
+	// A semaphore whose slots were never written, only its record.
+	vars = locktest.NewVars()
+	vars.Server(lockclient.SemaphorePath(semPrefix)).Write(map[string]string{"semaphore_holders": "4"})
+	_, err := vars.Locker(t, semConfig(2, 0, "c")).Acquire(ctx, lockclient.AcquireOptions{})
+	if !errors.Is(err, lockclient.ErrHoldersMismatch) || !strings.Contains(err.Error(), "has 4 holders (recorded in "+lockclient.SemaphorePath(semPrefix)+")") {
+		t.Errorf("N 2 against a record of 4: err = %v, want a refusal naming the record", err)
+	}
+
+	vars = locktest.NewVars()
+	vars.Server(lockclient.SemaphorePath(semPrefix)).Write(map[string]string{"owner": "someone else"})
+	_, err = vars.Locker(t, semConfig(2, 0, "d")).Acquire(ctx, lockclient.AcquireOptions{})
+	var ce *lockclient.ConfigError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "records no semaphore_holders") {
+		t.Errorf("a foreign variable at the record's path: err = %v, want a ConfigError naming it", err)
+	}
+	if n := vars.Calls(locktest.OpAcquire); n != 0 {
+		t.Errorf("%d acquires after a refusal, want 0", n)
+	}
+}
+
+// A token that may not write the record gets the policy of every slot.
+func TestSemaphoreRecordPermissionErrorGrantsThePrefix(t *testing.T) {
+	vars := locktest.NewVars()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	l := vars.Locker(t, semConfig(2, 0, "a"))
+	vars.Server(lockclient.SemaphorePath(semPrefix)).FailCreate(locktest.Error(403, "Permission denied"))
+	_, err := l.Acquire(ctx, lockclient.AcquireOptions{})
 	var pe *lockclient.PermissionError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), `path "`+semPrefix+`/*"`) {
 		t.Fatalf("err = %v, want a PermissionError whose policy grants %s/*", err, semPrefix)

@@ -18,11 +18,13 @@ const (
 	ScenarioLB        = "lb"
 	ScenarioHAProxy   = "haproxy"
 	ScenarioTimeline  = "timeline"
+	ScenarioSemaphore = "semaphore"
 )
 
 // AllScenarios in the order they run.
 var AllScenarios = []string{
-	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioScale,
+	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioSemaphore,
+	ScenarioScale,
 }
 
 // Environment variables read by FromEnv. The GNUmakefile sets them from its
