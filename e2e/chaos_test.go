@@ -389,6 +389,14 @@ func TestChaos(t *testing.T) {
 				func(t *testing.T, n int, tr *chaosTrial) {
 					leaseNodeDeathTrial(t, a, aggressiveLockBlock, chaosName("nda", "driver", n), tr)
 				}},
+			{chaosRow{ID: "10-partition-lease", Variant: "driver, lock { mode = \"lease\" } (default profile, L = 9s)",
+				Fault: "the holder's client cut off from the server and the other client (its veth link down), everything on it running; " +
+					"a driver job of count = 2, one allocation on each client (distinct_hosts), TTL 10s, delay 1s",
+				Proves: "the cut-off holder, alive, cannot write its heartbeat, fences itself D after the last acknowledged one and has " +
+					"its workload dead by D + K; the standby takes over after L, never beside it"},
+				func(t *testing.T, n int, tr *chaosTrial) {
+					leaseTrial(t, a, leasePartition, leaseLockBlock, chaosName("npl", "driver", n), tr)
+				}},
 			{chaosRow{ID: "10-node-death-lock", Variant: "driver, the plain lock", Fault: fault,
 				Proves: "the baseline: the standby waits for the server to expire the lock (2×TTL + delay after the last renew); no overlap"},
 				func(t *testing.T, n int, tr *chaosTrial) {

@@ -156,12 +156,45 @@ func leaseAgentOptions(t *testing.T) harness.AgentOptions {
 	return opts
 }
 
-// leaseNodeDeathTrial runs a driver job of two allocations, one on each
-// client, with lockBlock; kills the holder's node (leaseKillNode); waits
-// for the standby's workload; checks that no two workloads ever ran at
-// once; then brings the node back and purges the job. tr.Takeover is the
-// time from the node's death to the standby's workload start.
+// leaseFault is what happens to the holder's client in a lease trial.
+type leaseFault int
+
+const (
+	// leaseNodeDeath: every process of the client frozen and killed at once.
+	leaseNodeDeath leaseFault = iota
+	// leasePartition: the client cut off from the server and the other
+	// client (its link down); everything on it keeps running.
+	leasePartition
+)
+
+// TestLeasePartition: the lease-mode holder's client is cut off, alive.
+// The holder cannot write its heartbeat, fences itself D after the last
+// acknowledged one and has its workload dead by D + K; the standby on the
+// other client takes the lock over after L, never beside it.
+func TestLeasePartition(t *testing.T) {
+	t.Parallel()
+	if why := chaosPartitionSkip(); why != "" {
+		t.Skip(why)
+	}
+	a := harness.StartAgent(t, leaseAgentOptions(t))
+	tr := &chaosTrial{}
+	leaseTrial(t, a, leasePartition, leaseLockBlock, "lease-pt", tr)
+	if tr.Takeover > leaseTakeoverBound {
+		t.Errorf("takeover took %s after the cut, want under %s", tr.Takeover, leaseTakeoverBound)
+	}
+}
+
+// leaseNodeDeathTrial is leaseTrial with the holder's node dying.
 func leaseNodeDeathTrial(t *testing.T, a *harness.Agent, lockBlock, name string, tr *chaosTrial, prepare ...func(*drvJob)) {
+	leaseTrial(t, a, leaseNodeDeath, lockBlock, name, tr, prepare...)
+}
+
+// leaseTrial runs a driver job of two allocations, one on each client,
+// with lockBlock; kills the holder's node (leaseKillNode) or cuts it off;
+// waits for the standby's workload; checks that no two workloads ever ran
+// at once; then brings the node back and purges the job. tr.Takeover is
+// the time from the fault to the standby's workload start.
+func leaseTrial(t *testing.T, a *harness.Agent, fault leaseFault, lockBlock, name string, tr *chaosTrial, prepare ...func(*drvJob)) {
 	j := newDrvJob(t, name, 2)
 	j.lockBlock = lockBlock
 	j.groupExtra = "constraint {\n      operator = \"distinct_hosts\"\n      value    = \"true\"\n    }"
@@ -204,13 +237,28 @@ func leaseNodeDeathTrial(t *testing.T, a *harness.Agent, lockBlock, name string,
 
 	smp := s.sampler(t)
 	smp.WaitSeen(t, 30*time.Second, holder.PID)
-	at, frozen := leaseKillNode(t, dead)
-	known := []harness.KnownEnd{{PID: holder.PID, Mono: leaseWaitGone(t, holder.PID)}}
-	t.Logf("node death: froze and SIGKILLed %d processes of %s", len(frozen), dead.Name())
+	var at int64
+	var known []harness.KnownEnd
+	what := "node_death"
+	switch fault {
+	case leaseNodeDeath:
+		var frozen []int
+		at, frozen = leaseKillNode(t, dead)
+		known = []harness.KnownEnd{{PID: holder.PID, Mono: leaseWaitGone(t, holder.PID, 10*time.Second)}}
+		t.Logf("node death: froze and SIGKILLed %d processes of %s", len(frozen), dead.Name())
+	case leasePartition:
+		what = "partition"
+		at = chaosCut(t, dead)
+		// The holder self-fences: D + K after its last acknowledged
+		// heartbeat (lease mode), or the lock's stop deadline.
+		gone := leaseWaitGone(t, holder.PID, 2*drvTTL+10*time.Second)
+		known = []harness.KnownEnd{{PID: holder.PID, Mono: gone}}
+		harness.Measure(t, what+"_self_fence_"+mode, time.Duration(gone-at))
+	}
 
 	next := s.next(t, holder, chaosTakeoverBound)
 	tr.Takeover = time.Duration(next.Mono - at)
-	harness.Measure(t, "node_death_takeover_"+mode, tr.Takeover)
+	harness.Measure(t, what+"_takeover_"+mode, tr.Takeover)
 	if next.AllocID != standby {
 		t.Errorf("the new holder is %s, want the standby %s", drvShort(next.AllocID), drvShort(standby))
 	}
@@ -224,8 +272,15 @@ func leaseNodeDeathTrial(t *testing.T, a *harness.Agent, lockBlock, name string,
 	// The node comes back, and the job is purged, so that nothing of it
 	// outlives the trial.
 	began := harness.MonoNow()
-	if err := dead.Start(); err != nil {
-		t.Fatal(err)
+	switch fault {
+	case leaseNodeDeath:
+		if err := dead.Start(); err != nil {
+			t.Fatal(err)
+		}
+	case leasePartition:
+		if err := dead.Heal(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	chaosWaitNodeReady(t, a, dead, 60*time.Second)
 	tr.Recovery = time.Duration(harness.MonoNow() - began)
@@ -296,11 +351,11 @@ func leaseNetnsPIDs(ns string) []int {
 	return out
 }
 
-// leaseWaitGone waits (up to 10 s) until pid is gone and returns when it
-// was seen gone (CLOCK_MONOTONIC ns).
-func leaseWaitGone(t *testing.T, pid int) int64 {
+// leaseWaitGone waits (up to timeout) until pid is gone and returns when
+// it was seen gone (CLOCK_MONOTONIC ns).
+func leaseWaitGone(t *testing.T, pid int, timeout time.Duration) int64 {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(timeout)
 	for {
 		// Gone, or a zombie nobody has reaped yet: it runs no more.
 		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
@@ -308,7 +363,7 @@ func leaseWaitGone(t *testing.T, pid int) int64 {
 			return harness.MonoNow()
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("workload %d still alive 10s after SIGKILL", pid)
+			t.Fatalf("workload %d still alive %s after the fault", pid, timeout)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
