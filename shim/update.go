@@ -43,10 +43,10 @@ type updateHook struct {
 
 // newUpdateHook attaches to a supervisor that runs as a task of a Nomad
 // allocation (its holder names the allocation, job, group and task); nil
-// otherwise.
+// otherwise, and nil when update_grace = 0 turns the rule off.
 func newUpdateHook(s *Supervisor) *updateHook {
 	h := s.Locker.Config().Holder
-	if h.AllocID == "" || h.JobID == "" || h.Group == "" || h.Task == "" {
+	if h.AllocID == "" || h.JobID == "" || h.Group == "" || h.Task == "" || s.Config.UpdateGrace < 0 {
 		return nil
 	}
 	ns := s.getenv("NOMAD_NAMESPACE")

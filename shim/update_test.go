@@ -221,3 +221,32 @@ func TestStandbyAsksBeforeTakingAReleasedLock(t *testing.T) {
 		t.Fatal("the standby took the released lock without asking about newer versions")
 	}
 }
+
+// update_grace = 0 turns the rule off (the behaviour before it, which the
+// bench's "before" row runs): the setting holds DurationOff, and the
+// supervisor attaches no update hook, so a standby takes a free lock at
+// once. A positive grace below the minimum is still refused.
+func TestUpdateGraceZeroTurnsTheRuleOff(t *testing.T) {
+	label := func(s LockSetting) string { return "config.lock." + s.Name }
+	for _, v := range []string{"0", "0s"} {
+		c := DefaultConfig()
+		if err := LockSettings.In(InDriver).Apply(&c, LockValues{"update_grace": v}, label); err != nil {
+			t.Fatalf("update_grace = %s: %v", v, err)
+		}
+		if c.UpdateGrace != DurationOff {
+			t.Errorf("update_grace = %s: %s, want off", v, c.UpdateGrace)
+		}
+	}
+	c := DefaultConfig()
+	if err := LockSettings.In(InDriver).Apply(&c, LockValues{"update_grace": "500ms"}, label); err == nil {
+		t.Error("update_grace = 500ms accepted, below the 1s minimum")
+	}
+	s, _ := updateRig(t, DurationOff)
+	if hs := hooksOf[acquireHook](s); len(hs) != 0 {
+		t.Errorf("update_grace = 0: %d acquire hooks, want none", len(hs))
+	}
+	s, _ = updateRig(t, time.Second)
+	if hs := hooksOf[acquireHook](s); len(hs) != 1 {
+		t.Errorf("update_grace = 1s: %d acquire hooks, want the update hook", len(hs))
+	}
+}
