@@ -16,8 +16,8 @@ import (
 // stopped while an old-version standby waits: that standby gives the new
 // version the lock (docs/updates.md). Each update hands the lock over
 // exactly once, to an allocation of the new version, and no two workloads
-// ever overlap: with count = 2 and max_parallel = 1, and with count = 3 and
-// a canary that is promoted automatically.
+// ever overlap: with count = 2 and count = 3 and max_parallel = 1, and with
+// count = 3 and a canary that is promoted automatically.
 func TestDriverRollingUpdateHandsOverOnce(t *testing.T) {
 	t.Parallel()
 	harness.BuildTestWorkload(t)
@@ -25,6 +25,12 @@ func TestDriverRollingUpdateHandsOverOnce(t *testing.T) {
 	runConcurrently(t, []subtest{
 		{"count_2", func(t *testing.T) {
 			testDrvUpdatesHandOverOnce(t, a, "update-once", 2, `    max_parallel      = 1
+    min_healthy_time  = "2s"
+    healthy_deadline  = "2m"
+    progress_deadline = "3m"`)
+		}},
+		{"count_3", func(t *testing.T) {
+			testDrvUpdatesHandOverOnce(t, a, "update-three", 3, `    max_parallel      = 1
     min_healthy_time  = "2s"
     healthy_deadline  = "2m"
     progress_deadline = "3m"`)
