@@ -18,11 +18,12 @@ const (
 	ScenarioLB        = "lb"
 	ScenarioHAProxy   = "haproxy"
 	ScenarioTimeline  = "timeline"
+	ScenarioUpdate    = "update"
 )
 
 // AllScenarios in the order they run.
 var AllScenarios = []string{
-	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioScale,
+	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioUpdate, ScenarioScale,
 }
 
 // Environment variables read by FromEnv. The GNUmakefile sets them from its

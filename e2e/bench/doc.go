@@ -40,6 +40,7 @@
 //	make bench QUICK=1                  # smoke: one run each, N=10, short windows, < 2 min
 //	make bench SCENARIOS=handover,crash # a subset (the doc then says so)
 //	make bench SCENARIOS=haproxy MERGE=1 # re-measure one section of docs/benchmarks.md in place
+//	make bench SCENARIOS=update MERGE=1 # rolling updates: (a), (c) with update_grace = 0s, (c)
 //
 // Less common knobs are plain environment variables: BENCH_SCALE_PROCS_MAX
 // (largest N run as `lock` processes, default 100), BENCH_SCALE_ANCHOR_MAX

@@ -116,6 +116,8 @@ func slug(variant string) string {
 		return "lock"
 	case VariantDriver:
 		return "driver"
+	case VariantDriverRuleOff:
+		return "driveroff"
 	case VariantGate:
 		return "gate"
 	case VariantGateRaw:
@@ -143,6 +145,12 @@ type job struct {
 	// lbURI, if set, registers the workload with this LB API as service
 	// lbService (base path /lbService, group lbGroup, port label "http").
 	lbURI, lbService string
+	// update is the lines of the group's update block ("" for none);
+	// updateGrace the driver's lock.update_grace ("" for its default).
+	update, updateGrace string
+	// extraArgs go after the workload's own flags (a version tag: changing
+	// them is a destructive update).
+	extraArgs []string
 }
 
 // lbGroup is the LB group of the bench's LB API servers.
@@ -180,13 +188,15 @@ type benchJob struct {
 	Count             int
 	Network, FailFast bool
 	HealthCheck       bool
-	Args              []string
-	Env               map[string]string
-	Lock              *benchLock
-	LB                *benchLB
+	// Update, if set, is the lines of the group's update block.
+	Update string
+	Args   []string
+	Env    map[string]string
+	Lock   *benchLock
+	LB     *benchLB
 }
 
-type benchLock struct{ Path, TTL, Delay string }
+type benchLock struct{ Path, TTL, Delay, UpdateGrace string }
 
 type benchLB struct {
 	URI, ServiceID, BasePath string
@@ -195,7 +205,7 @@ type benchLB struct {
 
 // driverBlocks are the singleton driver's lock and load_balancer blocks for j.
 func driverBlocks(spec *benchJob, j *job) {
-	spec.Lock = &benchLock{Path: j.path, TTL: TTL.String(), Delay: LockDelay.String()}
+	spec.Lock = &benchLock{Path: j.path, TTL: TTL.String(), Delay: LockDelay.String(), UpdateGrace: j.updateGrace}
 	if j.lbURI != "" {
 		spec.LB = &benchLB{URI: j.lbURI, ServiceID: j.lbService, BasePath: "/" + j.lbService, Groups: []string{lbGroup}}
 	}
@@ -207,8 +217,8 @@ func (b *bench) hcl(j *job) string {
 	if isGate(j.variant) {
 		return b.gateHCL(j)
 	}
-	spec := benchJob{ID: j.id, Task: taskName, Count: j.count, Network: j.lbURI != "", FailFast: j.failFast}
-	wl := b.workloadArgs(j.record, j.marker)
+	spec := benchJob{ID: j.id, Task: taskName, Count: j.count, Network: j.lbURI != "", FailFast: j.failFast, Update: j.update}
+	wl := append(b.workloadArgs(j.record, j.marker), j.extraArgs...)
 	switch j.variant {
 	case VariantAnchor:
 		spec.Driver, spec.Command = "raw_exec", b.nomadBin
@@ -223,7 +233,7 @@ func (b *bench) hcl(j *job) string {
 				"-lb-groups", lbGroup, "-lb-port", "http"}
 		}
 		spec.Args = append(append(lb, lockArgs(j.path)...), wl...)
-	case VariantDriver:
+	case VariantDriver, VariantDriverRuleOff:
 		spec.Driver, spec.Command, spec.Args = harness.PluginDriverName, wl[0], wl[1:]
 		driverBlocks(&spec, j)
 	case VariantRawExec:

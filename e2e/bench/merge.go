@@ -115,10 +115,23 @@ func section(lines []string, heading string) []string {
 	return nil
 }
 
+// replaceSection swaps the section starting with heading for sec; a
+// section the report does not have yet (a new scenario) goes at the end of
+// its "## Results" part.
 func replaceSection(lines []string, heading string, sec []string) ([]string, error) {
 	old := section(lines, heading)
 	if old == nil {
-		return nil, fmt.Errorf("the report has no section %q to replace", heading)
+		for i, l := range lines {
+			if l != "## Results" {
+				continue
+			}
+			j := i + 1
+			for j < len(lines) && !strings.HasPrefix(lines[j], "## ") {
+				j++
+			}
+			return append(lines[:j:j], append(sec, lines[j:]...)...), nil
+		}
+		return nil, fmt.Errorf("the report has no section %q to replace, and no part \"## Results\" to add it to", heading)
 	}
 	for i, l := range lines {
 		if l == old[0] {
@@ -161,5 +174,5 @@ func MergeIntoDoc(rep *Report, mdPath string) error {
 // without a section of their own (timeline: a picture) are absent.
 var scenarioTitles = map[string]string{
 	ScenarioHandover: TitleHandover, ScenarioCrash: TitleCrash, ScenarioStart: TitleStart, ScenarioFootprint: TitleFootprint,
-	ScenarioScale: TitleScale, ScenarioLB: TitleLB, ScenarioHAProxy: TitleHAProxy,
+	ScenarioScale: TitleScale, ScenarioLB: TitleLB, ScenarioHAProxy: TitleHAProxy, ScenarioUpdate: TitleUpdate,
 }
