@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,5 +176,83 @@ func TestDriverBrokenNewVersionFallsBackToOldStandby(t *testing.T) {
 	}
 	if h.Gap > grace+30*time.Second {
 		t.Errorf("the old standby took the lock only after %s (grace %s)", h.Gap, grace)
+	}
+}
+
+// TestDriverHolderWaitsForItsSuccessor: with max_parallel = 2 Nomad stops
+// the holder and the standby of a count = 2 group at once. The holder's
+// own replacement starts only once the holder is gone, but the standby's
+// starts while the holder stops: the holder keeps serving, the lock held,
+// until that one waits for the lock (its task's kill_timeout less
+// lock.kill_timeout at most), says so in its events, and the lock goes
+// straight to it, not to the holder's own replacement. Each update hands
+// over once, to the new version, never two at once.
+func TestDriverHolderWaitsForItsSuccessor(t *testing.T) {
+	t.Parallel()
+	harness.BuildTestWorkload(t)
+	a := harness.StartAgent(t, drvAgentOptions(t, true))
+	const updates = 3
+	j := newDrvJob(t, "update-holder-waits", 2)
+	j.killTimeout = "20s"
+	j.update = `    max_parallel      = 2
+    min_healthy_time  = "2s"
+    healthy_deadline  = "2m"
+    progress_deadline = "3m"`
+	j.args = []string{"v0"}
+	j.run(t, a)
+	holder := j.waitStart(t, 60*time.Second, nil)
+	drvWaitDeployment(t, a, j.id, 0, 2*time.Minute)
+
+	s := j.sampler(t)
+	for v := 1; v <= updates; v++ {
+		updateAt := harness.MonoNow()
+		want := "v" + strconv.Itoa(v)
+		j.args = []string{want}
+		j.run(t, a)
+		next := j.waitStart(t, 90*time.Second, func(r harness.Record) bool { return r.Mono > updateAt })
+		if !slices.Contains(next.Argv, want) {
+			t.Errorf("update %d: the lock went to %v, want %s", v, next.Argv, want)
+		}
+		old, _, err := a.API().Allocations().Info(holder.AllocID, nil)
+		if err != nil {
+			t.Fatalf("read the old holder %s: %v", drvShort(holder.AllocID), err)
+		}
+		if next.AllocID == old.NextAllocation {
+			t.Errorf("update %d: the lock went to the old holder's own replacement %s, which starts only once the holder is gone: the holder did not wait for the other new allocation",
+				v, drvShort(next.AllocID))
+		}
+		// The old holder's events say it kept serving, and whom for.
+		var texts []string
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			texts = texts[:0]
+			if al, _, err := a.API().Allocations().Info(holder.AllocID, nil); err == nil && al.TaskStates[drvTask] != nil {
+				for _, ev := range al.TaskStates[drvTask].Events {
+					texts = append(texts, drvEventText(ev))
+				}
+			}
+			joined := strings.Join(texts, "\n")
+			if strings.Contains(joined, "Stopped for a rolling update: keeping the workload running for up to 16s") &&
+				strings.Contains(joined, "Rolling update: allocation "+drvShort(next.AllocID)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("update %d: the old holder's events do not say it waited for %s:\n%s", v, drvShort(next.AllocID), joined)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		drvWaitDeployment(t, a, j.id, uint64(v), 3*time.Minute)
+		holder = next
+	}
+	time.Sleep(2 * time.Second)
+	sum := s.Stop()
+	recs := j.records(t)
+	ivs := harness.CheckNoOverlap(t, recs, sum)
+	for _, h := range harness.Handovers(ivs) {
+		t.Logf("handover %s → %s after %s", drvShort(h.From.AllocID), drvShort(h.To.AllocID), h.Gap)
+		harness.Measure(t, "holder_waits_handover_gap", h.Gap)
+	}
+	if n := len(harness.Handovers(ivs)); n != updates {
+		t.Errorf("%d handovers over %d updates, want one each", n, updates)
 	}
 }

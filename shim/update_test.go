@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -248,5 +249,140 @@ func TestUpdateGraceZeroTurnsTheRuleOff(t *testing.T) {
 	s, _ = updateRig(t, time.Second)
 	if hs := hooksOf[acquireHook](s); len(hs) != 1 {
 		t.Errorf("update_grace = 1s: %d acquire hooks, want the update hook", len(hs))
+	}
+}
+
+// A holder stopped for a rolling update waits only for an allocation of a
+// newer version that is on its way and is not its own replacement (which
+// Nomad starts only once the holder is terminal); it is waiting once its
+// task runs, or once it said it waits for a held lock.
+func TestHolderSuccessor(t *testing.T) {
+	self := versioned("holder", "web", 1, "stop")
+	self.NextAllocation = "mine"
+	waitingEv := &api.TaskState{State: "pending", Events: []*api.TaskEvent{{DisplayMessage: waitingHeldMessage("p", lockclient.Holder{AllocID: "holder"})}}}
+	for _, tc := range []struct {
+		name        string
+		stubs       []*api.AllocationListStub
+		want        string
+		wantWaiting bool
+	}{
+		{"only its own replacement", []*api.AllocationListStub{stub("mine", "web", 2, "run", "pending", "")}, "", false},
+		{"own replacement running", []*api.AllocationListStub{stub("mine", "web", 2, "run", "running", "running")}, "", false},
+		{"another replacement pending", []*api.AllocationListStub{stub("mine", "web", 2, "run", "pending", ""), stub("b", "web", 2, "run", "pending", "")}, "b", false},
+		{"another replacement running", []*api.AllocationListStub{stub("b", "web", 2, "run", "running", "running")}, "b", true},
+		{"a running one wins over a pending one", []*api.AllocationListStub{stub("a", "web", 2, "run", "pending", ""), stub("b", "web", 2, "run", "running", "running")}, "b", true},
+		{"dead task", []*api.AllocationListStub{stub("b", "web", 2, "run", "running", "dead")}, "", false},
+		{"same version", []*api.AllocationListStub{stub("b", "web", 1, "run", "running", "running")}, "", false},
+		{"other group", []*api.AllocationListStub{stub("b", "db", 2, "run", "running", "running")}, "", false},
+		{"being stopped", []*api.AllocationListStub{stub("b", "web", 2, "stop", "running", "running")}, "", false},
+		{"lost", []*api.AllocationListStub{stub("b", "web", 2, "run", "lost", "running")}, "", false},
+		{"pending, said it waits (start on_lock)", []*api.AllocationListStub{{ID: "b", TaskGroup: "web", JobVersion: 2, DesiredStatus: "run", ClientStatus: "pending",
+			TaskStates: map[string]*api.TaskState{"app": waitingEv}}}, "b", true},
+	} {
+		got, waiting := holderSuccessor(self, tc.stubs, "app")
+		id := ""
+		if got != nil {
+			id = got.ID
+		}
+		if id != tc.want || waiting != tc.wantWaiting {
+			t.Errorf("%s: successor %q waiting %v, want %q %v", tc.name, id, waiting, tc.want, tc.wantWaiting)
+		}
+	}
+}
+
+// Only Nomad's update-stop delays: a stop for any other reason (job
+// stopped, scale-down, canary promotion's "not needed") does not.
+func TestUpdateStopIsOnlyTheRollingUpdate(t *testing.T) {
+	for _, tc := range []struct {
+		desired, desc string
+		want          bool
+	}{
+		{"stop", "alloc is being updated due to job update", true},
+		{"stop", "alloc not needed due to job update", false},
+		{"stop", "alloc not needed since job was stopped", false},
+		{"run", "alloc is being updated due to job update", false},
+		{"evict", "alloc is being updated due to job update", false},
+	} {
+		a := versioned("a", "web", 1, tc.desired)
+		a.DesiredDescription = tc.desc
+		if got := updateStop(a); got != tc.want {
+			t.Errorf("%s / %q: %v, want %v", tc.desired, tc.desc, got, tc.want)
+		}
+	}
+}
+
+// The holder stopped for an update keeps serving while another newer
+// allocation starts, says so, and lets the stop go on once that one runs;
+// with only its own replacement on its way, or for another kind of stop,
+// it does not wait; and it never waits past its budget.
+func TestHolderDelaysUpdateStopUntilSuccessorWaits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drain := func(c <-chan string, within time.Duration) ([]string, time.Duration) {
+		start := time.Now()
+		var msgs []string
+		for {
+			select {
+			case m, ok := <-c:
+				if !ok {
+					return msgs, time.Since(start)
+				}
+				msgs = append(msgs, m)
+			case <-time.After(within):
+				t.Fatalf("the delay did not end within %s (messages %q)", within, msgs)
+			}
+		}
+	}
+	self := func(desc string) *api.Allocation {
+		a := jobAlloc("standby", 1, "stop", "running")
+		a.DesiredDescription, a.NextAllocation = desc, "mine"
+		return a
+	}
+
+	// Another kind of stop: no wait, no read of the job's allocations.
+	s, srv := updateRig(t, time.Second)
+	h := hooksOf[delayHook](s)[0]
+	srv.SetAllocation(self("alloc not needed since job was stopped"))
+	srv.SetAllocation(jobAlloc("other", 2, "run", "pending"))
+	if msgs, _ := drain(h.delayStop(ctx, 10*time.Second), 5*time.Second); len(msgs) != 0 || srv.Calls(locktest.OpJobAllocs) != 0 {
+		t.Errorf("a job stop delayed: %q", msgs)
+	}
+
+	// Only its own replacement: no wait.
+	s, srv = updateRig(t, time.Second)
+	h = hooksOf[delayHook](s)[0]
+	srv.SetAllocation(self(statusAllocUpdating))
+	srv.SetAllocation(jobAlloc("mine", 2, "run", "pending"))
+	if msgs, _ := drain(h.delayStop(ctx, 10*time.Second), 5*time.Second); len(msgs) != 0 {
+		t.Errorf("waited for its own replacement: %q", msgs)
+	}
+
+	// Another newer allocation starting: wait until it runs.
+	other := jobAlloc("other", 2, "run", "pending")
+	other.TaskStates = nil
+	srv.SetAllocation(other)
+	c := h.delayStop(ctx, 20*time.Second)
+	select {
+	case m := <-c:
+		if !strings.HasPrefix(m, evUpdateKeepServe.Prefix) {
+			t.Fatalf("first message %q, want the keep-serving event", m)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no keep-serving event")
+	}
+	srv.SetAllocation(jobAlloc("other", 2, "run", "running"))
+	msgs, _ := drain(c, 10*time.Second)
+	if len(msgs) != 1 || !strings.HasPrefix(msgs[0], evUpdateSuccWait.Prefix) {
+		t.Errorf("after the successor runs: %q, want its waiting event", msgs)
+	}
+
+	// It never starts: the budget ends the wait.
+	srv.SetAllocation(other)
+	msgs, took := drain(h.delayStop(ctx, 1500*time.Millisecond), 10*time.Second)
+	if len(msgs) != 2 || !strings.HasPrefix(msgs[1], evUpdateSuccLate.Prefix) {
+		t.Errorf("budget spent: %q", msgs)
+	}
+	if took < time.Second {
+		t.Errorf("the wait ended after %s, before its budget", took)
 	}
 }
