@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -384,5 +385,29 @@ func TestHolderDelaysUpdateStopUntilSuccessorWaits(t *testing.T) {
 	}
 	if took < time.Second {
 		t.Errorf("the wait ended after %s, before its budget", took)
+	}
+}
+
+// A gate takes the same rule as a driver task: its supervisor has the
+// update hook, so an old-version gate gives way to a newer version and one
+// being stopped never acquires; its acquire options come from both hooks.
+func TestGateHasTheUpdateRule(t *testing.T) {
+	srv := locktest.New()
+	cfg := lockclient.Config{Path: "locks/web", Timing: locktest.Timing(),
+		Holder: lockclient.Holder{AllocID: "standby", JobID: "web", Group: "web", Task: "gate"}}
+	s := &Supervisor{Config: Config{Gate: &Gate{AllocID: "standby", Task: "gate"}}, Locker: srv.Locker(t, cfg),
+		Logger: hclog.NewNullLogger(), Getenv: func(string) string { return "" }}
+	s.buildHooks()
+	var names []string
+	for _, h := range hooksOf[acquireHook](s) {
+		names = append(names, h.hookName())
+	}
+	if !slices.Contains(names, "update") {
+		t.Errorf("a gate's acquire hooks are %v, want the update hook among them", names)
+	}
+	s.Config.UpdateGrace = DurationOff
+	s.buildHooks()
+	if len(hooksOf[delayHook](s)) != 0 {
+		t.Error("update_grace = 0: a gate still has the update hook")
 	}
 }
