@@ -296,8 +296,9 @@ func (h *updateHook) awaitSuccessor(ctx context.Context, budget time.Duration, s
 // want running, on its way (pending, or running its task task), and that
 // is not the holder's own replacement (NextAllocation), which Nomad starts
 // only once the holder's allocation is terminal. waiting is true when it
-// waits for the lock: its task runs (a driver task waits for the lock
-// inside), or it said so in an event (start = "on_lock"). A
+// waits for the lock: it said so in an event (its acquire found the lock
+// held, so it is parked on the lock's blocking query), or its task has run
+// for runningSettle. A
 // waiting one wins; nil when none is on its way.
 func holderSuccessor(self *api.Allocation, stubs []*api.AllocationListStub, task string) (*api.AllocationListStub, bool) {
 	mine, ok := allocVersion(self)
@@ -331,7 +332,7 @@ func holderSuccessor(self *api.Allocation, stubs []*api.AllocationListStub, task
 			if st.State == "dead" {
 				continue
 			}
-			if st.State == "running" || waitsForLock(st) {
+			if waitsForLock(st) || (st.State == "running" && !st.StartedAt.IsZero() && time.Since(st.StartedAt) >= runningSettle) {
 				return a, true
 			}
 		default:
@@ -343,6 +344,13 @@ func holderSuccessor(self *api.Allocation, stubs []*api.AllocationListStub, task
 	}
 	return onWay, false
 }
+
+// runningSettle is how long a successor's task must have run to count as
+// waiting for the lock without its event saying so (an event list that
+// Nomad truncated). A task that has just started may still be starting
+// its supervisor: releasing to it then lets the holder's own replacement
+// race it.
+const runningSettle = 5 * time.Second
 
 // waitsForLock reports whether the task said, in its latest event of ours,
 // that it waits for a held lock.

@@ -270,13 +270,16 @@ func TestHolderSuccessor(t *testing.T) {
 		{"only its own replacement", []*api.AllocationListStub{stub("mine", "web", 2, "run", "pending", "")}, "", false},
 		{"own replacement running", []*api.AllocationListStub{stub("mine", "web", 2, "run", "running", "running")}, "", false},
 		{"another replacement pending", []*api.AllocationListStub{stub("mine", "web", 2, "run", "pending", ""), stub("b", "web", 2, "run", "pending", "")}, "b", false},
-		{"another replacement running", []*api.AllocationListStub{stub("b", "web", 2, "run", "running", "running")}, "b", true},
-		{"a running one wins over a pending one", []*api.AllocationListStub{stub("a", "web", 2, "run", "pending", ""), stub("b", "web", 2, "run", "running", "running")}, "b", true},
+		{"another replacement just started", []*api.AllocationListStub{stub("b", "web", 2, "run", "running", "running")}, "b", false},
+		{"another replacement running a while", []*api.AllocationListStub{settled(stub("b", "web", 2, "run", "running", "running"))}, "b", true},
+		{"another replacement said it waits", []*api.AllocationListStub{{ID: "b", TaskGroup: "web", JobVersion: 2, DesiredStatus: "run", ClientStatus: "running",
+			TaskStates: map[string]*api.TaskState{"app": {State: "running", StartedAt: time.Now(), Events: waitingEv.Events}}}}, "b", true},
+		{"a waiting one wins over a pending one", []*api.AllocationListStub{stub("a", "web", 2, "run", "pending", ""), settled(stub("b", "web", 2, "run", "running", "running"))}, "b", true},
 		{"dead task", []*api.AllocationListStub{stub("b", "web", 2, "run", "running", "dead")}, "", false},
-		{"same version", []*api.AllocationListStub{stub("b", "web", 1, "run", "running", "running")}, "", false},
-		{"other group", []*api.AllocationListStub{stub("b", "db", 2, "run", "running", "running")}, "", false},
-		{"being stopped", []*api.AllocationListStub{stub("b", "web", 2, "stop", "running", "running")}, "", false},
-		{"lost", []*api.AllocationListStub{stub("b", "web", 2, "run", "lost", "running")}, "", false},
+		{"same version", []*api.AllocationListStub{settled(stub("b", "web", 1, "run", "running", "running"))}, "", false},
+		{"other group", []*api.AllocationListStub{settled(stub("b", "db", 2, "run", "running", "running"))}, "", false},
+		{"being stopped", []*api.AllocationListStub{settled(stub("b", "web", 2, "stop", "running", "running"))}, "", false},
+		{"lost", []*api.AllocationListStub{settled(stub("b", "web", 2, "run", "lost", "running"))}, "", false},
 		{"pending, said it waits (start on_lock)", []*api.AllocationListStub{{ID: "b", TaskGroup: "web", JobVersion: 2, DesiredStatus: "run", ClientStatus: "pending",
 			TaskStates: map[string]*api.TaskState{"app": waitingEv}}}, "b", true},
 	} {
@@ -289,6 +292,14 @@ func TestHolderSuccessor(t *testing.T) {
 			t.Errorf("%s: successor %q waiting %v, want %q %v", tc.name, id, waiting, tc.want, tc.wantWaiting)
 		}
 	}
+}
+
+// settled makes the stub's task one that started a while ago.
+func settled(a *api.AllocationListStub) *api.AllocationListStub {
+	for _, st := range a.TaskStates {
+		st.StartedAt = time.Now().Add(-time.Minute)
+	}
+	return a
 }
 
 // Only Nomad's update-stop delays: a stop for any other reason (job
@@ -371,7 +382,9 @@ func TestHolderDelaysUpdateStopUntilSuccessorWaits(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no keep-serving event")
 	}
-	srv.SetAllocation(jobAlloc("other", 2, "run", "running"))
+	running := jobAlloc("other", 2, "run", "running")
+	running.TaskStates["app"].Events = []*api.TaskEvent{{DisplayMessage: waitingHeldMessage("locks/web", lockclient.Holder{AllocID: "standby"})}}
+	srv.SetAllocation(running)
 	msgs, _ := drain(c, 10*time.Second)
 	if len(msgs) != 1 || !strings.HasPrefix(msgs[0], evUpdateSuccWait.Prefix) {
 		t.Errorf("after the successor runs: %q, want its waiting event", msgs)
