@@ -186,13 +186,32 @@ func TestDriverBrokenNewVersionFallsBackToOldStandby(t *testing.T) {
 // until that one waits for the lock (its task's kill_timeout less
 // lock.kill_timeout at most), says so in its events, and the lock goes
 // straight to it, not to the holder's own replacement. Each update hands
-// over once, to the new version, never two at once.
+// over once, to the new version, never two at once. On one node (a dev
+// agent), and on two clients with the allocations on distinct hosts, where
+// a replacement placed on the other node waits for the allocation it
+// replaces through the servers (client/allocwatcher, remotePrevAlloc).
 func TestDriverHolderWaitsForItsSuccessor(t *testing.T) {
 	t.Parallel()
 	harness.BuildTestWorkload(t)
-	a := harness.StartAgent(t, drvAgentOptions(t, true))
+	runConcurrently(t, []subtest{
+		{"one_node", func(t *testing.T) {
+			testDrvHolderWaits(t, harness.StartAgent(t, drvAgentOptions(t, true)), "")
+		}},
+		{"two_nodes", func(t *testing.T) {
+			opts := drvAgentOptions(t, false)
+			opts.Clients = 2
+			testDrvHolderWaits(t, harness.StartAgent(t, opts), `constraint {
+      operator = "distinct_hosts"
+      value    = "true"
+    }`)
+		}},
+	})
+}
+
+func testDrvHolderWaits(t *testing.T, a *harness.Agent, groupExtra string) {
 	const updates = 3
 	j := newDrvJob(t, "update-holder-waits", 2)
+	j.groupExtra = groupExtra
 	j.killTimeout = "20s"
 	j.update = `    max_parallel      = 2
     min_healthy_time  = "2s"
@@ -216,6 +235,9 @@ func TestDriverHolderWaitsForItsSuccessor(t *testing.T) {
 		old, _, err := a.API().Allocations().Info(holder.AllocID, nil)
 		if err != nil {
 			t.Fatalf("read the old holder %s: %v", drvShort(holder.AllocID), err)
+		}
+		if nx, _, err := a.API().Allocations().Info(next.AllocID, nil); err == nil {
+			t.Logf("update %d: holder %s on node %s → %s on node %s", v, drvShort(holder.AllocID), drvShort(old.NodeID), drvShort(next.AllocID), drvShort(nx.NodeID))
 		}
 		if next.AllocID == old.NextAllocation {
 			t.Errorf("update %d: the lock went to the old holder's own replacement %s, which starts only once the holder is gone: the holder did not wait for the other new allocation",
