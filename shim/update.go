@@ -240,7 +240,12 @@ func (h *updateHook) delayStop(ctx context.Context, budget time.Duration) <-chan
 // sending an event), nothing newer is on its way, or ctx ends.
 func (h *updateHook) awaitSuccessor(ctx context.Context, budget time.Duration, send func(string)) {
 	l := h.s.Locker
-	self, _, err := l.Allocation(ctx, h.allocID, h.namespace, 0)
+	// Every stop asks first why it came, briefly: a client cut off from
+	// the servers (whose own stop_on_client_after stops may come then)
+	// must not hold a stop up for the whole budget.
+	rctx, cancel := context.WithTimeout(ctx, min(budget, selfReadBound))
+	self, _, err := l.Allocation(rctx, h.allocID, h.namespace, 0)
+	cancel()
 	if err != nil {
 		h.s.Logger.Warn("stop: cannot read this allocation, stopping at once", "error", err)
 		return
@@ -344,6 +349,10 @@ func holderSuccessor(self *api.Allocation, stubs []*api.AllocationListStub, task
 	}
 	return onWay, false
 }
+
+// selfReadBound caps the read of its own allocation that a stopped holder
+// makes to learn whether the stop is a rolling update's.
+const selfReadBound = 2 * time.Second
 
 // runningSettle is how long a successor's task must have run to count as
 // waiting for the lock without its event saying so (an event list that
