@@ -34,6 +34,25 @@ func TestMergeDoc(t *testing.T) {
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
+	// The Goals part's bullets of figures not better than the anchor: the
+	// scenario's are replaced, or added after the others.
+	oldB := strings.Replace(old, "| 8. Next | n |\n\n## Results", "| 8. Next | n |\n\nNot better:\n\n- 1. Handover x\n- 7. Old title y\n\n## Results", 1)
+	freshB := strings.Replace(fresh, "| 7. New title | new goal |\n\n## Results", "| 7. New title | new goal |\n\nNot better:\n\n- 7. New title z\n\n## Results", 1)
+	got, err = MergeDoc(oldB, freshB, []string{"7. New title"}, "*stamp*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(got, "Not better:\n\n- 1. Handover x\n- 7. New title z\n\n## Results") {
+		t.Errorf("bullets not replaced:\n%s", got)
+	}
+	got, err = MergeDoc(strings.Replace(oldB, "- 7. Old title y\n", "", 1), freshB, []string{"7. New title"}, "*stamp*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(got, "Not better:\n\n- 1. Handover x\n- 7. New title z\n\n## Results") {
+		t.Errorf("bullet not added after the others:\n%s", got)
+	}
+
 	// A scenario the report has no section for yet gets one at the end of
 	// its results, and its rows after the others.
 	fresh9 := strings.Join([]string{
