@@ -18,12 +18,14 @@ const (
 	ScenarioLB        = "lb"
 	ScenarioHAProxy   = "haproxy"
 	ScenarioTimeline  = "timeline"
+	ScenarioSemaphore = "semaphore"
 	ScenarioUpdate    = "update"
 )
 
 // AllScenarios in the order they run.
 var AllScenarios = []string{
-	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioUpdate, ScenarioScale,
+	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioSemaphore,
+	ScenarioUpdate, ScenarioScale,
 }
 
 // Environment variables read by FromEnv. The GNUmakefile sets them from its

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -13,9 +14,12 @@ import (
 // and the raw-value rows of scenario N and its "### N." section are
 // replaced by fresh's, and stamp is added under that section's heading.
 // The rest of old (its header, pictures, machine) is kept: stamp must say
-// where the re-measured section comes from.
+// where the re-measured section comes from. A section old does not have yet
+// (a new scenario) goes at the end of its "## Results", and the table of
+// contents is made again.
 func MergeDoc(old, fresh string, titles []string, stamp string) (string, error) {
 	oldLines, freshLines := strings.Split(old, "\n"), strings.Split(fresh, "\n")
+	added := false
 	for _, title := range titles {
 		num, _, ok := strings.Cut(title, ". ")
 		if !ok {
@@ -31,12 +35,12 @@ func MergeDoc(old, fresh string, titles []string, stamp string) (string, error) 
 			}
 		}
 		// The Goals part's list of figures not better than the anchor:
-		// its bullets of this scenario, after the others.
-		bulletPrefix := "- " + num + ". "
-		isBullet := func(l string) bool { return strings.HasPrefix(l, "- ") }
-		bullets := linesIn(freshLines, "## Goals", func(l string) bool { return strings.HasPrefix(l, bulletPrefix) })
-		if len(bullets) == 0 || len(linesIn(oldLines, "## Goals", isBullet)) > 0 {
-			if oldLines, err = replaceRows(oldLines, "## Goals", bulletPrefix, bullets, isBullet); err != nil {
+		// its items of this scenario, after the others.
+		itemPrefix := "- " + num + ". "
+		isItem := func(l string) bool { return strings.HasPrefix(l, "- ") }
+		items := linesIn(freshLines, "## Goals", func(l string) bool { return strings.HasPrefix(l, itemPrefix) })
+		if len(items) == 0 || len(linesIn(oldLines, "## Goals", isItem)) > 0 {
+			if oldLines, err = replaceRows(oldLines, "## Goals", itemPrefix, items, isItem); err != nil {
 				return "", err
 			}
 		}
@@ -45,11 +49,56 @@ func MergeDoc(old, fresh string, titles []string, stamp string) (string, error) 
 			return "", fmt.Errorf("the new report has no section %q", heading)
 		}
 		sec = append([]string{sec[0], "", stamp}, sec[1:]...)
+		if section(oldLines, heading) == nil {
+			if oldLines, err = appendToPart(oldLines, "## Results", sec); err != nil {
+				return "", err
+			}
+			added = true
+			continue
+		}
 		if oldLines, err = replaceSection(oldLines, heading, sec); err != nil {
 			return "", err
 		}
 	}
+	if added {
+		return withTOC(strings.Join(withoutTOC(oldLines), "\n")), nil
+	}
 	return strings.Join(oldLines, "\n"), nil
+}
+
+// appendToPart puts sec at the end of the "## " part named heading.
+func appendToPart(lines []string, heading string, sec []string) ([]string, error) {
+	start := slices.Index(lines, heading)
+	if start < 0 {
+		return nil, fmt.Errorf("the report has no part %q", heading)
+	}
+	end := start + 1
+	for end < len(lines) && !strings.HasPrefix(lines[end], "## ") {
+		end++
+	}
+	return insertAt(lines, end, sec), nil
+}
+
+// withoutTOC drops the table of contents withTOC put before the first "## "
+// heading (its entries and the blank line after them).
+func withoutTOC(lines []string) []string {
+	var out []string
+	toc := false
+	for i, l := range lines {
+		if strings.HasPrefix(l, "## ") {
+			return append(out, lines[i:]...)
+		}
+		isEntry := (strings.HasPrefix(l, "- [") || strings.HasPrefix(l, "  - [")) && strings.Contains(l, "](#")
+		switch {
+		case isEntry:
+			toc = true
+		case toc && l == "":
+			toc = false
+		default:
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // linesIn returns the lines of the "## " part named heading that match.
@@ -127,23 +176,10 @@ func section(lines []string, heading string) []string {
 	return nil
 }
 
-// replaceSection swaps the section starting with heading for sec; a
-// section the report does not have yet (a new scenario) goes at the end of
-// its "## Results" part.
 func replaceSection(lines []string, heading string, sec []string) ([]string, error) {
 	old := section(lines, heading)
 	if old == nil {
-		for i, l := range lines {
-			if l != "## Results" {
-				continue
-			}
-			j := i + 1
-			for j < len(lines) && !strings.HasPrefix(lines[j], "## ") {
-				j++
-			}
-			return append(lines[:j:j], append(sec, lines[j:]...)...), nil
-		}
-		return nil, fmt.Errorf("the report has no section %q to replace, and no part \"## Results\" to add it to", heading)
+		return nil, fmt.Errorf("the report has no section %q to replace", heading)
 	}
 	for i, l := range lines {
 		if l == old[0] {
@@ -186,5 +222,6 @@ func MergeIntoDoc(rep *Report, mdPath string) error {
 // without a section of their own (timeline: a picture) are absent.
 var scenarioTitles = map[string]string{
 	ScenarioHandover: TitleHandover, ScenarioCrash: TitleCrash, ScenarioStart: TitleStart, ScenarioFootprint: TitleFootprint,
-	ScenarioScale: TitleScale, ScenarioLB: TitleLB, ScenarioHAProxy: TitleHAProxy, ScenarioUpdate: TitleUpdate,
+	ScenarioScale: TitleScale, ScenarioLB: TitleLB, ScenarioHAProxy: TitleHAProxy, ScenarioSemaphore: TitleSemaphore,
+	ScenarioUpdate: TitleUpdate,
 }
