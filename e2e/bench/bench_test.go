@@ -87,6 +87,7 @@ func TestBench(t *testing.T) {
 			b.runPhase(t, ScenarioLB, TitleLB, b.lb)
 			b.runPhase(t, ScenarioHAProxy, TitleHAProxy, b.haproxy)
 			b.runPhase(t, ScenarioSemaphore, TitleSemaphore, b.semaphore)
+			b.runPhase(t, ScenarioUpdate, TitleUpdate, b.rollingUpdate)
 		})
 	}
 	if cfg.Enabled(ScenarioScale) {
