@@ -470,7 +470,7 @@ func TestHolderRecordComesFromTheTaskConfig(t *testing.T) {
 
 // TestLockHoldersMakesASemaphoreSpec: config.lock.holders = N makes the
 // supervisor hold one of N slots under the lock path, trying first the
-// slot of the allocation index Nomad's task config gives.
+// slot of the allocation index Nomad's task config gives; a gate's too.
 func TestLockHoldersMakesASemaphoreSpec(t *testing.T) {
 	tc := decodeJobspecConfig(t, `
       config {
@@ -497,7 +497,15 @@ func TestLockHoldersMakesASemaphoreSpec(t *testing.T) {
         gate = true
         lock { holders = 2 }
       }`)
-	if _, err := tc.shimConfig(cfg, 10*time.Second, time.Second); err == nil || !strings.Contains(err.Error(), "holders with gate") {
-		t.Errorf("a gate with holders: err = %v, want it refused", err)
+	sc, err = tc.shimConfig(cfg, 10*time.Second, time.Second)
+	if err != nil {
+		t.Fatalf("a gate with holders: %v", err)
+	}
+	spec, err = buildSpec(cfg, tc, sc, userPolicy{defaultUser: "root", allowRoot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := spec.shimConfig(); got.Holders != 2 || got.Gate == nil || got.AllocIndex != 4 {
+		t.Errorf("a gate with holders: holders %d, gate %v, alloc index %d; want 2, a gate, 4", got.Holders, got.Gate, got.AllocIndex)
 	}
 }

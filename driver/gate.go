@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/nomad/client/allocdir"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
@@ -32,6 +34,7 @@ func (d *Driver) waitHolding(h *taskHandle, root *securefs.Dir, path string) err
 	select {
 	case <-h.holding:
 		if h.gate {
+			d.publishGateLock(h)
 			go d.recordGated(h)
 		}
 		return nil
@@ -111,7 +114,7 @@ func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 		return
 	}
 	until := lockclient.Timing{TTL: held.TTL, LockDelay: held.LockDelay}.ReleaseCutoff(renewed)
-	k := keptLease{Lease: shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}, UntilBoot: lockclient.BootNanos(until)}
+	k := keptLease{Lease: shim.AdoptLease{LockID: held.LockID, Fence: held.Fence, Path: held.Path}, UntilBoot: lockclient.BootNanos(until)}
 	if err := writeJSON(alloc, keptFile(h.cfg), k); err != nil {
 		h.logger.Error("gate ended holding its lock, which cannot be kept for a restart", "error", err)
 		return
@@ -174,7 +177,7 @@ func (d *Driver) supersedeStart(cfg *drivers.TaskConfig, root *securefs.Dir) *sh
 		}
 		if held.LockID != "" && old.gate {
 			old.logger.Info("a new start of this gate takes its lease over", "fence", held.Fence)
-			adopt = &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}
+			adopt = &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence, Path: held.Path}
 		}
 	}
 	if a := d.supersedeUnknown(cfg, root); a != nil {
@@ -276,7 +279,46 @@ func (d *Driver) endUnknownStart(cfg *drivers.TaskConfig, alloc *securefs.Dir, n
 	}
 	d.emitEvent(cfg, supersededStartMessage(), map[string]string{"lock_state": string(shim.StateWaiting)})
 	if held.LockID != "" && spec.Gate != nil {
-		return &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence}
+		return &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence, Path: held.Path}
 	}
 	return nil
+}
+
+// gateLockFile is the file, in the allocation's shared dir
+// (${NOMAD_ALLOC_DIR}), where a gate tells its gated tasks the lock it
+// holds for them: NOMAD_LOCK_PATH, NOMAD_LOCK_FENCE and, for a
+// semaphore's slot, NOMAD_LOCK_SLOT, one NAME=value a line. Nomad gives
+// the other tasks of the group no variable of the gate's, so the file is
+// how they learn their slot.
+const gateLockFile = "nomad-lock.env"
+
+// publishGateLock writes gateLockFile once the gate holds, before
+// StartTask returns: Nomad starts the gated tasks only then, so each reads
+// the lease its gate holds. The shared dir is writable by the tasks: the
+// file is created afresh and renamed over whatever is there, never
+// through a symlink (securefs.ReplaceBeneath).
+func (d *Driver) publishGateLock(h *taskHandle) {
+	var held heldLease
+	if err := readJSON(h.dir, leaseFile, &held); err != nil || held.LockID == "" {
+		h.logger.Warn("gate: no lease recorded; the gated tasks get no "+gateLockFile, "error", err)
+		return
+	}
+	var spec supervisorSpec
+	_ = readJSON(h.dir, specFile, &spec)
+	body := gateLockEnv(held, spec.Path, spec.Holders)
+	if err := securefs.ReplaceBeneath(h.cfg.AllocDir, allocdir.SharedAllocName, gateLockFile, []byte(body), 0o644); err != nil {
+		h.logger.Warn("gate: write the lock for the gated tasks", "file", gateLockFile, "error", err)
+	}
+}
+
+// gateLockEnv is gateLockFile's text for the lease held: its slot is the
+// one of the semaphore of holders slots at prefix whose path it holds.
+func gateLockEnv(held heldLease, prefix string, holders int) string {
+	body := "NOMAD_LOCK_PATH=" + held.Path + "\nNOMAD_LOCK_FENCE=" + strconv.FormatUint(held.Fence, 10) + "\n"
+	for i := range holders {
+		if lockclient.SlotPath(prefix, i) == held.Path {
+			body += "NOMAD_LOCK_SLOT=" + strconv.Itoa(i) + "\n"
+		}
+	}
+	return body
 }

@@ -234,3 +234,17 @@ func TestKeptGateLeaseOutlivesThePlugin(t *testing.T) {
 		t.Errorf("a kept lease past 2×TTL + delay was taken: %+v", got)
 	}
 }
+
+// The gated tasks learn the slot their gate holds from nomad-lock.env.
+func TestGateLockEnvNamesTheSlot(t *testing.T) {
+	held := heldLease{Path: lockclient.SlotPath("nomad/jobs/j/g/gate/lock", 1), Fence: 42}
+	got := gateLockEnv(held, "nomad/jobs/j/g/gate/lock", 2)
+	want := "NOMAD_LOCK_PATH=nomad/jobs/j/g/gate/lock/slot-1\nNOMAD_LOCK_FENCE=42\nNOMAD_LOCK_SLOT=1\n"
+	if got != want {
+		t.Errorf("semaphore: %q, want %q", got, want)
+	}
+	single := gateLockEnv(heldLease{Path: "nomad/jobs/j/g/gate/lock", Fence: 7}, "nomad/jobs/j/g/gate/lock", 0)
+	if single != "NOMAD_LOCK_PATH=nomad/jobs/j/g/gate/lock\nNOMAD_LOCK_FENCE=7\n" {
+		t.Errorf("single lock: %q", single)
+	}
+}

@@ -92,6 +92,12 @@ type gateJob struct {
 	// ttl and delay override the gate's lock ttl and delay (built jobs;
 	// default drvTTLHCL and drvDelayHCL).
 	ttl, delay string
+	// holders, above 0, makes the gate's lock a semaphore of that many
+	// slots (built jobs).
+	holders int
+	// termOK lets the docker kind's app stop on SIGTERM (and record its
+	// stop) instead of ignoring it.
+	termOK bool
 }
 
 // newGateJobID is a built (not example) job of kind with the job ID id:
@@ -162,7 +168,7 @@ func (j *gateJob) run(t *testing.T, a *harness.Agent) {
 // often do, so every stop takes the whole kill_timeout and ends in SIGKILL.
 func (j *gateJob) appArgs(portRef string) []string {
 	args := []string{"-record", j.taskRecord, "-marker", j.marker, "-http", "127.0.0.1:" + portRef}
-	if j.kind == "docker" {
+	if j.kind == "docker" && !j.termOK {
 		args = append(args, "-ignore-term")
 	}
 	return append(args, j.extraArgs...)
@@ -186,7 +192,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 		ID, Group, Update, Driver, GateRestart, Command, TTL, Delay string
 		GateExtra, App, Kind, Image, AppCommand                     string
 		AppKill, Service, AppExtra, GroupExtra, AppRestart          string
-		Count                                                       int
+		Count, Holders                                              int
 		GateArgs, Args, Volumes                                     []string
 		LB                                                          *lbSpec
 	}{
@@ -194,7 +200,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 		Command: command, TTL: cmp.Or(j.ttl, drvTTLHCL), Delay: cmp.Or(j.delay, drvDelayHCL),
 		LB: j.lb, GateExtra: j.gateExtra, App: j.app, Kind: j.kind, Image: j.image, AppCommand: appCommand,
 		AppKill: j.appKill, Service: service, AppExtra: j.appExtra, GroupExtra: j.groupExtra, AppRestart: j.appRestart,
-		Count: cmp.Or(j.count, 2), GateArgs: gateArgs, Args: j.appArgs("${NOMAD_PORT_http}"), Volumes: volumes,
+		Count: cmp.Or(j.count, 2), Holders: j.holders, GateArgs: gateArgs, Args: j.appArgs("${NOMAD_PORT_http}"), Volumes: volumes,
 	})
 }
 

@@ -146,6 +146,31 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 	return lease, nil
 }
 
+// AdoptPath is Adopt of the lock at path, which the previous run held: for
+// a semaphore, the slot among its slots whose path it is (the lease holds
+// that slot); for a plain lock, its own path ("" for it too). A path that
+// is not the locker's, nor one of its slots (the job's lock block changed
+// between the runs), wraps ErrLost: the lease is not ours to take over.
+func (l *Locker) AdoptPath(ctx context.Context, path, id string, fence uint64) (*Lease, error) {
+	if l.cfg.Holders == 0 {
+		if path != "" && path != l.cfg.Path {
+			return nil, &LostError{Reason: fmt.Sprintf("the previous run held %s, not %s", path, l.cfg.Path)}
+		}
+		return l.Adopt(ctx, id, fence)
+	}
+	for i, sl := range l.slots {
+		if sl.cfg.Path != path {
+			continue
+		}
+		lease, err := sl.Adopt(ctx, id, fence)
+		if lease != nil {
+			lease.Slot, lease.Holders = i, l.cfg.Holders
+		}
+		return lease, err
+	}
+	return nil, &LostError{Reason: fmt.Sprintf("the previous run held %q, which is no slot of the semaphore %s of %d", path, l.cfg.Path, l.cfg.Holders)}
+}
+
 // Retake is Adopt of the lock this lease held (for a semaphore, its
 // slot's): the lease it returns holds the same slot.
 func (ls *Lease) Retake(ctx context.Context) (*Lease, error) {

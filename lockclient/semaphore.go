@@ -76,6 +76,10 @@ func (l *Locker) slotLockers() []*Locker {
 	return slots
 }
 
+// Slots are a semaphore's per-slot Lockers, slot i at index i (nil for a
+// plain lock): each reads, and could hold, its slot's lock alone.
+func (l *Locker) Slots() []*Locker { return l.slots }
+
 // policyPath is the variable path an ACL policy must grant: a semaphore
 // slot's lock needs every slot, <prefix>/*.
 func (l *Locker) policyPath() string {
@@ -113,6 +117,7 @@ func (l *Locker) acquireSlot(ctx context.Context, opts AcquireOptions) (*Lease, 
 	pending := slotOrder(l.cfg.PreferSlot, n)
 	changed := map[int]bool{} // the pending slots whose variable changed
 	var reported Holder
+	var deferred deferral
 	checked := false
 	for {
 		if err := ctx.Err(); err != nil {
@@ -139,13 +144,17 @@ func (l *Locker) acquireSlot(ctx context.Context, opts AcquireOptions) (*Lease, 
 			checked = true
 		}
 		var apiErr error
+		round := &slotRound{}
 		for _, i := range pending {
-			lease, holder, index, err := l.trySlot(ctx, i, opts)
+			lease, holder, index, err := l.trySlot(ctx, i, opts, round, &deferred)
 			switch {
 			case err == nil:
 				return lease, nil
 			case errors.Is(err, ErrNotAcquired):
 				indexes[i], retryIn[i] = index, l.retryIn(index, holder, changed[i])
+				if round.wait > 0 && round.free[i] && (retryIn[i] == 0 || round.wait < retryIn[i]) {
+					retryIn[i] = round.wait // given way: try again once the grace is up
+				}
 				if i == pending[0] && holder != reported {
 					reported = holder
 					l.log.Info("semaphore slots are held, waiting", "slot", i, "holder", holder.String())
@@ -167,6 +176,9 @@ func (l *Locker) acquireSlot(ctx context.Context, opts AcquireOptions) (*Lease, 
 			continue
 		}
 		retry.reset()
+		if !round.anyFree {
+			deferred = deferral{}
+		}
 		if opts.TryOnce {
 			return nil, fmt.Errorf("acquire %s: %w (all %d slots are held)", l.cfg.Path, ErrNotAcquired, n)
 		}
@@ -208,10 +220,47 @@ func (l *Locker) retryIn(index uint64, last Holder, changed bool) time.Duration 
 	return 0
 }
 
+// slotRound is what one round of tries over the pending slots learned of
+// opts.Defer (a rolling update's deferral, see Acquire): asked once a
+// round, when a slot first looks free.
+type slotRound struct {
+	asked, anyFree bool
+	// wait, above 0, is how long to give way before taking a free slot.
+	wait time.Duration
+	free map[int]bool // the slots seen free
+}
+
+// deferSlot asks opts.Defer, for a slot that looks free, whether to give
+// way, as Acquire's deferAttempt does for a single lock: it returns how
+// long to wait before trying again, 0 to take it now.
+func (l *Locker) deferSlot(ctx context.Context, opts AcquireOptions, d *deferral) time.Duration {
+	grace, hold := opts.Defer(ctx)
+	now := l.clock.Now().UnixNano()
+	switch {
+	case hold:
+		*d = deferral{}
+		return l.cfg.BlockingWait
+	case grace <= 0:
+		*d = deferral{}
+		return 0
+	}
+	if d.since == 0 {
+		d.since, d.until = now, now+int64(grace)
+		l.log.Info("a semaphore slot is free: giving way to a newer version first", "grace", grace)
+	}
+	if left := time.Duration(d.until - now); left > 0 {
+		return left
+	}
+	l.log.Info("semaphore slot still free after the grace: acquiring", "grace", grace)
+	return 0
+}
+
 // trySlot reads slot i, refuses a different N, and tries to acquire it.
 // On ErrNotAcquired it returns the slot's holder and the index to block
-// on.
-func (l *Locker) trySlot(ctx context.Context, i int, opts AcquireOptions) (*Lease, Holder, uint64, error) {
+// on. With opts.Defer, a slot held as we are shown is not tried (as
+// Acquire does), and one that looks free is taken only if the round's
+// deferral says so.
+func (l *Locker) trySlot(ctx context.Context, i int, opts AcquireOptions, round *slotRound, d *deferral) (*Lease, Holder, uint64, error) {
 	sl := l.slots[i]
 	current, index, err := sl.read(ctx, 0)
 	if err != nil {
@@ -220,6 +269,24 @@ func (l *Locker) trySlot(ctx context.Context, i int, opts AcquireOptions) (*Leas
 	holder := holderFromItems(current.items())
 	if err := l.checkHolders(sl.cfg.Path, current.items()); err != nil {
 		return nil, holder, 0, err
+	}
+	if opts.Defer != nil {
+		switch {
+		case current.heldVisibly():
+			return nil, holder, index, ErrNotAcquired
+		case sl.looksFree(ctx, current):
+			round.anyFree = true
+			if round.free == nil {
+				round.free = map[int]bool{}
+			}
+			round.free[i] = true
+			if !round.asked {
+				round.asked, round.wait = true, l.deferSlot(ctx, opts, d)
+			}
+			if round.wait > 0 {
+				return nil, holder, index, ErrNotAcquired
+			}
+		}
 	}
 	lease, err := sl.tryAcquire(ctx, current, opts)
 	if err != nil {

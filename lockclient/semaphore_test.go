@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -262,6 +263,76 @@ func TestSemaphorePermissionErrorGrantsEverySlot(t *testing.T) {
 	var pe *lockclient.PermissionError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), `path "`+semPrefix+`/*"`) {
 		t.Fatalf("err = %v, want a PermissionError whose policy grants %s/*", err, semPrefix)
+	}
+}
+
+// A restarted gate takes over the slot its previous run holds, by that
+// slot's path; a path that is no slot of the semaphore, or a slot no
+// longer held under the lock ID, is not taken over.
+func TestSemaphoreAdoptPathTakesOverTheSlotHeld(t *testing.T) {
+	vars := locktest.NewVars()
+	held := acquireWithin(t, vars.Locker(t, semConfig(3, 2, "alloc-2")), lockclient.AcquireOptions{})
+	restarted := vars.Locker(t, semConfig(3, 2, "alloc-2"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := restarted.AdoptPath(ctx, held.Path(), held.LockID(), held.Fence)
+	if err != nil {
+		t.Fatalf("adopt slot %s: %v", held.Path(), err)
+	}
+	if lease.Slot != held.Slot || lease.Holders != 3 || lease.Path() != held.Path() || lease.Fence != held.Fence {
+		t.Errorf("adopted slot %d of %d at %s fence %d, want slot %d of 3 at %s fence %d",
+			lease.Slot, lease.Holders, lease.Path(), lease.Fence, held.Slot, held.Path(), held.Fence)
+	}
+	for _, path := range []string{semPrefix, lockclient.SlotPath(semPrefix, 3), ""} {
+		if _, err := restarted.AdoptPath(ctx, path, held.LockID(), held.Fence); !errors.Is(err, lockclient.ErrLost) {
+			t.Errorf("adopt %q: %v, want ErrLost (no slot of the semaphore)", path, err)
+		}
+	}
+	other := lockclient.SlotPath(semPrefix, (held.Slot+1)%3)
+	if _, err := restarted.AdoptPath(ctx, other, held.LockID(), held.Fence); !errors.Is(err, lockclient.ErrLost) {
+		t.Errorf("adopt the free slot %s under another slot's lock ID: %v, want ErrLost", other, err)
+	}
+}
+
+// A semaphore contender gives way as a single lock's does (a rolling
+// update's Defer): a free slot is taken only once the grace is up, and
+// never while Defer says hold.
+func TestSemaphoreDeferGivesWayBeforeTakingAFreeSlot(t *testing.T) {
+	vars := locktest.NewVars()
+	const grace = 600 * time.Millisecond
+	var asked atomic.Bool
+	start := time.Now()
+	lease := acquireWithin(t, vars.Locker(t, semConfig(2, 0, "alloc-0")), lockclient.AcquireOptions{
+		Defer: func(context.Context) (time.Duration, bool) { asked.Store(true); return grace, false }})
+	if !asked.Load() {
+		t.Error("took a free slot without asking Defer")
+	}
+	if took := time.Since(start); took < grace {
+		t.Errorf("took slot %d after %s, before the grace of %s", lease.Slot, took, grace)
+	}
+
+	var mu sync.Mutex
+	hold := true
+	got := make(chan *lockclient.Lease, 1)
+	go func() {
+		got <- acquireWithin(t, vars.Locker(t, semConfig(2, 1, "alloc-1")), lockclient.AcquireOptions{
+			Defer: func(context.Context) (time.Duration, bool) { mu.Lock(); defer mu.Unlock(); return 0, hold }})
+	}()
+	select {
+	case l := <-got:
+		t.Fatalf("took slot %d while Defer said hold", l.Slot)
+	case <-time.After(time.Second):
+	}
+	mu.Lock()
+	hold = false
+	mu.Unlock()
+	select {
+	case l := <-got:
+		if l.Slot == lease.Slot {
+			t.Errorf("took slot %d, which is held", l.Slot)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the free slot was not taken within 5s once Defer let go")
 	}
 }
 

@@ -148,9 +148,6 @@ func (c Config) lockErrors() []error {
 			errs = append(errs, fmt.Errorf("holders %d: the slot paths: %w", c.Holders, err))
 		}
 	}
-	if c.Holders > 0 && c.Gate != nil {
-		errs = append(errs, errors.New("holders with gate = true is not supported yet: use a single lock for a gate"))
-	}
 	return errs
 }
 

@@ -299,12 +299,23 @@ func gateAdoptFailedMessage(err error) string {
 	return evGateAdoptFailed.Text("%v): it fails, and Nomad kills the gated tasks", err)
 }
 
-func gateAcquiredMessage(fence uint64) string {
-	return evGateAcquired.Text("%d): the group's other tasks may start", fence)
+// gateAcquiredMessage: slot is gateSlotNote's words for a semaphore's
+// slot ("" for a single lock).
+func gateAcquiredMessage(fence uint64, slot string) string {
+	return evGateAcquired.Text("%d)%s: the group's other tasks may start", fence, slot)
 }
 
-func gateTookOverMessage(fence uint64) string {
-	return evGateTookOver.Text("%d) from the gate's previous run: the group's other tasks keep running", fence)
+func gateTookOverMessage(fence uint64, slot string) string {
+	return evGateTookOver.Text("%d)%s from the gate's previous run: the group's other tasks keep running", fence, slot)
+}
+
+// gateSlotNote names the semaphore slot a gate's lease holds, for its
+// holding event ("" for a single lock).
+func gateSlotNote(lease *lockclient.Lease) string {
+	if lease.Holders == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" on slot %d of %d (%s)", lease.Slot, lease.Holders, lease.Path())
 }
 
 // gateStoppingMessage: onSignal says a signal stops the gate, not Nomad.

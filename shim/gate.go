@@ -64,10 +64,13 @@ type Gate struct {
 	killerErr error
 }
 
-// AdoptLease names a lease to take over: its lock ID and fencing token.
+// AdoptLease names a lease to take over: its lock ID and fencing token,
+// and the lock it holds (for a semaphore, its slot's path; "" is the
+// gate's lock path).
 type AdoptLease struct {
 	LockID string
 	Fence  uint64
+	Path   string `json:",omitempty"`
 }
 
 // Timings of a gate.
@@ -663,7 +666,7 @@ func (s *Supervisor) gateAdopt(ctx context.Context) (*lockclient.Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, ttl/2)
 	defer cancel()
 	for {
-		lease, err := s.Locker.Adopt(ctx, a.LockID, a.Fence)
+		lease, err := s.Locker.AdoptPath(ctx, a.Path, a.LockID, a.Fence)
 		if err == nil || errors.Is(err, lockclient.ErrLost) || ctx.Err() != nil {
 			return lease, err
 		}

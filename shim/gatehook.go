@@ -121,9 +121,9 @@ func (h *gateHook) holdingMessage(lease *lockclient.Lease) string {
 		return ""
 	}
 	if h.g.Adopt != nil {
-		return gateTookOverMessage(lease.Fence)
+		return gateTookOverMessage(lease.Fence, gateSlotNote(lease))
 	}
-	return gateAcquiredMessage(lease.Fence)
+	return gateAcquiredMessage(lease.Fence, gateSlotNote(lease))
 }
 
 // mayRelease releases only after Nomad's own stop of the allocation

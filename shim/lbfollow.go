@@ -37,6 +37,12 @@ import (
 // check fails twice in a row: a holder killed outright (docker kill, OOM)
 // keeps its lock until the server expires it, 2×TTL later, but its upstream
 // leaves the LB within about one check interval.
+//
+// With a semaphore (a Locker with Holders) it follows every slot: a tenure
+// is a slot's record naming the allocation, and the ADD swaps out that
+// slot's previous holder's upstream. Each holder of a slot is listed while
+// it holds; every slot's next holder removes the previous one, so at most
+// N upstreams of holders stay listed.
 type LBFollower struct {
 	LB      *LoadBalancer // Upstream and Health resolved; Health nil: a tcp check of Upstream
 	Client  *lbhook.Client
@@ -59,7 +65,26 @@ func (f *LBFollower) Run(ctx context.Context) error {
 	defer r.stopHealth()
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	go f.watchLock(watchCtx, r.statuses)
+	for i, l := range r.lockers {
+		go f.watchLock(watchCtx, l, i, r.statuses[i])
+	}
+	merged := make(chan lockRead)
+	for _, ch := range r.statuses {
+		go func() {
+			for {
+				select {
+				case <-watchCtx.Done():
+					return
+				case st := <-ch:
+					select {
+					case merged <- st:
+					case <-watchCtx.Done():
+						return
+					}
+				}
+			}
+		}()
+	}
 	r.refresh(ctx)
 	recheck := time.NewTicker(max(f.LB.Recheck, time.Second))
 	defer recheck.Stop()
@@ -75,12 +100,12 @@ func (f *LBFollower) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return r.shutdown()
-		case st := <-r.statuses:
+		case st := <-merged:
 			if st.err != nil {
 				err = st.err
 				break
 			}
-			r.observe(ctx, st.Status)
+			r.observe(ctx, st.slot, st.Status)
 		case h := <-r.health:
 			if h.gen == r.gen {
 				r.v.healthy = h.ok
@@ -206,11 +231,17 @@ func (v *followView) next() step {
 
 // followRun is one Run's working state, owned by Run's loop.
 type followRun struct {
-	f        *LBFollower
-	v        followView
-	self     lbhook.UpstreamInfo
-	check    HealthCheck
-	statuses chan lockRead
+	f *LBFollower
+	// v is the allocation's view: its tenure is the latest of its slots'
+	// (a plain lock has one slot); slots are each slot's own view, of
+	// which only the tenure is used.
+	v       followView
+	slots   []followView
+	lockers []*lockclient.Locker
+	self    lbhook.UpstreamInfo
+	check   HealthCheck
+	// statuses are each slot's reads, the latest replacing one not taken.
+	statuses []chan lockRead
 	health   chan healthResult
 	gen      int // the health watch's generation: one per tenure
 	stopH    context.CancelFunc
@@ -220,7 +251,8 @@ type followRun struct {
 
 type lockRead struct {
 	lockclient.Status
-	err error
+	slot int
+	err  error
 }
 
 type healthResult struct {
@@ -234,29 +266,72 @@ func newFollowRun(f *LBFollower) *followRun {
 	if f.LB.Health != nil {
 		check = *f.LB.Health
 	}
-	return &followRun{
-		f: f, v: followView{alloc: f.AllocID},
+	lockers := f.Locker.Slots()
+	if len(lockers) == 0 {
+		lockers = []*lockclient.Locker{f.Locker}
+	}
+	r := &followRun{
+		f: f, v: followView{alloc: f.AllocID}, lockers: lockers,
 		self:     f.Client.Self(f.LB.Upstream),
 		check:    check,
-		statuses: make(chan lockRead, 1),
 		health:   make(chan healthResult, 1),
 		attempts: map[string]int{},
 	}
+	for range lockers {
+		r.slots = append(r.slots, followView{alloc: f.AllocID})
+		r.statuses = append(r.statuses, make(chan lockRead, 1))
+	}
+	return r
+}
+
+// observeSlot takes a read of one slot into that slot's view, and makes
+// the allocation's tenure the latest (highest fence) of its slots': the
+// allocation holds one slot at a time, though a slot's end may be read
+// after the next slot's start. It reports whether the allocation's tenure
+// began or ended with it.
+func (r *followRun) observeSlot(slot int, st lockclient.Status) (began, ended bool) {
+	if len(r.slots) == 1 {
+		return r.v.observe(st)
+	}
+	sv := &r.slots[slot]
+	sv.observe(st)
+	read := true
+	var cur *tenure
+	for i := range r.slots {
+		read = read && r.slots[i].read
+		if t := r.slots[i].tenure; t != nil && (cur == nil || t.fence > cur.fence) {
+			cur = t
+		}
+	}
+	v := &r.v
+	v.read, v.index = read, max(v.index, st.Fence)
+	old := v.tenure
+	if old == cur {
+		return false, false
+	}
+	v.tenure = cur
+	if old != nil {
+		v.ended = old.key
+	}
+	if cur != nil {
+		v.healthy = false
+	}
+	return cur != nil, old != nil
 }
 
 // watchLock reads the lock with blocking queries and passes every answer
 // on, the latest replacing one not yet taken.
-func (f *LBFollower) watchLock(ctx context.Context, out chan lockRead) {
+func (f *LBFollower) watchLock(ctx context.Context, l *lockclient.Locker, slot int, out chan lockRead) {
 	var index uint64
 	wait := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		st, next, err := f.Locker.StatusAfter(ctx, index)
+		st, next, err := l.StatusAfter(ctx, index)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			if lockclient.Permanent(err) {
-				latest(out, lockRead{err: fmt.Errorf("read the lock: %w", err)})
+				latest(out, lockRead{slot: slot, err: fmt.Errorf("read the lock %s: %w", l.Config().Path, err)})
 				return
 			}
 			f.Logger.Warn("reading the lock failed; retrying", "error", err, "backoff", wait)
@@ -267,7 +342,7 @@ func (f *LBFollower) watchLock(ctx context.Context, out chan lockRead) {
 			continue
 		}
 		wait = 100 * time.Millisecond
-		latest(out, lockRead{Status: st})
+		latest(out, lockRead{Status: st, slot: slot})
 		if next == 0 && ctxsleep.Sleep(ctx, time.Second) != nil {
 			return
 		}
@@ -292,8 +367,8 @@ func latest[T any](ch chan T, v T) {
 
 // observe applies a read of the lock, and (re)starts the health watch for
 // a new tenure.
-func (r *followRun) observe(ctx context.Context, st lockclient.Status) {
-	began, ended := r.v.observe(st)
+func (r *followRun) observe(ctx context.Context, slot int, st lockclient.Status) {
+	began, ended := r.observeSlot(slot, st)
 	log := r.f.Logger
 	if ended {
 		log.Info("this allocation's tenure of the lock ended", "fence", st.Fence)

@@ -197,11 +197,21 @@ type followRig struct {
 	cancel map[string]context.CancelFunc
 	done   map[string]chan error
 	logs   *proctest.SyncBuffer
+	// vars and holders, when set, make the followers follow a semaphore of
+	// holders slots at semFollowPrefix (lock lb follow -n).
+	vars    *locktest.Vars
+	holders int
+	top     uint64 // the highest index written to any slot
 }
 
 const followService = "web"
 
 func newFollowRig(t *testing.T) *followRig {
+	t.Helper()
+	return newFollowRigWith(t, nil, 0, "alloc-a", "alloc-b")
+}
+
+func newFollowRigWith(t *testing.T, vars *locktest.Vars, holders int, allocs ...string) *followRig {
 	t.Helper()
 	lb, err := lbapi.NewServer(lbapi.Options{WorkerInterval: 5 * time.Millisecond})
 	if err != nil {
@@ -220,8 +230,12 @@ func newFollowRig(t *testing.T) *followRig {
 			t.Logf("followers' logs:\n%s", r.logs.String())
 		}
 	})
+	r.vars, r.holders = vars, holders
 	r.lock.HideLock()
-	for _, alloc := range []string{"alloc-a", "alloc-b"} {
+	for i := range holders {
+		vars.Server(lockclient.SlotPath(semFollowPrefix, i)).HideLock()
+	}
+	for _, alloc := range allocs {
 		r.serve(alloc)
 		r.follow(alloc)
 	}
@@ -267,6 +281,9 @@ func (r *followRig) follow(alloc string) {
 	}
 	f := &LBFollower{LB: lb, Client: client, AllocID: alloc, Logger: hclog.New(&hclog.LoggerOptions{Name: alloc, Output: r.logs}),
 		Locker: r.lock.Locker(r.t, lockclient.Config{Path: "nomad/jobs/web/lock", Timing: locktest.Timing()})}
+	if r.vars != nil {
+		f.Locker = r.vars.Locker(r.t, lockclient.Config{Path: semFollowPrefix, Holders: r.holders, Timing: locktest.Timing()})
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
@@ -404,4 +421,76 @@ func TestLBFollowerStopsWithTheLBGone(t *testing.T) {
 	if took := time.Since(began); took > 4*time.Second {
 		t.Errorf("the follower took %s to stop with the LB gone, want within its remove deadline (2s) and a request timeout", took)
 	}
+}
+
+const semFollowPrefix = "nomad/jobs/web/sem"
+
+// acquireSlot writes alloc's holder record into slot as its lock -n would,
+// at an index above every slot's so far (Nomad's indexes are the cluster's
+// Raft indexes, never equal across variables), and returns the fence.
+func (r *followRig) acquireSlot(slot int, alloc, previous string, n int) uint64 {
+	srv := r.vars.Server(lockclient.SlotPath(semFollowPrefix, slot))
+	for srv.Write(nil) < r.top { // another write of the slot: a release
+	}
+	r.top = srv.Write(map[string]string{"holder_alloc_id": alloc, "holder_pid": "1",
+		"acquired_at":     time.Unix(int64(n), 0).UTC().Format(time.RFC3339Nano),
+		"holder_upstream": r.addr[alloc], "previous_upstream": previous,
+		"semaphore_holders": strconv.Itoa(r.holders), "semaphore_slot": strconv.Itoa(slot)})
+	return r.top
+}
+
+// waitListedSet waits until the LB lists exactly want, in any order.
+func (r *followRig) waitListedSet(what string, want ...string) {
+	r.t.Helper()
+	slices.Sort(want)
+	deadline := time.Now().Add(ceiling)
+	for {
+		got := slices.Clone(r.lb.Upstreams(followService))
+		slices.Sort(got)
+		if slices.Equal(got, want) || (len(got) == 0 && len(want) == 0) {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s: the LB lists %q after %s, want exactly %q; requests:\n%v", what, got, ceiling, want, r.lb.Requests(followService))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestLBFollowerFollowsEverySlot: followers of a semaphore of 2 slots (lock
+// lb follow -n 2) beside three allocations. Each holder of a slot is listed
+// while it holds it; a slot's next holder swaps out that slot's previous
+// one; an allocation that moves from one slot to another is listed for
+// its new tenure; the other slot's changes never touch a holder's listing.
+func TestLBFollowerFollowsEverySlot(t *testing.T) {
+	a, b, c := "alloc-a", "alloc-b", "alloc-c"
+	r := newFollowRigWith(t, locktest.NewVars(), 2, a, b, c)
+
+	fa := r.acquireSlot(0, a, "", 1)
+	fb := r.acquireSlot(1, b, "", 2)
+	r.waitADD(a, fa, "")
+	r.waitADD(b, fb, "")
+	r.waitListedSet("a on slot 0, b on slot 1", r.addr[a], r.addr[b])
+
+	// a stops; c takes slot 0 and swaps a out; b stays listed.
+	r.kill(a)
+	fc := r.acquireSlot(0, c, r.addr[a], 3)
+	r.waitADD(c, fc, r.addr[a])
+	r.waitListedSet("c took slot 0 from a", r.addr[b], r.addr[c])
+
+	// b is killed; a, back as a standby, takes slot 1: its new tenure, on
+	// another slot than its first, is listed, and b swapped out.
+	r.serve(a)
+	r.kill(b)
+	r.waitListedSet("b killed: its check fails", r.addr[c])
+	fa2 := r.acquireSlot(1, a, r.addr[b], 4)
+	r.waitADD(a, fa2, r.addr[b])
+	r.waitListedSet("a took slot 1 from b", r.addr[a], r.addr[c])
+
+	for _, alloc := range []string{a, b, c} {
+		if err := r.stop(alloc); err != nil {
+			t.Errorf("%s's follower: %v", alloc, err)
+		}
+	}
+	r.waitListedSet("every follower stopped: each removes its upstream")
 }

@@ -57,6 +57,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -108,8 +109,15 @@ func main() {
 		daemon     = flag.Bool("daemon", false, "start the grandchildren in their own sessions, detached")
 		stopAfter  = flag.Duration("stop-after", 0, "on SIGTERM/SIGINT, wait this long before the stop record and exit")
 		eatMB      = flag.Int("eat-mb", 0, "after the start record, allocate and touch this many MiB and hold them")
+		lockEnv    = flag.String("lock-env", "", "read NOMAD_LOCK_* from this NAME=value file (a gate's nomad-lock.env) before the start record")
 	)
 	flag.Parse()
+	if *lockEnv != "" {
+		if err := loadLockEnv(*lockEnv); err != nil {
+			fmt.Fprintf(os.Stderr, "testworkload: %v\n", err)
+			os.Exit(2)
+		}
+	}
 
 	// Catch signals before anything else, so that none arriving right after
 	// start is lost or kills us with the default action.
@@ -289,4 +297,20 @@ func eat(mb int) [][]byte {
 		held = append(held, b)
 	}
 	return held
+}
+
+// loadLockEnv sets the NOMAD_LOCK_* variables that path names, one
+// NAME=value a line.
+func loadLockEnv(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read -lock-env: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, "=")
+		if ok && strings.HasPrefix(k, "NOMAD_LOCK_") {
+			_ = os.Setenv(k, v)
+		}
+	}
+	return nil
 }

@@ -375,3 +375,54 @@ func ReadBeneath(root, rel string, max int64) ([]byte, error) {
 	}
 	return readAtMost(f, max)
 }
+
+// ReplaceBeneath writes b, with mode, as the regular file name in dir, a
+// directory below root that others may write (an allocation's shared
+// dir), replacing whatever name was. root is trusted (the caller names
+// it); dir is opened without following symlinks or leaving root. The
+// file is written under a fresh name created with O_EXCL (never an
+// existing file or a symlink's target) and renamed over name, which
+// replaces a symlink planted there rather than following it. A directory
+// at name is an error.
+func ReplaceBeneath(root, dir, name string, b []byte, mode os.FileMode) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(rfd)
+	dfd, err := unix.Openat2(rfd, dir, &unix.OpenHow{
+		Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolve})
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+			return fmt.Errorf("%s: a symlink or a path that leaves %s is not allowed", dir, root)
+		}
+		return &os.PathError{Op: "open", Path: filepath.Join(root, dir), Err: err}
+	}
+	defer unix.Close(dfd)
+	tmp := "." + name + ".tmp-" + strconv.FormatUint(tmpSeq.Add(1), 10) + "-" + strconv.Itoa(os.Getpid())
+	fd, err := unix.Openat2(dfd, tmp, &unix.OpenHow{
+		Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Mode:  uint64(mode.Perm()), Resolve: resolve})
+	if err != nil {
+		return &os.PathError{Op: "create", Path: filepath.Join(root, dir, tmp), Err: err}
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	_, werr := f.Write(b)
+	if werr == nil {
+		werr = f.Chmod(mode.Perm()) // past the umask
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = unix.Renameat(dfd, tmp, dfd, name)
+	}
+	if werr != nil {
+		_ = unix.Unlinkat(dfd, tmp, 0)
+		return &os.PathError{Op: "write", Path: filepath.Join(root, dir, name), Err: werr}
+	}
+	return nil
+}

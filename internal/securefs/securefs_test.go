@@ -232,3 +232,48 @@ func TestNames(t *testing.T) {
 		t.Errorf("sub Names() = %v %v, want [g]", names, err)
 	}
 }
+
+// ReplaceBeneath writes into a directory others may write without
+// following what they planted there: a symlink at the name is replaced,
+// its target untouched; a symlinked directory is refused.
+func TestReplaceBeneathNeverFollowsASymlink(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "alloc")
+	if err := os.Mkdir(shared, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(target, []byte("root's own\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(shared, "lock.env")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReplaceBeneath(root, "alloc", "lock.env", []byte("SLOT=1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "root's own\n" {
+		t.Errorf("the symlink's target was written: %q", b)
+	}
+	fi, err := os.Lstat(filepath.Join(shared, "lock.env"))
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("lock.env: %v %v, want a regular file of mode 0644", fi, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(shared, "lock.env")); string(b) != "SLOT=1\n" {
+		t.Errorf("lock.env = %q", b)
+	}
+	names, _ := os.ReadDir(shared)
+	if len(names) != 1 {
+		t.Errorf("left behind: %v", names)
+	}
+	elsewhere := t.TempDir()
+	if err := os.Symlink(elsewhere, filepath.Join(root, "linked")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReplaceBeneath(root, "linked", "lock.env", []byte("x"), 0o644); err == nil {
+		t.Error("wrote through a symlinked directory")
+	}
+	if names, _ := os.ReadDir(elsewhere); len(names) != 0 {
+		t.Errorf("wrote into the symlink's target dir: %v", names)
+	}
+}

@@ -44,6 +44,9 @@ passes (tcp on -lb-port if none is given), removing the previous holder's in the
 same request; it REMOVEs it when the tenure ends, when the check fails twice in a
 row, and when the sidecar is stopped. Give the lock holder -upstream-port with
 the same port label: the previous holder's upstream is read from its record.
+For a semaphore (the holders run lock -n N <prefix>), give -n N and the prefix:
+the allocation is listed while it holds any slot, and each ADD removes the
+previous holder of that slot, so at most N holders are listed.
 "lock lb add" and "lock lb remove" are retired: they registered once per
 allocation only; they now exit 64 and name "lock lb follow".
 `

@@ -24,10 +24,13 @@ type lbCmd struct {
 	verb            string
 	args            []string // what follows the flags: the lock path
 	namespace, addr string
-	lb              *shim.LoadBalancer
-	client          *lbhook.Client
-	log             hclog.Logger
-	stdout, stderr  io.Writer
+	// holders, above 0, makes the path a semaphore's prefix: follow
+	// every one of its slots (lock -n N).
+	holders        int
+	lb             *shim.LoadBalancer
+	client         *lbhook.Client
+	log            hclog.Logger
+	stdout, stderr io.Writer
 }
 
 // runLB is `lock lb follow|state`; the retired `add` and `remove` only say
@@ -138,6 +141,10 @@ func newLBFlags(name string, c *lbCmd, stderr io.Writer) *lbFlagSet {
 	fs.StringVar(&f.configFile, "config", "", "HCL `file` whose load_balancer and health_check blocks to use; flags override them")
 	fs.StringVar(&c.namespace, "namespace", "", settingUsage("namespace"))
 	fs.StringVar(&c.addr, "address", "", addressUsage)
+	if name == "lock lb follow" || name == "lock lb" {
+		fs.IntVar(&c.holders, "n", 0, "follow a semaphore of `N` slots at the path, as the holders' lock -n N: "+
+			"this allocation is listed while it holds any slot (docs/semaphore.md)")
+	}
 	fs.BoolVar(&f.verbose, "verbose", false, verboseUsage)
 	return f
 }
@@ -165,7 +172,7 @@ func (c *lbCmd) follow(ctx context.Context, allocID string) int {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	c.log.Info("following the lock's holder record", "path", c.args[0], "alloc_id", allocID, "upstream", c.lb.Upstream)
+	c.log.Info("following the lock's holder record", "path", c.args[0], "holders", c.holders, "alloc_id", allocID, "upstream", c.lb.Upstream)
 	f := &shim.LBFollower{LB: c.lb, Client: c.client, Locker: locker, AllocID: allocID, Logger: c.log}
 	if err := f.Run(ctx); err != nil {
 		return c.followFailed(err)
@@ -185,11 +192,15 @@ func (c *lbCmd) followFailed(err error) int {
 	switch {
 	case errors.As(err, &pe):
 		// Not pe's own text: it names the write policy of a lock holder.
-		fmt.Fprintf(c.stderr, "lock lb follow: read %s: permission denied (HTTP 403).\n", c.args[0])
+		path := c.args[0]
+		if c.holders > 0 {
+			path += "/*" // every slot
+		}
+		fmt.Fprintf(c.stderr, "lock lb follow: read %s: permission denied (HTTP 403).\n", path)
 		fmt.Fprintf(c.stderr, "lock lb follow only reads the lock, but its token needs \"read\" on %s, which the implicit "+
 			"workload-identity policy does not grant: apply examples/acl/singleton-lock.policy.hcl to the job (-job %s), "+
 			"or examples/acl/singleton-lock-read.policy.hcl to this task alone (-job %s -group %s -task %s)\n",
-			c.args[0], job, job, cmp.Or(os.Getenv("NOMAD_GROUP_NAME"), "<group>"), cmp.Or(os.Getenv("NOMAD_TASK_NAME"), "<task>"))
+			path, job, job, cmp.Or(os.Getenv("NOMAD_GROUP_NAME"), "<group>"), cmp.Or(os.Getenv("NOMAD_TASK_NAME"), "<task>"))
 		return shim.ExitPermission
 	}
 	fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
@@ -202,7 +213,7 @@ func (c *lbCmd) followFailed(err error) int {
 // locker is the Locker of the lock path, for reads only.
 func (c *lbCmd) locker() (*lockclient.Locker, int, bool) {
 	cfg := shim.DefaultConfig()
-	cfg.Path, cfg.Namespace, cfg.Address = c.args[0], c.namespace, c.addr
+	cfg.Path, cfg.Namespace, cfg.Address, cfg.Holders = c.args[0], c.namespace, c.addr, c.holders
 	if err := cfg.ValidateLock(); err != nil {
 		fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
 		return nil, shim.ExitConfig, false

@@ -29,6 +29,8 @@ func TestLBCommandRefusesBeforeNomad(t *testing.T) {
 		{"follow: not in an allocation", append(append([]string{"follow"}, lb...), "nomad/jobs/web/lock"), false,
 			"lock lb follow: NOMAD_ALLOC_ID is unset: run it as a poststart sidecar task"},
 		{"follow: empty lock path", append(append([]string{"follow"}, lb...), ""), true, "lock lb follow: missing lock path"},
+		{"follow: -n out of range", append(append([]string{"follow", "-n", "65"}, lb...), "nomad/jobs/web/lock"), true,
+			"holders 65 is out of range: a semaphore has 1 to 64 holders"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.env {
