@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -484,9 +485,11 @@ func gateWaitEvent(t *testing.T, a *harness.Agent, jobID string, timeout time.Du
 }
 
 // testGateUpdateAtOnce: the docker example (count = 2, update max_parallel
-// = 0) updated to a new version: Nomad replaces both allocations at once, the
-// old holder's app is dead before the new one starts, and the new version
-// ends with one holder running the app and one standby.
+// = 0) updated three times: Nomad replaces both allocations at once, the
+// old holder's app is dead before the new one starts, no app of an old
+// version starts after an update (the old standby's gate is being stopped,
+// so it never takes the lock from the new version), and each version ends
+// with one holder running the app and one standby.
 func testGateUpdateAtOnce(t *testing.T, a *harness.Agent, records string, d *harness.Docker) {
 	j := newGateJob(t, "docker", records)
 	j.id, j.svc = "web-update", "web-update"
@@ -510,14 +513,32 @@ func testGateUpdateAtOnce(t *testing.T, a *harness.Agent, records string, d *har
 	first := j.start(t, "", 0, 90*time.Second)
 	j.standby(t, a, first.AllocID)
 
-	j.extraArgs = []string{"version-2"}
-	t0 := harness.MonoNow()
-	register()
-	next := harness.WaitRecord(t, j.record, 2*time.Minute, func(r harness.Record) bool {
-		return r.Event == harness.EventStart && r.Role == harness.RoleMain && slices.Contains(r.Argv, "version-2")
-	})
-	t.Logf("MEASURE gate_docker update_handover=%s (alloc %s -> %s)", harness.Millis(time.Duration(next.Mono-t0)), drvShort(first.AllocID), drvShort(next.AllocID))
-	j.standby(t, a, next.AllocID)
+	// Three updates: each time every old allocation is being stopped, so
+	// an old-version gate never takes the lock (it never acquires while
+	// its allocation is being stopped; docs/updates.md): the only app
+	// started after an update is of the new version.
+	holder := first
+	for v := 2; v <= 4; v++ {
+		tag := "version-" + strconv.Itoa(v)
+		j.extraArgs = []string{tag}
+		t0 := harness.MonoNow()
+		register()
+		next := harness.WaitRecord(t, j.record, 2*time.Minute, func(r harness.Record) bool {
+			return r.Event == harness.EventStart && r.Role == harness.RoleMain && slices.Contains(r.Argv, tag)
+		})
+		t.Logf("MEASURE gate_docker update_handover=%s (alloc %s -> %s)", harness.Millis(time.Duration(next.Mono-t0)), drvShort(holder.AllocID), drvShort(next.AllocID))
+		j.standby(t, a, next.AllocID)
+		recs, err := harness.ReadRecords(j.record)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			if r.Event == harness.EventStart && r.Role == harness.RoleMain && r.Mono > t0 && !slices.Contains(r.Argv, tag) {
+				t.Errorf("update to %s: an app of another version started after the update (alloc %s, argv %v)", tag, drvShort(r.AllocID), r.Argv)
+			}
+		}
+		holder = next
+	}
 	if err := a.Purge(j.id); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,8 +17,8 @@ import (
 // stopped while an old-version standby waits: that standby gives the new
 // version the lock (docs/updates.md). Each update hands the lock over
 // exactly once, to an allocation of the new version, and no two workloads
-// ever overlap: with count = 2 and max_parallel = 1, and with count = 3 and
-// a canary that is promoted automatically.
+// ever overlap: with count = 2 and count = 3 and max_parallel = 1, and with
+// count = 3 and a canary that is promoted automatically.
 func TestDriverRollingUpdateHandsOverOnce(t *testing.T) {
 	t.Parallel()
 	harness.BuildTestWorkload(t)
@@ -25,6 +26,12 @@ func TestDriverRollingUpdateHandsOverOnce(t *testing.T) {
 	runConcurrently(t, []subtest{
 		{"count_2", func(t *testing.T) {
 			testDrvUpdatesHandOverOnce(t, a, "update-once", 2, `    max_parallel      = 1
+    min_healthy_time  = "2s"
+    healthy_deadline  = "2m"
+    progress_deadline = "3m"`)
+		}},
+		{"count_3", func(t *testing.T) {
+			testDrvUpdatesHandOverOnce(t, a, "update-three", 3, `    max_parallel      = 1
     min_healthy_time  = "2s"
     healthy_deadline  = "2m"
     progress_deadline = "3m"`)
@@ -169,5 +176,105 @@ func TestDriverBrokenNewVersionFallsBackToOldStandby(t *testing.T) {
 	}
 	if h.Gap > grace+30*time.Second {
 		t.Errorf("the old standby took the lock only after %s (grace %s)", h.Gap, grace)
+	}
+}
+
+// TestDriverHolderWaitsForItsSuccessor: with max_parallel = 2 Nomad stops
+// the holder and the standby of a count = 2 group at once. The holder's
+// own replacement starts only once the holder is gone, but the standby's
+// starts while the holder stops: the holder keeps serving, the lock held,
+// until that one waits for the lock (its task's kill_timeout less
+// lock.kill_timeout at most), says so in its events, and the lock goes
+// straight to it, not to the holder's own replacement. Each update hands
+// over once, to the new version, never two at once. On one node (a dev
+// agent), and on two clients with the allocations on distinct hosts, where
+// a replacement placed on the other node waits for the allocation it
+// replaces through the servers (client/allocwatcher, remotePrevAlloc).
+func TestDriverHolderWaitsForItsSuccessor(t *testing.T) {
+	t.Parallel()
+	harness.BuildTestWorkload(t)
+	runConcurrently(t, []subtest{
+		{"one_node", func(t *testing.T) {
+			testDrvHolderWaits(t, harness.StartAgent(t, drvAgentOptions(t, true)), "")
+		}},
+		{"two_nodes", func(t *testing.T) {
+			opts := drvAgentOptions(t, false)
+			opts.Clients = 2
+			testDrvHolderWaits(t, harness.StartAgent(t, opts), `constraint {
+      operator = "distinct_hosts"
+      value    = "true"
+    }`)
+		}},
+	})
+}
+
+func testDrvHolderWaits(t *testing.T, a *harness.Agent, groupExtra string) {
+	const updates = 3
+	j := newDrvJob(t, "update-holder-waits", 2)
+	j.groupExtra = groupExtra
+	j.killTimeout = "20s"
+	j.update = `    max_parallel      = 2
+    min_healthy_time  = "2s"
+    healthy_deadline  = "2m"
+    progress_deadline = "3m"`
+	j.args = []string{"v0"}
+	j.run(t, a)
+	holder := j.waitStart(t, 60*time.Second, nil)
+	drvWaitDeployment(t, a, j.id, 0, 2*time.Minute)
+
+	s := j.sampler(t)
+	for v := 1; v <= updates; v++ {
+		updateAt := harness.MonoNow()
+		want := "v" + strconv.Itoa(v)
+		j.args = []string{want}
+		j.run(t, a)
+		next := j.waitStart(t, 90*time.Second, func(r harness.Record) bool { return r.Mono > updateAt })
+		if !slices.Contains(next.Argv, want) {
+			t.Errorf("update %d: the lock went to %v, want %s", v, next.Argv, want)
+		}
+		old, _, err := a.API().Allocations().Info(holder.AllocID, nil)
+		if err != nil {
+			t.Fatalf("read the old holder %s: %v", drvShort(holder.AllocID), err)
+		}
+		if nx, _, err := a.API().Allocations().Info(next.AllocID, nil); err == nil {
+			t.Logf("update %d: holder %s on node %s → %s on node %s", v, drvShort(holder.AllocID), drvShort(old.NodeID), drvShort(next.AllocID), drvShort(nx.NodeID))
+		}
+		if next.AllocID == old.NextAllocation {
+			t.Errorf("update %d: the lock went to the old holder's own replacement %s, which starts only once the holder is gone: the holder did not wait for the other new allocation",
+				v, drvShort(next.AllocID))
+		}
+		// The old holder's events say it kept serving, and whom for.
+		var texts []string
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			texts = texts[:0]
+			if al, _, err := a.API().Allocations().Info(holder.AllocID, nil); err == nil && al.TaskStates[drvTask] != nil {
+				for _, ev := range al.TaskStates[drvTask].Events {
+					texts = append(texts, drvEventText(ev))
+				}
+			}
+			joined := strings.Join(texts, "\n")
+			if strings.Contains(joined, "Stopped for a rolling update: keeping the workload running for up to 16s") &&
+				strings.Contains(joined, "Rolling update: allocation "+drvShort(next.AllocID)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("update %d: the old holder's events do not say it waited for %s:\n%s", v, drvShort(next.AllocID), joined)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		drvWaitDeployment(t, a, j.id, uint64(v), 3*time.Minute)
+		holder = next
+	}
+	time.Sleep(2 * time.Second)
+	sum := s.Stop()
+	recs := j.records(t)
+	ivs := harness.CheckNoOverlap(t, recs, sum)
+	for _, h := range harness.Handovers(ivs) {
+		t.Logf("handover %s → %s after %s", drvShort(h.From.AllocID), drvShort(h.To.AllocID), h.Gap)
+		harness.Measure(t, "holder_waits_handover_gap", h.Gap)
+	}
+	if n := len(harness.Handovers(ivs)); n != updates {
+		t.Errorf("%d handovers over %d updates, want one each", n, updates)
 	}
 }

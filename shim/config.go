@@ -44,7 +44,9 @@ type Config struct {
 	MaxRetry    int
 	Backoff     time.Duration // cap of the error backoff
 	// UpdateGrace is how long a standby of an older job version gives way
-	// to a newer one before it takes a lock that came free; 0: the default.
+	// to a newer one before it takes a lock that came free; 0: the default;
+	// DurationOff (update_grace = 0): the rule is off, and a standby takes a
+	// free lock at once, as before the rule.
 	UpdateGrace time.Duration
 
 	Command []string // argv; with Shell, joined and run by $SHELL -c

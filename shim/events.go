@@ -41,6 +41,10 @@ var (
 var (
 	evUpdateGivingWay = events.New("update-giving-way", "Lock free: giving way for up to ")
 	evUpdateNoReadJob = events.New("update-no-read-job", "Rolling updates: the workload identity may not read job ")
+	evUpdateKeepServe = events.New("update-keep-serving", "Stopped for a rolling update: keeping the workload running for up to ")
+	evUpdateSuccWait  = events.New("update-successor-waiting", "Rolling update: allocation ")
+	evUpdateSuccGone  = events.New("update-successor-gone", "Rolling update: no newer version on its way any more after ")
+	evUpdateSuccLate  = events.New("update-successor-late", "Rolling update: no newer version waits for the lock after ")
 )
 
 // The load balancer.
@@ -406,6 +410,22 @@ func gateStillAwaitingMessage(prev lockclient.Holder) string {
 
 func updateGivingWayMessage(grace time.Duration, allocID string, version uint64) string {
 	return evUpdateGivingWay.Text("%s to allocation %s of job version %d (rolling update), then taking it if still free", grace, allocID, version)
+}
+
+func updateKeepServingMessage(budget time.Duration, allocID string, version uint64) string {
+	return evUpdateKeepServe.Text("%s (kill_timeout less lock.kill_timeout), the lock held, until allocation %s of job version %d waits for the lock", budget, allocID, version)
+}
+
+func updateSuccessorWaitingMessage(allocID string, version uint64, after time.Duration) string {
+	return evUpdateSuccWait.Text("%s of job version %d waits for the lock (after %s): stopping the workload", allocID, version, after)
+}
+
+func updateSuccessorGoneMessage(after time.Duration) string {
+	return evUpdateSuccGone.Text("%s: stopping the workload", after)
+}
+
+func updateSuccessorLateMessage(budget time.Duration) string {
+	return evUpdateSuccLate.Text("%s: stopping the workload; the lock goes to the next allocation that takes it", budget)
 }
 
 func updateNoReadJobMessage(jobID, namespace string) string {

@@ -75,6 +75,16 @@ type stopHook interface {
 	stopArrived(end ending)
 }
 
+// delayHook may keep the workload serving for a while after a stop
+// request, within budget (the stop's kill_timeout less the workload's own
+// grace), the lock held throughout: the stop goes on once the channel it
+// returns closes; each string sent on it first is an event to publish.
+// nil: the stop goes on at once.
+type delayHook interface {
+	runHook
+	delayStop(ctx context.Context, budget time.Duration) <-chan string
+}
+
 // releaseHook runs once the workload (if any) is proven dead, before the
 // lease is released: release is false to keep the lock (it then expires on
 // the server), clean marks the release clean for the next holder.

@@ -47,6 +47,9 @@ type LockSetting struct {
 	// Min is the least value of a duration setting (0: no minimum). Below
 	// it the root supervisor would busy-loop against Nomad.
 	Min time.Duration
+	// ZeroOff makes a written 0 mean "off" (DurationOff) instead of the
+	// default; the setting's Config field then holds DurationOff.
+	ZeroOff bool
 	// FlagName is the flag's name where it is not the Name's (see Flag).
 	FlagName string
 	// field is the Config field the setting sets: a *string, *int, *bool,
@@ -85,9 +88,9 @@ var LockSettings = LockSpec{
 	{Name: "wait", In: InDriver | InFileLock | InFlags,
 		Usage: "give up (exit 75) if the lock is not acquired within this time; 0 waits forever",
 		field: func(c *Config) any { return &c.Wait }},
-	{Name: "update_grace", In: InDriver | InFileLock | InFlags, Default: DefaultUpdateGrace.String(), Min: time.Second,
+	{Name: "update_grace", In: InDriver | InFileLock | InFlags, Default: DefaultUpdateGrace.String(), Min: time.Second, ZeroOff: true,
 		Usage: "in a rolling update, how long a standby of an older job version lets a newer one take a lock that came free " +
-			"before it takes it itself, at least 1s (needs read-job; docs/updates.md)",
+			"before it takes it itself, at least 1s; 0 turns the rule off (needs read-job; docs/updates.md)",
 		field: func(c *Config) any { return &c.UpdateGrace }},
 	{Name: "backoff", In: InFileLock | InFlags, Default: DefaultMaxBackoff.String(), Min: 100 * time.Millisecond,
 		Usage: "cap of the jittered backoff after API errors, at least 100ms",
@@ -130,6 +133,9 @@ var LockSettings = LockSpec{
 		Usage: "grace before SIGKILL; keep it below the task's kill_timeout",
 		field: func(c *Config) any { return &c.KillTimeout }},
 }
+
+// DurationOff is the value of a ZeroOff setting written as 0: off.
+const DurationOff time.Duration = -1
 
 // checkMin refuses a duration below the setting's minimum. Zero is left to
 // Config.Validate: it means the default, or Nomad's own reading of 0 (delay).
@@ -214,6 +220,10 @@ func (s LockSetting) set(c *Config, v, label string) error {
 	case *time.Duration:
 		if err := ParseDuration(label, v, "10s", dst); err != nil {
 			return err
+		}
+		if *dst == 0 && s.ZeroOff {
+			*dst = DurationOff
+			return nil
 		}
 		return s.checkMin(label, *dst)
 	case *syscall.Signal: // kill_signal, the only one

@@ -459,6 +459,11 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 		}
 	}
 	deregister := anyClosed(hctx, deregisterC...)
+	// A stop request a hook delays (delayHook): the request, when it
+	// came, and the hook's channel.
+	var delayed *StopRequest
+	var delayedAt time.Time
+	var delayC <-chan string
 
 	for {
 		select {
@@ -494,9 +499,27 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 			return r.lost()
 
 		case req := <-s.Stop:
+			if delayed != nil {
+				r.log.Info("second stop request: stopping at once", "kill_timeout", req.Timeout)
+				r.shutdown(req.Signal, r.delayedLeft(*delayed, delayedAt), endStopRequest)
+				return r.code()
+			}
 			r.log.Info("stop requested", "kill_signal", signalName(req.Signal), "kill_timeout", req.Timeout)
 			s.stopArrived(endStopRequest)
+			if c := r.delayStop(hctx, req); c != nil {
+				delayed, delayedAt, delayC = &req, lockclient.BootNow(), c
+				continue
+			}
 			r.shutdown(req.Signal, req.Timeout, endStopRequest)
+			return r.code()
+
+		case msg, ok := <-delayC:
+			if ok {
+				s.notify(r.held(s.state, msg))
+				continue
+			}
+			r.log.Info("stopping after the stop's delay", "waited", lockclient.BootNow().Sub(delayedAt).Round(time.Millisecond))
+			r.shutdown(delayed.Signal, r.delayedLeft(*delayed, delayedAt), endStopRequest)
 			return r.code()
 
 		case sig := <-sigs:
@@ -505,6 +528,30 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 			}
 		}
 	}
+}
+
+// delayStop asks the hooks whether the workload keeps serving a while
+// after the stop request req: budget is the request's kill_timeout less the
+// workload's own grace (lock.kill_timeout), so that the stop after the
+// delay still has that grace. nil: stop at once.
+func (r *heldRun) delayStop(ctx context.Context, req StopRequest) <-chan string {
+	budget := req.Timeout - r.s.Config.KillTimeout
+	if budget <= 0 || r.cmd == nil {
+		return nil
+	}
+	for _, h := range hooksOf[delayHook](r.s) {
+		if c := h.delayStop(ctx, budget); c != nil {
+			return c
+		}
+	}
+	return nil
+}
+
+// delayedLeft is the grace left of a delayed stop request that came at
+// at: its kill_timeout less the delay, and never less than the workload's
+// own grace (the delay's budget leaves that much).
+func (r *heldRun) delayedLeft(req StopRequest, at time.Time) time.Duration {
+	return max(req.Timeout-lockclient.BootNow().Sub(at), r.s.Config.KillTimeout)
 }
 
 // stopArrived tells the hooks that a stop arrived, at once.

@@ -43,10 +43,10 @@ type updateHook struct {
 
 // newUpdateHook attaches to a supervisor that runs as a task of a Nomad
 // allocation (its holder names the allocation, job, group and task); nil
-// otherwise.
+// otherwise, and nil when update_grace = 0 turns the rule off.
 func newUpdateHook(s *Supervisor) *updateHook {
 	h := s.Locker.Config().Holder
-	if h.AllocID == "" || h.JobID == "" || h.Group == "" || h.Task == "" {
+	if h.AllocID == "" || h.JobID == "" || h.Group == "" || h.Task == "" || s.Config.UpdateGrace < 0 {
 		return nil
 	}
 	ns := s.getenv("NOMAD_NAMESPACE")
@@ -190,4 +190,187 @@ func describeStubs(stubs []*api.AllocationListStub, task string) string {
 		fmt.Fprintf(&b, "%s:%s:v%d:%s/%s/%s ", shortAlloc(a.ID), a.TaskGroup, a.JobVersion, a.DesiredStatus, a.ClientStatus, st)
 	}
 	return b.String()
+}
+
+// statusAllocUpdating is the DesiredDescription the scheduler gives an
+// allocation it stops to replace it in a rolling update
+// (scheduler/structs/const.go, StatusAllocUpdating, set by
+// computeDestructiveUpdates). A stop for any other reason (job stopped,
+// scale-down, drain, canary promotion's "alloc not needed due to job
+// update") does not delay.
+const statusAllocUpdating = "alloc is being updated due to job update"
+
+// updateStop reports whether alloc is being stopped to be replaced in a
+// rolling update.
+func updateStop(alloc *api.Allocation) bool {
+	return alloc.DesiredStatus == "stop" && alloc.DesiredDescription == statusAllocUpdating
+}
+
+// delayStop keeps the holder's workload serving, the lock held, after a
+// stop request of a rolling update, until a newer version of the group
+// waits for the lock, for up to budget: the lock then goes from a running
+// workload straight to a waiting one. It waits only while such an
+// allocation is on its way and is not this allocation's own replacement
+// (Nomad starts a replacement only once the allocation it replaces is
+// terminal: client/allocwatcher), so with max_parallel = 1 it never
+// waits; it does with max_parallel >= 2 or max_parallel = 0, where the
+// other replacements start while the holder is stopping. A crash or a node
+// death sends no stop request; any other stop does not wait.
+func (h *updateHook) delayStop(ctx context.Context, budget time.Duration) <-chan string {
+	if h.off {
+		return nil
+	}
+	out := make(chan string, 1)
+	go func() {
+		defer close(out)
+		send := func(msg string) {
+			select {
+			case out <- msg:
+			case <-ctx.Done():
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, budget)
+		defer cancel()
+		h.awaitSuccessor(wctx, budget, send)
+	}()
+	return out
+}
+
+// awaitSuccessor returns once a newer version waits for the lock (after
+// sending an event), nothing newer is on its way, or ctx ends.
+func (h *updateHook) awaitSuccessor(ctx context.Context, budget time.Duration, send func(string)) {
+	l := h.s.Locker
+	// Every stop asks first why it came, briefly: a client cut off from
+	// the servers (whose own stop_on_client_after stops may come then)
+	// must not hold a stop up for the whole budget.
+	rctx, cancel := context.WithTimeout(ctx, min(budget, selfReadBound))
+	self, _, err := l.Allocation(rctx, h.allocID, h.namespace, 0)
+	cancel()
+	if err != nil {
+		h.s.Logger.Warn("stop: cannot read this allocation, stopping at once", "error", err)
+		return
+	}
+	if !updateStop(self) {
+		return
+	}
+	began := time.Now()
+	var index uint64
+	var told string
+	for {
+		stubs, idx, err := l.JobAllocations(ctx, h.jobID, h.namespace, index)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			h.s.Logger.Warn("stop: cannot read the job's allocations", "error", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+			continue
+		}
+		succ, waiting := holderSuccessor(self, stubs, h.task)
+		switch {
+		case succ == nil:
+			h.s.Logger.Info("stopped for a rolling update: no newer version on its way but this allocation's own replacement, stopping now",
+				"allocations", describeStubs(stubs, h.task))
+			if told != "" {
+				send(updateSuccessorGoneMessage(time.Since(began).Round(time.Millisecond)))
+			}
+			return
+		case waiting:
+			h.s.Logger.Info("stopped for a rolling update: a newer version waits for the lock, stopping now", "successor", succ.ID)
+			send(updateSuccessorWaitingMessage(shortAlloc(succ.ID), succ.JobVersion, time.Since(began).Round(time.Millisecond)))
+			return
+		}
+		if told == "" {
+			told = succ.ID
+			h.s.Logger.Info("stopped for a rolling update: keeping the workload running until a newer version waits", "successor", succ.ID, "budget", budget)
+			send(updateKeepServingMessage(budget, shortAlloc(succ.ID), succ.JobVersion))
+		}
+		index = idx
+	}
+	h.s.Logger.Info("stopped for a rolling update: no newer version waits after the budget, stopping now", "budget", budget)
+	if told != "" {
+		send(updateSuccessorLateMessage(budget))
+	}
+}
+
+// holderSuccessor is the allocation a holder stopped for a rolling update
+// waits for: one of its group, of a newer job version, that the servers
+// want running, on its way (pending, or running its task task), and that
+// is not the holder's own replacement (NextAllocation), which Nomad starts
+// only once the holder's allocation is terminal. waiting is true when it
+// waits for the lock: it said so in an event (its acquire found the lock
+// held, so it is parked on the lock's blocking query), or its task has run
+// for runningSettle. A
+// waiting one wins; nil when none is on its way.
+func holderSuccessor(self *api.Allocation, stubs []*api.AllocationListStub, task string) (*api.AllocationListStub, bool) {
+	mine, ok := allocVersion(self)
+	if !ok {
+		return nil, false
+	}
+	next := map[string]bool{}
+	if self.NextAllocation != "" {
+		next[self.NextAllocation] = true
+	}
+	for _, a := range stubs {
+		if a.ID == self.ID && a.NextAllocation != "" {
+			next[a.NextAllocation] = true
+		}
+	}
+	var onWay *api.AllocationListStub
+	for _, a := range stubs {
+		if a.ID == self.ID || next[a.ID] || a.TaskGroup != self.TaskGroup || a.JobVersion <= mine || a.DesiredStatus != "run" {
+			continue
+		}
+		st := a.TaskStates[task]
+		switch a.ClientStatus {
+		case "pending":
+			if st != nil && waitsForLock(st) {
+				return a, true
+			}
+		case "running":
+			if st == nil {
+				break
+			}
+			if st.State == "dead" {
+				continue
+			}
+			if waitsForLock(st) || (st.State == "running" && !st.StartedAt.IsZero() && time.Since(st.StartedAt) >= runningSettle) {
+				return a, true
+			}
+		default:
+			continue
+		}
+		if onWay == nil {
+			onWay = a
+		}
+	}
+	return onWay, false
+}
+
+// selfReadBound caps the read of its own allocation that a stopped holder
+// makes to learn whether the stop is a rolling update's.
+const selfReadBound = 2 * time.Second
+
+// runningSettle is how long a successor's task must have run to count as
+// waiting for the lock without its event saying so (an event list that
+// Nomad truncated). A task that has just started may still be starting
+// its supervisor: releasing to it then lets the holder's own replacement
+// race it.
+const runningSettle = 5 * time.Second
+
+// waitsForLock reports whether the task said, in its latest event of ours,
+// that it waits for a held lock.
+func waitsForLock(st *api.TaskState) bool {
+	for i := len(st.Events) - 1; i >= 0; i-- {
+		ev := st.Events[i]
+		for _, m := range []string{ev.DisplayMessage, ev.Message, ev.DriverMessage} {
+			if strings.HasPrefix(m, evWaitingHeld.Prefix) {
+				return true
+			}
+		}
+	}
+	return false
 }

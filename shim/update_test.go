@@ -2,6 +2,8 @@ package shim
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -219,5 +221,206 @@ func TestStandbyAsksBeforeTakingAReleasedLock(t *testing.T) {
 	}
 	if srv.Calls(locktest.OpJobAllocs) <= asked {
 		t.Fatal("the standby took the released lock without asking about newer versions")
+	}
+}
+
+// update_grace = 0 turns the rule off (the behaviour before it, which the
+// bench's "before" row runs): the setting holds DurationOff, and the
+// supervisor attaches no update hook, so a standby takes a free lock at
+// once. A positive grace below the minimum is still refused.
+func TestUpdateGraceZeroTurnsTheRuleOff(t *testing.T) {
+	label := func(s LockSetting) string { return "config.lock." + s.Name }
+	for _, v := range []string{"0", "0s"} {
+		c := DefaultConfig()
+		if err := LockSettings.In(InDriver).Apply(&c, LockValues{"update_grace": v}, label); err != nil {
+			t.Fatalf("update_grace = %s: %v", v, err)
+		}
+		if c.UpdateGrace != DurationOff {
+			t.Errorf("update_grace = %s: %s, want off", v, c.UpdateGrace)
+		}
+	}
+	c := DefaultConfig()
+	if err := LockSettings.In(InDriver).Apply(&c, LockValues{"update_grace": "500ms"}, label); err == nil {
+		t.Error("update_grace = 500ms accepted, below the 1s minimum")
+	}
+	s, _ := updateRig(t, DurationOff)
+	if hs := hooksOf[acquireHook](s); len(hs) != 0 {
+		t.Errorf("update_grace = 0: %d acquire hooks, want none", len(hs))
+	}
+	s, _ = updateRig(t, time.Second)
+	if hs := hooksOf[acquireHook](s); len(hs) != 1 {
+		t.Errorf("update_grace = 1s: %d acquire hooks, want the update hook", len(hs))
+	}
+}
+
+// A holder stopped for a rolling update waits only for an allocation of a
+// newer version that is on its way and is not its own replacement (which
+// Nomad starts only once the holder is terminal); it is waiting once its
+// task runs, or once it said it waits for a held lock.
+func TestHolderSuccessor(t *testing.T) {
+	self := versioned("holder", "web", 1, "stop")
+	self.NextAllocation = "mine"
+	waitingEv := &api.TaskState{State: "pending", Events: []*api.TaskEvent{{DisplayMessage: waitingHeldMessage("p", lockclient.Holder{AllocID: "holder"})}}}
+	for _, tc := range []struct {
+		name        string
+		stubs       []*api.AllocationListStub
+		want        string
+		wantWaiting bool
+	}{
+		{"only its own replacement", []*api.AllocationListStub{stub("mine", "web", 2, "run", "pending", "")}, "", false},
+		{"own replacement running", []*api.AllocationListStub{stub("mine", "web", 2, "run", "running", "running")}, "", false},
+		{"another replacement pending", []*api.AllocationListStub{stub("mine", "web", 2, "run", "pending", ""), stub("b", "web", 2, "run", "pending", "")}, "b", false},
+		{"another replacement just started", []*api.AllocationListStub{stub("b", "web", 2, "run", "running", "running")}, "b", false},
+		{"another replacement running a while", []*api.AllocationListStub{settled(stub("b", "web", 2, "run", "running", "running"))}, "b", true},
+		{"another replacement said it waits", []*api.AllocationListStub{{ID: "b", TaskGroup: "web", JobVersion: 2, DesiredStatus: "run", ClientStatus: "running",
+			TaskStates: map[string]*api.TaskState{"app": {State: "running", StartedAt: time.Now(), Events: waitingEv.Events}}}}, "b", true},
+		{"a waiting one wins over a pending one", []*api.AllocationListStub{stub("a", "web", 2, "run", "pending", ""), settled(stub("b", "web", 2, "run", "running", "running"))}, "b", true},
+		{"dead task", []*api.AllocationListStub{stub("b", "web", 2, "run", "running", "dead")}, "", false},
+		{"same version", []*api.AllocationListStub{settled(stub("b", "web", 1, "run", "running", "running"))}, "", false},
+		{"other group", []*api.AllocationListStub{settled(stub("b", "db", 2, "run", "running", "running"))}, "", false},
+		{"being stopped", []*api.AllocationListStub{settled(stub("b", "web", 2, "stop", "running", "running"))}, "", false},
+		{"lost", []*api.AllocationListStub{settled(stub("b", "web", 2, "run", "lost", "running"))}, "", false},
+		{"pending, said it waits (start on_lock)", []*api.AllocationListStub{{ID: "b", TaskGroup: "web", JobVersion: 2, DesiredStatus: "run", ClientStatus: "pending",
+			TaskStates: map[string]*api.TaskState{"app": waitingEv}}}, "b", true},
+	} {
+		got, waiting := holderSuccessor(self, tc.stubs, "app")
+		id := ""
+		if got != nil {
+			id = got.ID
+		}
+		if id != tc.want || waiting != tc.wantWaiting {
+			t.Errorf("%s: successor %q waiting %v, want %q %v", tc.name, id, waiting, tc.want, tc.wantWaiting)
+		}
+	}
+}
+
+// settled makes the stub's task one that started a while ago.
+func settled(a *api.AllocationListStub) *api.AllocationListStub {
+	for _, st := range a.TaskStates {
+		st.StartedAt = time.Now().Add(-time.Minute)
+	}
+	return a
+}
+
+// Only Nomad's update-stop delays: a stop for any other reason (job
+// stopped, scale-down, canary promotion's "not needed") does not.
+func TestUpdateStopIsOnlyTheRollingUpdate(t *testing.T) {
+	for _, tc := range []struct {
+		desired, desc string
+		want          bool
+	}{
+		{"stop", "alloc is being updated due to job update", true},
+		{"stop", "alloc not needed due to job update", false},
+		{"stop", "alloc not needed since job was stopped", false},
+		{"run", "alloc is being updated due to job update", false},
+		{"evict", "alloc is being updated due to job update", false},
+	} {
+		a := versioned("a", "web", 1, tc.desired)
+		a.DesiredDescription = tc.desc
+		if got := updateStop(a); got != tc.want {
+			t.Errorf("%s / %q: %v, want %v", tc.desired, tc.desc, got, tc.want)
+		}
+	}
+}
+
+// The holder stopped for an update keeps serving while another newer
+// allocation starts, says so, and lets the stop go on once that one runs;
+// with only its own replacement on its way, or for another kind of stop,
+// it does not wait; and it never waits past its budget.
+func TestHolderDelaysUpdateStopUntilSuccessorWaits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	drain := func(c <-chan string, within time.Duration) ([]string, time.Duration) {
+		start := time.Now()
+		var msgs []string
+		for {
+			select {
+			case m, ok := <-c:
+				if !ok {
+					return msgs, time.Since(start)
+				}
+				msgs = append(msgs, m)
+			case <-time.After(within):
+				t.Fatalf("the delay did not end within %s (messages %q)", within, msgs)
+			}
+		}
+	}
+	self := func(desc string) *api.Allocation {
+		a := jobAlloc("standby", 1, "stop", "running")
+		a.DesiredDescription, a.NextAllocation = desc, "mine"
+		return a
+	}
+
+	// Another kind of stop: no wait, no read of the job's allocations.
+	s, srv := updateRig(t, time.Second)
+	h := hooksOf[delayHook](s)[0]
+	srv.SetAllocation(self("alloc not needed since job was stopped"))
+	srv.SetAllocation(jobAlloc("other", 2, "run", "pending"))
+	if msgs, _ := drain(h.delayStop(ctx, 10*time.Second), 5*time.Second); len(msgs) != 0 || srv.Calls(locktest.OpJobAllocs) != 0 {
+		t.Errorf("a job stop delayed: %q", msgs)
+	}
+
+	// Only its own replacement: no wait.
+	s, srv = updateRig(t, time.Second)
+	h = hooksOf[delayHook](s)[0]
+	srv.SetAllocation(self(statusAllocUpdating))
+	srv.SetAllocation(jobAlloc("mine", 2, "run", "pending"))
+	if msgs, _ := drain(h.delayStop(ctx, 10*time.Second), 5*time.Second); len(msgs) != 0 {
+		t.Errorf("waited for its own replacement: %q", msgs)
+	}
+
+	// Another newer allocation starting: wait until it runs.
+	other := jobAlloc("other", 2, "run", "pending")
+	other.TaskStates = nil
+	srv.SetAllocation(other)
+	c := h.delayStop(ctx, 20*time.Second)
+	select {
+	case m := <-c:
+		if !strings.HasPrefix(m, evUpdateKeepServe.Prefix) {
+			t.Fatalf("first message %q, want the keep-serving event", m)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no keep-serving event")
+	}
+	running := jobAlloc("other", 2, "run", "running")
+	running.TaskStates["app"].Events = []*api.TaskEvent{{DisplayMessage: waitingHeldMessage("locks/web", lockclient.Holder{AllocID: "standby"})}}
+	srv.SetAllocation(running)
+	msgs, _ := drain(c, 10*time.Second)
+	if len(msgs) != 1 || !strings.HasPrefix(msgs[0], evUpdateSuccWait.Prefix) {
+		t.Errorf("after the successor runs: %q, want its waiting event", msgs)
+	}
+
+	// It never starts: the budget ends the wait.
+	srv.SetAllocation(other)
+	msgs, took := drain(h.delayStop(ctx, 1500*time.Millisecond), 10*time.Second)
+	if len(msgs) != 2 || !strings.HasPrefix(msgs[1], evUpdateSuccLate.Prefix) {
+		t.Errorf("budget spent: %q", msgs)
+	}
+	if took < time.Second {
+		t.Errorf("the wait ended after %s, before its budget", took)
+	}
+}
+
+// A gate takes the same rule as a driver task: its supervisor has the
+// update hook, so an old-version gate gives way to a newer version and one
+// being stopped never acquires; its acquire options come from both hooks.
+func TestGateHasTheUpdateRule(t *testing.T) {
+	srv := locktest.New()
+	cfg := lockclient.Config{Path: "locks/web", Timing: locktest.Timing(),
+		Holder: lockclient.Holder{AllocID: "standby", JobID: "web", Group: "web", Task: "gate"}}
+	s := &Supervisor{Config: Config{Gate: &Gate{AllocID: "standby", Task: "gate"}}, Locker: srv.Locker(t, cfg),
+		Logger: hclog.NewNullLogger(), Getenv: func(string) string { return "" }}
+	s.buildHooks()
+	var names []string
+	for _, h := range hooksOf[acquireHook](s) {
+		names = append(names, h.hookName())
+	}
+	if !slices.Contains(names, "update") {
+		t.Errorf("a gate's acquire hooks are %v, want the update hook among them", names)
+	}
+	s.Config.UpdateGrace = DurationOff
+	s.buildHooks()
+	if len(hooksOf[delayHook](s)) != 0 {
+		t.Error("update_grace = 0: a gate still has the update hook")
 	}
 }

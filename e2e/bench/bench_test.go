@@ -50,7 +50,7 @@ func TestBench(t *testing.T) {
 
 	if cfg.Enabled(ScenarioHandover) || cfg.Enabled(ScenarioCrash) || cfg.Enabled(ScenarioTimeline) ||
 		cfg.Enabled(ScenarioStart) || cfg.Enabled(ScenarioFootprint) || cfg.Enabled(ScenarioLB) || cfg.Enabled(ScenarioHAProxy) ||
-		cfg.Enabled(ScenarioSemaphore) {
+		cfg.Enabled(ScenarioSemaphore) || cfg.Enabled(ScenarioUpdate) {
 		// One dev agent with the plugin for every scenario but scale; it stops (with
 		// everything it ran) when this subtest ends, before the scale runs.
 		t.Run("agent", func(t *testing.T) {
@@ -87,6 +87,7 @@ func TestBench(t *testing.T) {
 			b.runPhase(t, ScenarioLB, TitleLB, b.lb)
 			b.runPhase(t, ScenarioHAProxy, TitleHAProxy, b.haproxy)
 			b.runPhase(t, ScenarioSemaphore, TitleSemaphore, b.semaphore)
+			b.runPhase(t, ScenarioUpdate, TitleUpdate, b.rollingUpdate)
 		})
 	}
 	if cfg.Enabled(ScenarioScale) {

@@ -19,12 +19,13 @@ const (
 	ScenarioHAProxy   = "haproxy"
 	ScenarioTimeline  = "timeline"
 	ScenarioSemaphore = "semaphore"
+	ScenarioUpdate    = "update"
 )
 
 // AllScenarios in the order they run.
 var AllScenarios = []string{
 	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioSemaphore,
-	ScenarioScale,
+	ScenarioUpdate, ScenarioScale,
 }
 
 // Environment variables read by FromEnv. The GNUmakefile sets them from its

@@ -116,6 +116,8 @@ func slug(variant string) string {
 		return "lock"
 	case VariantDriver:
 		return "driver"
+	case VariantDriverRuleOff:
+		return "driveroff"
 	case VariantGate:
 		return "gate"
 	case VariantGateRaw:
@@ -150,6 +152,12 @@ type job struct {
 	// lbURI, if set, registers the workload with this LB API as service
 	// lbService (base path /lbService, group lbGroup, port label "http").
 	lbURI, lbService string
+	// update is the lines of the group's update block ("" for none);
+	// updateGrace the driver's lock.update_grace ("" for its default).
+	update, updateGrace string
+	// extraArgs go after the workload's own flags (a version tag: changing
+	// them is a destructive update).
+	extraArgs []string
 }
 
 // lbGroup is the LB group of the bench's LB API servers.
@@ -191,15 +199,18 @@ type benchJob struct {
 	Count             int
 	Network, FailFast bool
 	HealthCheck       bool
-	Args              []string
-	Env               map[string]string
-	Lock              *benchLock
-	LB                *benchLB
+	// Update, if set, is the lines of the group's update block.
+	Update string
+	Args   []string
+	Env    map[string]string
+	Lock   *benchLock
+	LB     *benchLB
 }
 
 type benchLock struct {
 	Path, TTL, Delay string
-	Holders          int // a semaphore of this many slots at Path (0: a single lock)
+	Holders          int    // a semaphore of this many slots at Path (0: a single lock)
+	UpdateGrace      string // the driver's update_grace ("" for its default)
 }
 
 type benchLB struct {
@@ -209,7 +220,7 @@ type benchLB struct {
 
 // driverBlocks are the singleton driver's lock and load_balancer blocks for j.
 func driverBlocks(spec *benchJob, j *job) {
-	spec.Lock = &benchLock{Path: j.path, TTL: TTL.String(), Delay: LockDelay.String(), Holders: j.holders}
+	spec.Lock = &benchLock{Path: j.path, TTL: TTL.String(), Delay: LockDelay.String(), Holders: j.holders, UpdateGrace: j.updateGrace}
 	if j.lbURI != "" {
 		spec.LB = &benchLB{URI: j.lbURI, ServiceID: j.lbService, BasePath: "/" + j.lbService, Groups: []string{lbGroup}}
 	}
@@ -221,8 +232,8 @@ func (b *bench) hcl(j *job) string {
 	if isGate(j.variant) {
 		return b.gateHCL(j)
 	}
-	spec := benchJob{ID: j.id, Task: taskName, Count: j.count, Network: j.lbURI != "", FailFast: j.failFast}
-	wl := b.workloadArgs(j.record, j.marker)
+	spec := benchJob{ID: j.id, Task: taskName, Count: j.count, Network: j.lbURI != "", FailFast: j.failFast, Update: j.update}
+	wl := append(b.workloadArgs(j.record, j.marker), j.extraArgs...)
 	switch j.variant {
 	case VariantAnchor:
 		spec.Driver, spec.Command = "raw_exec", b.nomadBin
@@ -240,7 +251,7 @@ func (b *bench) hcl(j *job) string {
 				"-lb-groups", lbGroup, "-lb-port", "http")
 		}
 		spec.Args = append(append(flags, lockArgs(j.path)...), wl...)
-	case VariantDriver, VariantDriverSlot:
+	case VariantDriver, VariantDriverSlot, VariantDriverRuleOff:
 		spec.Driver, spec.Command, spec.Args = harness.PluginDriverName, wl[0], wl[1:]
 		driverBlocks(&spec, j)
 	case VariantRawExec:

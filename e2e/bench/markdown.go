@@ -20,6 +20,7 @@ const (
 	TitleLB        = "6. LB registration"
 	TitleHAProxy   = "7. Handover and crash through HAProxy"
 	TitleSemaphore = "8. Semaphore: a slot's handover and crash takeover"
+	TitleUpdate    = "9. Rolling update"
 )
 
 // Image file names, next to the Markdown file.
@@ -147,6 +148,19 @@ requests on its own tick: once with a 1 s worker, as Baragon runs it, which
 then dominates; once with a 50 ms worker, which shows our side's share. Both
 variants and both servers of one run go concurrently. (a) has no LB
 integration.`,
+	TitleUpdate: `A service job with count = 2 per variant (a holder and a warm
+standby) and ` + "`update { max_parallel = 1, min_healthy_time = \"2s\" }`" + `
+goes through one rolling update per run: each changes the workload's
+arguments (a version tag), so Nomad replaces both allocations, lowest name
+index first (docs/updates.md). The next update is submitted once the
+deployment is successful and a workload of the new version runs. A process
+sampler and the workloads' start and stop records give each workload's run;
+a handover is one workload's end followed by the next one's start, counted
+in the update it falls in, and "time without a holder" adds up its gaps.
+(c) runs twice: before, with ` + "`update_grace = \"0s\"`" + ` (the rule off: a
+standby takes a free lock at once, as before it), and after, with the
+default ` + "`update_grace`" + ` (10 s: an old-version standby gives way to a
+new-version successor). The variants run one after another.`,
 	TitleHAProxy: `What a client sees of a graceful handover and of a crash through a real load balancer.
 HAProxy (Debian's 2.6.12, started by the bench with one backend per job, each
 a pool of server slots that the LB API re-points at run time, with

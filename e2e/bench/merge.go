@@ -27,9 +27,20 @@ func MergeDoc(old, fresh string, titles []string, stamp string) (string, error) 
 		}
 		rowPrefix, heading := "| "+num+". ", "### "+num+". "
 		var err error
+		isRow := func(l string) bool { return strings.HasPrefix(l, "|") }
 		for _, part := range []string{"## Goals", "## Raw values"} {
 			rows := linesIn(freshLines, part, func(l string) bool { return strings.HasPrefix(l, rowPrefix) })
-			if oldLines, err = replaceRows(oldLines, part, rowPrefix, rows); err != nil {
+			if oldLines, err = replaceRows(oldLines, part, rowPrefix, rows, isRow); err != nil {
+				return "", err
+			}
+		}
+		// The Goals part's list of figures not better than the anchor:
+		// its items of this scenario, after the others.
+		itemPrefix := "- " + num + ". "
+		isItem := func(l string) bool { return strings.HasPrefix(l, "- ") }
+		items := linesIn(freshLines, "## Goals", func(l string) bool { return strings.HasPrefix(l, itemPrefix) })
+		if len(items) == 0 || len(linesIn(oldLines, "## Goals", isItem)) > 0 {
+			if oldLines, err = replaceRows(oldLines, "## Goals", itemPrefix, items, isItem); err != nil {
 				return "", err
 			}
 		}
@@ -106,10 +117,11 @@ func linesIn(lines []string, heading string, match func(string) bool) []string {
 	return out
 }
 
-// replaceRows swaps the table rows starting with prefix in the part named
-// heading for rows, at the place of the first old one (or after the
-// part's last table row).
-func replaceRows(lines []string, heading, prefix string, rows []string) ([]string, error) {
+// replaceRows swaps the lines starting with prefix (table rows, or list
+// items) in the part named heading for rows, at the place of the first old
+// one (or after the part's last line that isRow: a table row, a list
+// item).
+func replaceRows(lines []string, heading, prefix string, rows []string, isRow func(string) bool) ([]string, error) {
 	var out []string
 	in, placed, found, lastRow := false, false, false, -1
 	for _, l := range lines {
@@ -128,7 +140,7 @@ func replaceRows(lines []string, heading, prefix string, rows []string) ([]strin
 			continue
 		}
 		out = append(out, l)
-		if in && strings.HasPrefix(l, "|") {
+		if in && isRow(l) {
 			lastRow = len(out) - 1
 		}
 	}
@@ -211,4 +223,5 @@ func MergeIntoDoc(rep *Report, mdPath string) error {
 var scenarioTitles = map[string]string{
 	ScenarioHandover: TitleHandover, ScenarioCrash: TitleCrash, ScenarioStart: TitleStart, ScenarioFootprint: TitleFootprint,
 	ScenarioScale: TitleScale, ScenarioLB: TitleLB, ScenarioHAProxy: TitleHAProxy, ScenarioSemaphore: TitleSemaphore,
+	ScenarioUpdate: TitleUpdate,
 }

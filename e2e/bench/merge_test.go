@@ -34,6 +34,19 @@ func TestMergeDoc(t *testing.T) {
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
+	// The Goals part's list of figures not better than the anchor: the
+	// scenario's items are replaced, or added after the others.
+	oldB := strings.Replace(old, "| 8. Next | n |\n\n## Results", "| 8. Next | n |\n\nNot better:\n\n- 1. Handover x\n- 7. Old title y\n\n## Results", 1)
+	freshB := strings.Replace(fresh, "| 7. New title | new goal |\n\n## Results", "| 7. New title | new goal |\n\nNot better:\n\n- 7. New title z\n\n## Results", 1)
+	for _, o := range []string{oldB, strings.Replace(oldB, "- 7. Old title y\n", "", 1)} {
+		got, err := MergeDoc(o, freshB, []string{"7. New title"}, "*stamp*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(got, "Not better:\n\n- 1. Handover x\n- 7. New title z\n\n## Results") {
+			t.Errorf("list items not merged:\n%s", got)
+		}
+	}
 	// A scenario the old report lacks: its section goes at the end of the
 	// results, its rows after the others, and the contents are made again.
 	oldTOC := strings.Replace(old, "## Goals", "- [Goals](#goals)\n- [Results](#results)\n  - [1. Handover](#1-handover)\n\n## Goals", 1)

@@ -517,7 +517,8 @@ func (s *Server) Allocations(jobID string, _ bool, q *api.QueryOptions) ([]*api.
 		}
 		out = append(out, &api.AllocationListStub{ID: a.ID, Name: a.Name, Namespace: a.Namespace, NodeID: a.NodeID,
 			JobID: a.JobID, JobVersion: version, TaskGroup: a.TaskGroup, DesiredStatus: a.DesiredStatus,
-			DesiredDescription: a.DesiredDescription, ClientStatus: a.ClientStatus, TaskStates: a.TaskStates})
+			DesiredDescription: a.DesiredDescription, ClientStatus: a.ClientStatus, TaskStates: a.TaskStates,
+			NextAllocation: a.NextAllocation})
 	}
 	return out, &api.QueryMeta{LastIndex: s.index}, nil
 }
