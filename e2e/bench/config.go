@@ -18,11 +18,12 @@ const (
 	ScenarioLB        = "lb"
 	ScenarioHAProxy   = "haproxy"
 	ScenarioTimeline  = "timeline"
+	ScenarioLeaseCost = "leasecost"
 )
 
 // AllScenarios in the order they run.
 var AllScenarios = []string{
-	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioScale,
+	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioScale, ScenarioLeaseCost,
 }
 
 // Environment variables read by FromEnv. The GNUmakefile sets them from its
@@ -32,6 +33,7 @@ const (
 	EnvQuick          = "BENCH_QUICK"            // "1": smoke mode
 	EnvRuns           = "BENCH_RUNS"             // runs per scenario and variant
 	EnvScale          = "BENCH_SCALE"            // comma-separated N for the scale scenario
+	EnvLeaseCost      = "BENCH_LEASE_COST"       // comma-separated N for the leasecost scenario
 	EnvHold           = "BENCH_HOLD"             // scale: how long the N leases are held and measured
 	EnvFootprintHold  = "BENCH_FOOTPRINT_HOLD"   // footprint: how long a holder holds before its RSS is read
 	EnvScaleProcsMax  = "BENCH_SCALE_PROCS_MAX"  // scale: largest N run as `lock` processes
@@ -52,9 +54,12 @@ const (
 
 // Config is one bench run's settings.
 type Config struct {
-	Quick         bool
-	Runs          int
-	Scale         []int
+	Quick bool
+	Runs  int
+	Scale []int
+	// LeaseCost are the numbers of locks held at once in the leasecost
+	// scenario, on a three-server cluster.
+	LeaseCost     []int
 	Hold          time.Duration
 	FootprintHold time.Duration
 	// ScaleProcsMax is the largest N for which the scale scenario runs N
@@ -83,6 +88,7 @@ var (
 	DefaultConfig = Config{
 		Runs:            5,
 		Scale:           []int{100, 500, 1000},
+		LeaseCost:       []int{10, 50, 100},
 		Hold:            12 * time.Second,
 		FootprintHold:   11 * time.Second,
 		ScaleProcsMax:   100,
@@ -96,6 +102,7 @@ var (
 		Quick:          true,
 		Runs:           1,
 		Scale:          []int{10},
+		LeaseCost:      []int{10},
 		Hold:           4 * time.Second,
 		FootprintHold:  4 * time.Second,
 		ScaleProcsMax:  100,
@@ -121,12 +128,17 @@ func FromEnv(getenv func(string) string) (Config, error) {
 			cfg.Runs = n
 		}
 	}
-	if v := getenv(EnvScale); v != "" {
-		ns, err := parseInts(v)
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("%s=%q: %v", EnvScale, v, err))
-		} else {
-			cfg.Scale = ns
+	for _, l := range []struct {
+		env string
+		dst *[]int
+	}{{EnvScale, &cfg.Scale}, {EnvLeaseCost, &cfg.LeaseCost}} {
+		if v := getenv(l.env); v != "" {
+			ns, err := parseInts(v)
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("%s=%q: %v", l.env, v, err))
+			} else {
+				*l.dst = ns
+			}
 		}
 	}
 	for _, d := range []struct {

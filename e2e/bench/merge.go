@@ -161,5 +161,5 @@ func MergeIntoDoc(rep *Report, mdPath string) error {
 // without a section of their own (timeline: a picture) are absent.
 var scenarioTitles = map[string]string{
 	ScenarioHandover: TitleHandover, ScenarioCrash: TitleCrash, ScenarioStart: TitleStart, ScenarioFootprint: TitleFootprint,
-	ScenarioScale: TitleScale, ScenarioLB: TitleLB, ScenarioHAProxy: TitleHAProxy,
+	ScenarioScale: TitleScale, ScenarioLB: TitleLB, ScenarioHAProxy: TitleHAProxy, ScenarioLeaseCost: TitleLeaseCost,
 }

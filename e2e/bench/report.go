@@ -28,6 +28,8 @@ const (
 	VariantAnchorProcs = "(a) nomad var lock processes"
 	VariantLockProcs   = "(b) lock processes"
 	VariantLockClient  = "(b) lockclient goroutines"
+	// VariantLeaseClient: lockclient leases in lease mode (docs/lease.md).
+	VariantLeaseClient = "(b) lockclient goroutines, lease mode"
 )
 
 // IsAnchor reports whether a variant label is the anchor of its scenario.
