@@ -29,7 +29,56 @@ func TestLockSemaphore(t *testing.T) {
 		{"two_of_four", func(t *testing.T) { testSemaphoreNOfNPlusTwo(t, a, 2) }},
 		{"three_of_five", func(t *testing.T) { testSemaphoreNOfNPlusTwo(t, a, 3) }},
 		{"replacement_retakes_its_slot", func(t *testing.T) { testSemaphoreReplacementRetakesItsSlot(t, a) }},
+		{"first_contenders_asking_different_n", func(t *testing.T) { testSemaphoreFirstContenders(t, a) }},
 	})
+}
+
+// testSemaphoreFirstContenders: `lock -n 2` and `lock -n 3` started at
+// once on a prefix nobody wrote, a few times: each time exactly one runs
+// its workload and the other exits 64 naming both values, having taken
+// nothing; the semaphore's record names the N of the one that got in.
+func testSemaphoreFirstContenders(t *testing.T, a *harness.Agent) {
+	for round := range 4 {
+		s := newScenario(t, fmt.Sprintf("sem-first-%d", round))
+		ns := []int{2, 3}
+		if round%2 == 1 {
+			ns = []int{3, 2}
+		}
+		var procs []*harness.Process
+		for _, n := range ns {
+			procs = append(procs, startPlainLock(t, a, lockArgs(s.path, "-n", strconv.Itoa(n)), s.workloadArgv(t)...))
+		}
+		// One of them is refused at once; the other runs on.
+		var refused, in int
+		select {
+		case <-procs[0].Done():
+			refused, in = 0, 1
+		case <-procs[1].Done():
+			refused, in = 1, 0
+		case <-time.After(60 * time.Second):
+			t.Fatalf("round %d: both `lock -n 2` and `lock -n 3` still run after 60s on a new prefix:\n%s\n%s",
+				round, procs[0].Stderr(), procs[1].Stderr())
+		}
+		code, errOut := procs[refused].Wait(time.Second), procs[refused].Stderr()
+		want := []string{fmt.Sprintf("has %d holders", ns[in]), fmt.Sprintf("asks for %d", ns[refused])}
+		if code != 64 || !strings.Contains(errOut, want[0]) || !strings.Contains(errOut, want[1]) {
+			t.Errorf("round %d: lock -n %d exited %d, stderr %q; want 64 naming both values (%q, %q)", round, ns[refused], code, errOut, want[0], want[1])
+		}
+		started := waitMainStart(t, s.record, 30*time.Second, nil)
+		time.Sleep(500 * time.Millisecond) // a refused contender's workload would have started by now
+		if starts := countStarts(readRecords(t, s.record), harness.RoleMain); starts != 1 {
+			t.Errorf("round %d: %d workloads started, want only the one of lock -n %d", round, starts, ns[in])
+		}
+		if procs[in].Exited() {
+			t.Errorf("round %d: lock -n %d exited too: %s", round, ns[in], procs[in].Stderr())
+		}
+		if v := readLock(t, a, lockclient.SemaphorePath(s.path)); v == nil || v.Items["semaphore_holders"] != strconv.Itoa(ns[in]) {
+			t.Errorf("round %d: the semaphore's record is %+v, want %d holders", round, v, ns[in])
+		}
+		t.Logf("round %d: lock -n %d got in (slot %s), lock -n %d was refused", round, ns[in], started.LockPath, ns[refused])
+		_ = procs[in].Signal(syscall.SIGTERM)
+		procs[in].Wait(30 * time.Second)
+	}
 }
 
 // slotOf is the slot a workload's record names, from its NOMAD_LOCK_PATH.
@@ -43,32 +92,18 @@ func slotOf(t *testing.T, prefix string, r harness.Record) int {
 }
 
 // checkSlots checks the workloads' records: every one held a slot below n,
-// and no two overlapped on one slot (nor did the fences of a slot go back).
+// never more than n ran at once, no two overlapped on one slot, and the
+// fences of a slot never went back (harness.CheckSemaphore).
 func checkSlots(t *testing.T, prefix string, n int, recs []harness.Record, sum harness.SampleSummary, known ...harness.KnownEnd) {
 	t.Helper()
-	slotOfInstance := map[string]int{}
 	for _, r := range recs {
 		if isMainStart(r) {
-			slotOfInstance[r.Instance] = slotOf(t, prefix, r)
-			if s := slotOfInstance[r.Instance]; s < 0 || s >= n {
+			if s := slotOf(t, prefix, r); s < 0 || s >= n {
 				t.Errorf("a workload held slot %d of a semaphore of %d: %+v", s, n, r)
 			}
 		}
 	}
-	bySlot := map[int][]harness.Interval{}
-	for _, iv := range harness.Intervals(recs, sum.GoneByPIDOr(known...)) {
-		s := slotOfInstance[iv.Instance]
-		bySlot[s] = append(bySlot[s], iv)
-	}
-	for s, ivs := range bySlot {
-		for _, o := range harness.Overlaps(ivs) {
-			t.Errorf("two workloads on slot %d at once for %s: %+v and %+v", s, o.For, o.A, o.B)
-		}
-		harness.CheckFences(t, ivs)
-	}
-	if over := sum.Over(n); len(over) > 0 {
-		t.Errorf("the sampler saw more than %d allocations' workloads at once in %d samples: %s", n, len(over), sum)
-	}
+	harness.CheckSemaphore(t, recs, sum, n, known...)
 }
 
 // testSemaphoreNOfNPlusTwo: n+2 allocations contend for n slots. n

@@ -295,6 +295,11 @@ func (f *fakeAPI) ReleaseLock(v *api.Variable, w *api.WriteOptions) (*api.Variab
 	return nil, nil, r.err
 }
 
+func (f *fakeAPI) CheckedCreate(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
+	r := f.do(&call{op: "create", v: v, ctx: w.Context()})
+	return r.v, nil, r.err
+}
+
 func (f *fakeAPI) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
 	r := f.do(&call{op: "update", v: v, ctx: w.Context()})
 	return r.v, nil, r.err

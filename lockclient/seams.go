@@ -19,6 +19,9 @@ type lockAPI interface {
 	ReleaseLock(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error)
 	// Update writes the variable; a locked one only with its lock ID.
 	Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error)
+	// CheckedCreate writes the variable only if it does not exist yet
+	// (check-and-set on index 0); else the error is an api.ErrCASConflict.
+	CheckedCreate(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error)
 }
 
 // allocAPI is the part of Nomad's Allocations API a gate needs (see

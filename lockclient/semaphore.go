@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/hashicorp/nomad/api"
 )
 
 // A semaphore of N holders (Config.Holders) is N plain locks, its slots,
@@ -24,6 +26,12 @@ import (
 // tries only the slot whose variable changed: waiting costs no requests
 // while nothing is released, and never wakes on other variables' writes
 // (a prefix list would).
+//
+// N is also the semaphore's record, SemaphorePath(prefix), which the first
+// contender creates with check-and-set on index 0 before it tries any
+// slot, and which every contender reads first: of two contenders that
+// start at once on a new prefix asking different N, exactly one writes it
+// and the other is refused before it takes anything.
 
 // MaxHolders bounds a semaphore's N: a waiter parks one blocking query per
 // slot.
@@ -36,11 +44,18 @@ var ErrHoldersMismatch = errors.New("semaphore holders mismatch")
 // SlotPath is the variable of slot i of the semaphore at prefix.
 func SlotPath(prefix string, i int) string { return prefix + "/slot-" + strconv.Itoa(i) }
 
+// SemaphorePath is the variable recording the N of the semaphore at
+// prefix (Items semaphore_holders), written once by its first contender.
+func SemaphorePath(prefix string) string { return prefix + "/semaphore" }
+
 func (cfg Config) validateHolders() error {
 	switch {
 	case cfg.Holders < 0 || cfg.Holders > MaxHolders:
 		return configErrorf("holders = %d is out of range: a semaphore has 1 to %d holders (0: a single lock)", cfg.Holders, MaxHolders)
 	case cfg.Holders > 0:
+		if err := ValidatePath(SemaphorePath(cfg.Path)); err != nil {
+			return err
+		}
 		return ValidatePath(SlotPath(cfg.Path, cfg.Holders-1))
 	}
 	return nil
@@ -104,9 +119,15 @@ func (l *Locker) acquireSlot(ctx context.Context, opts AcquireOptions) (*Lease, 
 			return nil, l.waitError(ctx, opts)
 		}
 		if !checked {
-			// Every slot's record before any acquire: a free slot says
-			// nothing of the N the others were taken with.
-			switch err := l.checkAllHolders(ctx); {
+			// The semaphore's record, then every slot's, before any
+			// acquire: a free slot says nothing of the N the others
+			// were taken with, and slots written before the record
+			// existed carry their N.
+			err := l.claimHolders(ctx)
+			if err == nil {
+				err = l.checkAllHolders(ctx)
+			}
+			switch {
 			case err != nil && permanent(err):
 				return nil, err
 			case err != nil:
@@ -207,6 +228,65 @@ func (l *Locker) trySlot(ctx context.Context, i int, opts AcquireOptions) (*Leas
 	lease.Slot, lease.Holders = i, l.cfg.Holders
 	l.log.Info("semaphore slot acquired", "slot", i, "holders", l.cfg.Holders, "fence", lease.Fence)
 	return lease, holder, index, nil
+}
+
+// recordLocker reads the semaphore's record (SemaphorePath).
+func (l *Locker) recordLocker() *Locker {
+	c := l.cfg
+	c.Path, c.Holders = SemaphorePath(l.cfg.Path), 0
+	return &Locker{cfg: c, api: l.api, vars: l.vars, clock: l.clock, log: l.log}
+}
+
+// claimHolders reads the semaphore's record and refuses another N; if
+// there is none yet it creates it with our N, by check-and-set on index 0,
+// so that of contenders racing on a new prefix one writes it and the
+// others read it.
+func (l *Locker) claimHolders(ctx context.Context) error {
+	rec := l.recordLocker()
+	for range 3 {
+		snap, _, err := rec.read(ctx, 0)
+		if err != nil {
+			return withPolicyPath(err, l.cfg.Path)
+		}
+		if snap.v != nil {
+			return l.checkRecord(rec.cfg.Path, snap.items())
+		}
+		v := &api.Variable{Namespace: l.cfg.Namespace, Path: rec.cfg.Path,
+			Items: map[string]string{itemHolders: strconv.Itoa(l.cfg.Holders)}}
+		rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
+		_, _, err = l.vars.CheckedCreate(v, rec.writeOptions(rctx))
+		cancel()
+		var conflict api.ErrCASConflict
+		switch {
+		case err == nil:
+			l.log.Info("semaphore recorded", "record", rec.cfg.Path, "holders", l.cfg.Holders)
+			return nil
+		case errors.As(err, &conflict):
+			continue // another contender wrote it first: read it
+		default:
+			return withPolicyPath(rec.classify("record the semaphore's holders in", err), l.cfg.Path)
+		}
+	}
+	return fmt.Errorf("record the semaphore's holders in %s: it was written and removed again while we read it", rec.cfg.Path)
+}
+
+// withPolicyPath makes a PermissionError name the path a semaphore's
+// policy must grant, <prefix>/*.
+func withPolicyPath(err error, prefix string) error {
+	var pe *PermissionError
+	if errors.As(err, &pe) {
+		pe.Path = prefix + "/*"
+	}
+	return err
+}
+
+// checkRecord refuses a semaphore record that names another N, or none.
+func (l *Locker) checkRecord(path string, items map[string]string) error {
+	if _, ok := items[itemHolders]; !ok {
+		return &ConfigError{Msg: fmt.Sprintf("%s: %s exists but records no %s: it is not this semaphore's record; "+
+			"remove it or use another path", ErrHoldersMismatch, path, itemHolders), Err: ErrHoldersMismatch}
+	}
+	return l.checkHolders(path, items)
 }
 
 // checkAllHolders reads every slot once and refuses a different N
@@ -318,13 +398,21 @@ func (l *Locker) SlotStatus(ctx context.Context) ([]Status, error) {
 	return out, nil
 }
 
-// RecordedHolders is the N recorded in slot 0 of a semaphore at the
-// Locker's path, read once: 0 if there is no such semaphore.
+// RecordedHolders is the N of the semaphore at the Locker's path, from
+// its record (SemaphorePath) or, for a semaphore written before records
+// existed, from slot 0: 0 if there is no such semaphore.
 func (l *Locker) RecordedHolders(ctx context.Context) (int, error) {
+	snap, _, err := l.recordLocker().read(ctx, 0)
+	if err != nil {
+		return 0, err
+	}
+	if n, err := strconv.Atoi(snap.items()[itemHolders]); err == nil && n > 0 {
+		return n, nil
+	}
 	c := l.cfg
 	c.Path, c.Holders = SlotPath(l.cfg.Path, 0), 0
 	probe := &Locker{cfg: c, api: l.api, vars: l.vars, clock: l.clock, log: l.log}
-	snap, _, err := probe.read(ctx, 0)
+	snap, _, err = probe.read(ctx, 0)
 	if err != nil {
 		return 0, err
 	}

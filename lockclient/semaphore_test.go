@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -258,6 +259,115 @@ func TestSemaphorePermissionErrorGrantsEverySlot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := vars.Locker(t, semConfig(2, 0, "a")).Acquire(ctx, lockclient.AcquireOptions{})
+	var pe *lockclient.PermissionError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), `path "`+semPrefix+`/*"`) {
+		t.Fatalf("err = %v, want a PermissionError whose policy grants %s/*", err, semPrefix)
+	}
+}
+
+// Two contenders start at once on a prefix nobody ever wrote, asking
+// different N: without the semaphore's record both would find every slot
+// free and get in. The record is created by check-and-set, so exactly one
+// gets in and the other is refused, having taken nothing.
+func TestSemaphoreFirstContendersAskingDifferentNOneIsRefused(t *testing.T) {
+	for round := range 30 {
+		vars := locktest.NewVars()
+		start := make(chan struct{})
+		type result struct {
+			n     int
+			lease *lockclient.Lease
+			err   error
+		}
+		results := make(chan result, 2)
+		for i, n := range []int{2, 3} {
+			l := vars.Locker(t, semConfig(n, i, "alloc-"+string(rune('a'+i))))
+			go func() {
+				<-start
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				lease, err := l.Acquire(ctx, lockclient.AcquireOptions{})
+				results <- result{n, lease, err}
+			}()
+		}
+		close(start)
+		var in, refused []result
+		for range 2 {
+			r := <-results
+			switch {
+			case r.err == nil:
+				in = append(in, r)
+			case errors.Is(r.err, lockclient.ErrHoldersMismatch):
+				refused = append(refused, r)
+			default:
+				t.Fatalf("round %d: N %d: %v", round, r.n, r.err)
+			}
+		}
+		if len(in) != 1 || len(refused) != 1 {
+			t.Fatalf("round %d: %d contenders got in and %d were refused, want one each", round, len(in), len(refused))
+		}
+		recorded := vars.Server(lockclient.SemaphorePath(semPrefix)).Items()["semaphore_holders"]
+		if recorded != strconv.Itoa(in[0].n) {
+			t.Errorf("round %d: the record says %q holders, but the contender asking %d got in", round, recorded, in[0].n)
+		}
+		if msg := refused[0].err.Error(); !strings.Contains(msg, "has "+recorded+" holders") || !strings.Contains(msg, "asks for "+strconv.Itoa(refused[0].n)) {
+			t.Errorf("round %d: the refusal does not name both values: %s", round, msg)
+		}
+		if n := vars.Calls(locktest.OpAcquire); n != 1 {
+			t.Errorf("round %d: %d acquires, want only the one that got in", round, n)
+		}
+	}
+}
+
+// The record is written once, by the first contender; later contenders
+// read it, and one asking another N is refused though no slot was ever
+// written. A variable at the record's path that records no N is refused.
+func TestSemaphoreRecord(t *testing.T) {
+	vars := locktest.NewVars()
+	rec := vars.Server(lockclient.SemaphorePath(semPrefix))
+	first := vars.Locker(t, semConfig(3, 0, "a"))
+	lease := acquireWithin(t, first, lockclient.AcquireOptions{})
+	if got := rec.Items(); got["semaphore_holders"] != "3" || len(got) != 1 {
+		t.Errorf("the record = %v, want semaphore_holders 3", got)
+	}
+	acquireWithin(t, vars.Locker(t, semConfig(3, 1, "b")), lockclient.AcquireOptions{})
+	if n := rec.Calls(locktest.OpCreate); n != 1 {
+		t.Errorf("%d creates of the record, want 1 (the first contender's)", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if n, err := first.RecordedHolders(ctx); n != 3 || err != nil {
+		t.Errorf("RecordedHolders = %d, %v; want 3", n, err)
+	}
+	release(t, lease)
+
+	// A semaphore whose slots were never written, only its record.
+	vars = locktest.NewVars()
+	vars.Server(lockclient.SemaphorePath(semPrefix)).Write(map[string]string{"semaphore_holders": "4"})
+	_, err := vars.Locker(t, semConfig(2, 0, "c")).Acquire(ctx, lockclient.AcquireOptions{})
+	if !errors.Is(err, lockclient.ErrHoldersMismatch) || !strings.Contains(err.Error(), "has 4 holders (recorded in "+lockclient.SemaphorePath(semPrefix)+")") {
+		t.Errorf("N 2 against a record of 4: err = %v, want a refusal naming the record", err)
+	}
+
+	vars = locktest.NewVars()
+	vars.Server(lockclient.SemaphorePath(semPrefix)).Write(map[string]string{"owner": "someone else"})
+	_, err = vars.Locker(t, semConfig(2, 0, "d")).Acquire(ctx, lockclient.AcquireOptions{})
+	var ce *lockclient.ConfigError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "records no semaphore_holders") {
+		t.Errorf("a foreign variable at the record's path: err = %v, want a ConfigError naming it", err)
+	}
+	if n := vars.Calls(locktest.OpAcquire); n != 0 {
+		t.Errorf("%d acquires after a refusal, want 0", n)
+	}
+}
+
+// A token that may not write the record gets the policy of every slot.
+func TestSemaphoreRecordPermissionErrorGrantsThePrefix(t *testing.T) {
+	vars := locktest.NewVars()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	l := vars.Locker(t, semConfig(2, 0, "a"))
+	vars.Server(lockclient.SemaphorePath(semPrefix)).FailCreate(locktest.Error(403, "Permission denied"))
+	_, err := l.Acquire(ctx, lockclient.AcquireOptions{})
 	var pe *lockclient.PermissionError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), `path "`+semPrefix+`/*"`) {
 		t.Fatalf("err = %v, want a PermissionError whose policy grants %s/*", err, semPrefix)

@@ -49,7 +49,8 @@ func TestBench(t *testing.T) {
 		mode, cfg.Runs, strings.Join(cfg.Scenarios, ","), scale, b.rep.Machine.Nomad, b.rep.Machine.Cores, b.rep.Machine.Kernel)
 
 	if cfg.Enabled(ScenarioHandover) || cfg.Enabled(ScenarioCrash) || cfg.Enabled(ScenarioTimeline) ||
-		cfg.Enabled(ScenarioStart) || cfg.Enabled(ScenarioFootprint) || cfg.Enabled(ScenarioLB) || cfg.Enabled(ScenarioHAProxy) {
+		cfg.Enabled(ScenarioStart) || cfg.Enabled(ScenarioFootprint) || cfg.Enabled(ScenarioLB) || cfg.Enabled(ScenarioHAProxy) ||
+		cfg.Enabled(ScenarioSemaphore) {
 		// One dev agent with the plugin for every scenario but scale; it stops (with
 		// everything it ran) when this subtest ends, before the scale runs.
 		t.Run("agent", func(t *testing.T) {
@@ -85,6 +86,7 @@ func TestBench(t *testing.T) {
 			b.runPhase(t, ScenarioFootprint, TitleFootprint, b.footprint)
 			b.runPhase(t, ScenarioLB, TitleLB, b.lb)
 			b.runPhase(t, ScenarioHAProxy, TitleHAProxy, b.haproxy)
+			b.runPhase(t, ScenarioSemaphore, TitleSemaphore, b.semaphore)
 		})
 	}
 	if cfg.Enabled(ScenarioScale) {

@@ -18,12 +18,14 @@ const (
 	ScenarioLB        = "lb"
 	ScenarioHAProxy   = "haproxy"
 	ScenarioTimeline  = "timeline"
+	ScenarioSemaphore = "semaphore"
 	ScenarioLeaseCost = "leasecost"
 )
 
 // AllScenarios in the order they run.
 var AllScenarios = []string{
-	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioScale, ScenarioLeaseCost,
+	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioSemaphore,
+	ScenarioScale, ScenarioLeaseCost,
 }
 
 // Environment variables read by FromEnv. The GNUmakefile sets them from its

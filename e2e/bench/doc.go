@@ -13,6 +13,11 @@
 //	    group, on the harness's private dockerd (harness.StartDocker; the
 //	    package's TestMain stops it),
 //
+// and, in the semaphore scenario, (b) and (c) beside the same supervisors
+// holding one slot of a semaphore of 2 (`lock -n 2`, lock { holders = 2 }):
+// a slot's handover and crash takeover against the single lock's, in the
+// same run,
+//
 // several times, and this package turns what they measured into a report: a
 // table of median, min and max with the ratio to the anchor and the goals met
 // or not (printed to stdout), docs/benchmarks.md with the machine and the
@@ -41,6 +46,7 @@
 //	make bench QUICK=1                  # smoke: one run each, N=10, short windows, < 2 min
 //	make bench SCENARIOS=handover,crash # a subset (the doc then says so)
 //	make bench SCENARIOS=haproxy MERGE=1 # re-measure one section of docs/benchmarks.md in place
+//	make bench SCENARIOS=semaphore MERGE=1 # the semaphore's section (added if missing)
 //
 // Less common knobs are plain environment variables: BENCH_SCALE_PROCS_MAX
 // (largest N run as `lock` processes, default 100), BENCH_SCALE_ANCHOR_MAX

@@ -120,6 +120,10 @@ func slug(variant string) string {
 		return "gate"
 	case VariantGateRaw:
 		return "gateraw"
+	case VariantLockSlot:
+		return "lockslot"
+	case VariantDriverSlot:
+		return "driverslot"
 	case VariantRawExec:
 		return "raw"
 	case VariantPlainExec:
@@ -139,9 +143,12 @@ type job struct {
 	variant  string
 	count    int
 	failFast bool // no restart, no reschedule: a killed allocation stays dead
-	path     string
-	marker   string // in every process's argv: FindProcs and the sampler select by it
-	record   string
+	// holders, if not 0, makes path the prefix of a semaphore of that many
+	// slots (VariantLockSlot, VariantDriverSlot).
+	holders int
+	path    string
+	marker  string // in every process's argv: FindProcs and the sampler select by it
+	record  string
 	// lbURI, if set, registers the workload with this LB API as service
 	// lbService (base path /lbService, group lbGroup, port label "http").
 	lbURI, lbService string
@@ -152,8 +159,12 @@ const lbGroup = "bench-lb"
 
 func (b *bench) newJob(kind, variant string, count int) *job {
 	id := fmt.Sprintf("%s-%s-%d", kind, slug(variant), b.seq.Add(1))
+	holders := 0
+	if isSlot(variant) {
+		holders = SlotHolders
+	}
 	return &job{
-		id: id, variant: variant, count: count,
+		id: id, variant: variant, count: count, holders: holders,
 		path:   "bench/" + id + "/lock",
 		marker: fmt.Sprintf("bench-%s-%d", id, time.Now().UnixNano()),
 		record: filepath.Join(b.records, id+".jsonl"),
@@ -188,7 +199,10 @@ type benchJob struct {
 	LB                *benchLB
 }
 
-type benchLock struct{ Path, TTL, Delay string }
+type benchLock struct {
+	Path, TTL, Delay string
+	Holders          int // a semaphore of this many slots at Path (0: a single lock)
+}
 
 type benchLB struct {
 	URI, ServiceID, BasePath string
@@ -197,7 +211,7 @@ type benchLB struct {
 
 // driverBlocks are the singleton driver's lock and load_balancer blocks for j.
 func driverBlocks(spec *benchJob, j *job) {
-	spec.Lock = &benchLock{Path: j.path, TTL: TTL.String(), Delay: LockDelay.String()}
+	spec.Lock = &benchLock{Path: j.path, TTL: TTL.String(), Delay: LockDelay.String(), Holders: j.holders}
 	if j.lbURI != "" {
 		spec.LB = &benchLB{URI: j.lbURI, ServiceID: j.lbService, BasePath: "/" + j.lbService, Groups: []string{lbGroup}}
 	}
@@ -217,15 +231,18 @@ func (b *bench) hcl(j *job) string {
 		spec.Args = append(varLockArgs(j.path), wl...)
 		// The nomad CLI reads NOMAD_ADDR only, never NOMAD_UNIX_ADDR.
 		spec.Env = map[string]string{"NOMAD_ADDR": "unix://${NOMAD_SECRETS_DIR}/api.sock"}
-	case VariantLock:
+	case VariantLock, VariantLockSlot:
 		spec.Driver, spec.Command = "raw_exec", b.lockBin
-		var lb []string
-		if j.lbURI != "" {
-			lb = []string{"-lb-uri", j.lbURI, "-lb-service-id", j.lbService, "-lb-base-path", "/" + j.lbService,
-				"-lb-groups", lbGroup, "-lb-port", "http"}
+		var flags []string
+		if j.holders > 0 {
+			flags = []string{"-n", strconv.Itoa(j.holders)}
 		}
-		spec.Args = append(append(lb, lockArgs(j.path)...), wl...)
-	case VariantDriver:
+		if j.lbURI != "" {
+			flags = append(flags, "-lb-uri", j.lbURI, "-lb-service-id", j.lbService, "-lb-base-path", "/"+j.lbService,
+				"-lb-groups", lbGroup, "-lb-port", "http")
+		}
+		spec.Args = append(append(flags, lockArgs(j.path)...), wl...)
+	case VariantDriver, VariantDriverSlot:
 		spec.Driver, spec.Command, spec.Args = harness.PluginDriverName, wl[0], wl[1:]
 		driverBlocks(&spec, j)
 	case VariantRawExec:
@@ -307,7 +324,7 @@ func (b *bench) supervisorPID(t testing.TB, j *job, allocID string) int {
 	for {
 		var found []harness.Proc
 		var err error
-		if j.variant == VariantDriver || isGate(j.variant) {
+		if j.variant == VariantDriver || j.variant == VariantDriverSlot || isGate(j.variant) {
 			found, err = harness.SupervisorProcs(allocID)
 		} else {
 			var procs []harness.Proc
@@ -318,7 +335,7 @@ func (b *bench) supervisorPID(t testing.TB, j *job, allocID string) int {
 				}
 				exe := strings.TrimSuffix(p.Exe, " (deleted)")
 				switch {
-				case j.variant == VariantLock && exe == b.lockBin,
+				case (j.variant == VariantLock || j.variant == VariantLockSlot) && exe == b.lockBin,
 					j.variant == VariantAnchor && exe == b.nomadBin && len(p.Argv) > 2 && p.Argv[1] == "var" && p.Argv[2] == "lock":
 					found = append(found, p)
 				}
@@ -564,6 +581,9 @@ func (b *bench) gateHCL(j *job) string {
 // isGate reports whether a variant is a gate holding the lock for another
 // task ((d), (e)).
 func isGate(variant string) bool { return variant == VariantGate || variant == VariantGateRaw }
+
+// isSlot reports whether the variant holds a semaphore's slot.
+func isSlot(variant string) bool { return variant == VariantLockSlot || variant == VariantDriverSlot }
 
 // gateWaitingFor reports whether the allocation's gate has said, at least
 // settle ago, that it waits for the lock (and has not started since).

@@ -18,7 +18,7 @@ func TestBenchJobspecs(t *testing.T) {
 			t.Errorf("%s: job %q, %v\n%s", name, got, err, hcl)
 		}
 	}
-	for _, v := range []string{VariantAnchor, VariantLock, VariantDriver, VariantRawExec, VariantGate, VariantGateRaw} {
+	for _, v := range []string{VariantAnchor, VariantLock, VariantDriver, VariantRawExec, VariantGate, VariantGateRaw, VariantLockSlot, VariantDriverSlot} {
 		j := b.newJob("jobspec", v, 2)
 		j.failFast = true
 		check(v, j.id, b.hcl(j))

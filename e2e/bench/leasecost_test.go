@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"sync"
@@ -230,6 +231,7 @@ func (b *bench) leaseCostRun(t *testing.T, a *harness.Agent, n int, v string) (l
 		return res, err
 	}
 	res.entriesPerSec = float64(idx1-idx0) / w
+	res.commitSec = math.NaN() // no entry committed in the window
 	if cnt1 > cnt0 {
 		res.commitSec = (sum1 - sum0) / (cnt1 - cnt0) / 1000
 	}

@@ -19,7 +19,8 @@ const (
 	TitleScale     = "5. Scale"
 	TitleLB        = "6. LB registration"
 	TitleHAProxy   = "7. Handover and crash through HAProxy"
-	TitleLeaseCost = "8. Lease mode: what the heartbeats cost the servers"
+	TitleSemaphore = "8. Semaphore: a slot's handover and crash takeover"
+	TitleLeaseCost = "9. Lease mode: what the heartbeats cost the servers"
 )
 
 // Image file names, next to the Markdown file.
@@ -187,6 +188,22 @@ of the last answer before failures to the start of the first answer after
 them (an upper bound within the 5 ms pacing); "→ first answer" ends when the
 client received it. HAProxy's process must be the same at the end. The
 variants run one after another.`,
+	TitleSemaphore: `A slot of a semaphore of 2 (` + "`lock -n 2`" + ` under raw_exec, the driver
+with ` + "`lock { holders = 2 }`" + `) beside the single lock's (b) and (c), measured
+in the same run and the same way as sections 1 and 2. Handover: for the
+single lock, as "holder stopped" in section 1; for a slot, two jobs of one
+allocation each hold the two slots, a standby job of one allocation finds
+both held and waits (one blocking query per slot), and once it has waited
+1.5 s one holder's job is stopped (the slots in turn); the gap runs from the
+old workload's exit (pidfd) to the standby's start record, which must name
+the freed slot. One variant after another. Crash: for the single lock, as
+section 2; for a slot, a job of three allocations (no restarts, no
+rescheduling) holds both slots with one standby, and the supervisor of one
+slot's holder (the slots in turn) gets SIGKILL at a random moment of its
+renew period; takeover runs to the standby's start record on that slot. The
+four variants of a run go concurrently. A slot is a plain lock at
+<prefix>/slot-<i>, so its figures should be the single lock's: (b) waits for
+the server's expiry, (c)'s plugin releases at once.`,
 }
 
 // WriteDoc writes the Markdown report to mdPath, with its two pictures next
@@ -287,7 +304,8 @@ func (rep *Report) Markdown(images []string) string {
 		rep.Config.Runs, scen, joinInts(rep.Config.Scale), rep.Config.Hold, rep.Config.FootprintHold, TTL, LockDelay, mode)
 	p("Variants: **(a)** `nomad var lock` under raw_exec (the anchor: \"vs (a)\" is the median over (a)'s median), " +
 		"**(b)** `lock` under raw_exec, **(c)** the `singleton` task driver, **(d)** (handover and crash only) a `singleton` gate " +
-		"holding the lock for a docker task of its group.")
+		"holding the lock for a docker task of its group; in section 8, (b) and (c) also hold one slot of a semaphore of 2 " +
+		"(`lock -n 2`, `lock { holders = 2 }`).")
 	p("")
 
 	p("## Goals")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -13,9 +14,12 @@ import (
 // and the raw-value rows of scenario N and its "### N." section are
 // replaced by fresh's, and stamp is added under that section's heading.
 // The rest of old (its header, pictures, machine) is kept: stamp must say
-// where the re-measured section comes from.
+// where the re-measured section comes from. A section old does not have yet
+// (a new scenario) goes at the end of its "## Results", and the table of
+// contents is made again.
 func MergeDoc(old, fresh string, titles []string, stamp string) (string, error) {
 	oldLines, freshLines := strings.Split(old, "\n"), strings.Split(fresh, "\n")
+	added := false
 	for _, title := range titles {
 		num, _, ok := strings.Cut(title, ". ")
 		if !ok {
@@ -34,11 +38,56 @@ func MergeDoc(old, fresh string, titles []string, stamp string) (string, error) 
 			return "", fmt.Errorf("the new report has no section %q", heading)
 		}
 		sec = append([]string{sec[0], "", stamp}, sec[1:]...)
+		if section(oldLines, heading) == nil {
+			if oldLines, err = appendToPart(oldLines, "## Results", sec); err != nil {
+				return "", err
+			}
+			added = true
+			continue
+		}
 		if oldLines, err = replaceSection(oldLines, heading, sec); err != nil {
 			return "", err
 		}
 	}
+	if added {
+		return withTOC(strings.Join(withoutTOC(oldLines), "\n")), nil
+	}
 	return strings.Join(oldLines, "\n"), nil
+}
+
+// appendToPart puts sec at the end of the "## " part named heading.
+func appendToPart(lines []string, heading string, sec []string) ([]string, error) {
+	start := slices.Index(lines, heading)
+	if start < 0 {
+		return nil, fmt.Errorf("the report has no part %q", heading)
+	}
+	end := start + 1
+	for end < len(lines) && !strings.HasPrefix(lines[end], "## ") {
+		end++
+	}
+	return insertAt(lines, end, sec), nil
+}
+
+// withoutTOC drops the table of contents withTOC put before the first "## "
+// heading (its entries and the blank line after them).
+func withoutTOC(lines []string) []string {
+	var out []string
+	toc := false
+	for i, l := range lines {
+		if strings.HasPrefix(l, "## ") {
+			return append(out, lines[i:]...)
+		}
+		isEntry := (strings.HasPrefix(l, "- [") || strings.HasPrefix(l, "  - [")) && strings.Contains(l, "](#")
+		switch {
+		case isEntry:
+			toc = true
+		case toc && l == "":
+			toc = false
+		default:
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // linesIn returns the lines of the "## " part named heading that match.
@@ -161,5 +210,5 @@ func MergeIntoDoc(rep *Report, mdPath string) error {
 // without a section of their own (timeline: a picture) are absent.
 var scenarioTitles = map[string]string{
 	ScenarioHandover: TitleHandover, ScenarioCrash: TitleCrash, ScenarioStart: TitleStart, ScenarioFootprint: TitleFootprint,
-	ScenarioScale: TitleScale, ScenarioLB: TitleLB, ScenarioHAProxy: TitleHAProxy, ScenarioLeaseCost: TitleLeaseCost,
+	ScenarioScale: TitleScale, ScenarioLB: TitleLB, ScenarioHAProxy: TitleHAProxy, ScenarioSemaphore: TitleSemaphore, ScenarioLeaseCost: TitleLeaseCost,
 }

@@ -21,6 +21,10 @@ const (
 	// VariantGateRaw is a gate holding the lock for a raw_exec task: crash
 	// only.
 	VariantGateRaw = "(e) gate + raw_exec app"
+	// VariantLockSlot and VariantDriverSlot hold one slot of a semaphore of
+	// SlotHolders (`lock -n`, lock { holders }): semaphore only.
+	VariantLockSlot   = "(b) lock -n 2, one slot"
+	VariantDriverSlot = "(c) singleton driver, holders = 2, one slot"
 	// Baselines: the same workload without any lock.
 	VariantRawExec   = "plain raw_exec job"
 	VariantPlainExec = "plain process"
@@ -31,6 +35,10 @@ const (
 	// VariantLeaseClient: lockclient leases in lease mode (docs/lease.md).
 	VariantLeaseClient = "(b) lockclient goroutines, lease mode"
 )
+
+// SlotHolders is N of the semaphore variants (VariantLockSlot,
+// VariantDriverSlot).
+const SlotHolders = 2
 
 // IsAnchor reports whether a variant label is the anchor of its scenario.
 func IsAnchor(variant string) bool {

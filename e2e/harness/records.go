@@ -114,8 +114,9 @@ type Interval struct {
 	PID      int // as recorded: not the host PID under the exec driver
 	AllocID  string
 	Fence    string
-	Start    int64 // Mono of the start record
-	End      int64 // Mono of the end; meaningless when !Ended
+	LockPath string // NOMAD_LOCK_PATH: a semaphore's slot
+	Start    int64  // Mono of the start record
+	End      int64  // Mono of the end; meaningless when !Ended
 	Ended    bool
 	// EndedBy is "stop" or "exit" (from a record), "observed" (from the
 	// GoneFunc passed to Intervals: killed without a record) or "" (open).
@@ -151,7 +152,7 @@ func Intervals(recs []Record, gone GoneFunc) []Interval {
 		switch r.Event {
 		case EventStart:
 			open[r.Instance] = len(out)
-			out = append(out, Interval{Instance: r.Instance, PID: r.PID, AllocID: r.AllocID, Fence: r.Fence, Start: r.Mono})
+			out = append(out, Interval{Instance: r.Instance, PID: r.PID, AllocID: r.AllocID, Fence: r.Fence, LockPath: r.LockPath, Start: r.Mono})
 		case EventStop, EventExit:
 			if i, ok := open[r.Instance]; ok {
 				out[i].End, out[i].Ended, out[i].EndedBy = r.Mono, true, r.Event

@@ -51,6 +51,7 @@ const (
 	OpRenew     = "renew"
 	OpRelease   = "release"
 	OpUpdate    = "update"
+	OpCreate    = "create"     // a check-and-set create (index 0), done or refused
 	OpAlloc     = "alloc"      // a read of an allocation (Info), blocking or not
 	OpJobAllocs = "job-allocs" // a list of a job's allocations (Allocations)
 )
@@ -71,6 +72,7 @@ type Server struct {
 	renewErr   error
 	acquireErr error
 	releaseErr error
+	createErr  error
 	onRelease  func()
 	calls      map[string]int
 	allocs     map[string]*api.Allocation // what Info answers, by ID
@@ -211,6 +213,13 @@ func (s *Server) FailRelease(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.releaseErr = err
+}
+
+// FailCreate makes every CheckedCreate answer err.
+func (s *Server) FailCreate(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.createErr = err
 }
 
 // OnRelease runs f at every release request, before it is answered: at
@@ -394,6 +403,27 @@ func (s *Server) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *a
 	}
 	if s.lock != nil && !s.holds(v) {
 		return nil, nil, errNotHolder
+	}
+	s.items = maps.Clone(v.Items)
+	s.write()
+	return s.variable(v.Path), nil, nil
+}
+
+// CheckedCreate is Nomad's check-and-set create on index 0: it writes the
+// variable's items only if it was never written, and otherwise answers
+// api.ErrCASConflict with the variable as it is.
+func (s *Server) CheckedCreate(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpCreate]++
+	if err := w.Context().Err(); err != nil {
+		return nil, nil, err
+	}
+	if s.createErr != nil {
+		return nil, nil, s.createErr
+	}
+	if s.exists {
+		return nil, nil, api.ErrCASConflict{CheckIndex: 0, Conflict: s.variable(v.Path)}
 	}
 	s.items = maps.Clone(v.Items)
 	s.write()

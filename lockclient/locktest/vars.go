@@ -80,6 +80,11 @@ func (vs *Vars) ReleaseLock(v *api.Variable, w *api.WriteOptions) (*api.Variable
 	return vs.Server(v.Path).ReleaseLock(v, w)
 }
 
+// CheckedCreate is Server.CheckedCreate on v.Path's Server.
+func (vs *Vars) CheckedCreate(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
+	return vs.Server(v.Path).CheckedCreate(v, w)
+}
+
 // Update is Server.Update on v.Path's Server.
 func (vs *Vars) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
 	return vs.Server(v.Path).Update(v, w)

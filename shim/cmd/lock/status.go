@@ -24,7 +24,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	namespace := fs.String("namespace", "", settingUsage("namespace"))
 	address := fs.String("address", "", addressUsage)
-	holders := fs.Int("n", 0, "the semaphore's `N` (default: as recorded in its slot 0, when <path> is no lock itself)")
+	holders := fs.Int("n", 0, "the semaphore's `N` (default: as recorded in <path>/semaphore or its slot 0, when <path> is no lock itself)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
