@@ -93,6 +93,9 @@ func TestBench(t *testing.T) {
 	if cfg.Enabled(ScenarioScale) {
 		t.Run("scale", b.scale)
 	}
+	if cfg.Enabled(ScenarioLeaseCost) {
+		t.Run("leasecost", b.leaseCost)
+	}
 
 	b.rep.Took = time.Since(began)
 	b.rep.Machine.LoadAtEnd = LoadAvg()

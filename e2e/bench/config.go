@@ -20,12 +20,13 @@ const (
 	ScenarioTimeline  = "timeline"
 	ScenarioSemaphore = "semaphore"
 	ScenarioUpdate    = "update"
+	ScenarioLeaseCost = "leasecost"
 )
 
 // AllScenarios in the order they run.
 var AllScenarios = []string{
 	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioSemaphore,
-	ScenarioUpdate, ScenarioScale,
+	ScenarioUpdate, ScenarioScale, ScenarioLeaseCost,
 }
 
 // Environment variables read by FromEnv. The GNUmakefile sets them from its
@@ -35,6 +36,7 @@ const (
 	EnvQuick          = "BENCH_QUICK"            // "1": smoke mode
 	EnvRuns           = "BENCH_RUNS"             // runs per scenario and variant
 	EnvScale          = "BENCH_SCALE"            // comma-separated N for the scale scenario
+	EnvLeaseCost      = "BENCH_LEASE_COST"       // comma-separated N for the leasecost scenario
 	EnvHold           = "BENCH_HOLD"             // scale: how long the N leases are held and measured
 	EnvFootprintHold  = "BENCH_FOOTPRINT_HOLD"   // footprint: how long a holder holds before its RSS is read
 	EnvScaleProcsMax  = "BENCH_SCALE_PROCS_MAX"  // scale: largest N run as `lock` processes
@@ -55,9 +57,12 @@ const (
 
 // Config is one bench run's settings.
 type Config struct {
-	Quick         bool
-	Runs          int
-	Scale         []int
+	Quick bool
+	Runs  int
+	Scale []int
+	// LeaseCost are the numbers of locks held at once in the leasecost
+	// scenario, on a three-server cluster.
+	LeaseCost     []int
 	Hold          time.Duration
 	FootprintHold time.Duration
 	// ScaleProcsMax is the largest N for which the scale scenario runs N
@@ -86,6 +91,7 @@ var (
 	DefaultConfig = Config{
 		Runs:            5,
 		Scale:           []int{100, 500, 1000},
+		LeaseCost:       []int{10, 50, 100},
 		Hold:            12 * time.Second,
 		FootprintHold:   11 * time.Second,
 		ScaleProcsMax:   100,
@@ -99,6 +105,7 @@ var (
 		Quick:          true,
 		Runs:           1,
 		Scale:          []int{10},
+		LeaseCost:      []int{10},
 		Hold:           4 * time.Second,
 		FootprintHold:  4 * time.Second,
 		ScaleProcsMax:  100,
@@ -124,12 +131,17 @@ func FromEnv(getenv func(string) string) (Config, error) {
 			cfg.Runs = n
 		}
 	}
-	if v := getenv(EnvScale); v != "" {
-		ns, err := parseInts(v)
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("%s=%q: %v", EnvScale, v, err))
-		} else {
-			cfg.Scale = ns
+	for _, l := range []struct {
+		env string
+		dst *[]int
+	}{{EnvScale, &cfg.Scale}, {EnvLeaseCost, &cfg.LeaseCost}} {
+		if v := getenv(l.env); v != "" {
+			ns, err := parseInts(v)
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("%s=%q: %v", l.env, v, err))
+			} else {
+				*l.dst = ns
+			}
 		}
 	}
 	for _, d := range []struct {

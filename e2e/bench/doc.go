@@ -42,6 +42,7 @@
 //	make bench                          # RUNS=5 SCALE=100,500,1000, ~20 min on 2 cores
 //	make bench RUNS=7 SCALE=100,500     # more runs, fewer scale points
 //	make bench HOLD=30s                 # a longer scale window
+//	make bench SCENARIOS=leasecost LEASE_COST=10,50,100 MERGE=1 # lease mode's server cost, 3 servers
 //	make bench QUICK=1                  # smoke: one run each, N=10, short windows, < 2 min
 //	make bench SCENARIOS=handover,crash # a subset (the doc then says so)
 //	make bench SCENARIOS=haproxy MERGE=1 # re-measure one section of docs/benchmarks.md in place

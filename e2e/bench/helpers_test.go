@@ -132,6 +132,8 @@ func slug(variant string) string {
 		return "plain"
 	case VariantLockClient:
 		return "lockclient"
+	case VariantLeaseClient:
+		return "leaseclient"
 	}
 	return "x"
 }

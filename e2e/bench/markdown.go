@@ -21,6 +21,7 @@ const (
 	TitleHAProxy   = "7. Handover and crash through HAProxy"
 	TitleSemaphore = "8. Semaphore: a slot's handover and crash takeover"
 	TitleUpdate    = "9. Rolling update"
+	TitleLeaseCost = "10. Lease mode: what the heartbeats cost the servers"
 )
 
 // Image file names, next to the Markdown file.
@@ -31,6 +32,18 @@ const (
 
 // Methods says how each scenario is measured, for the report.
 var Methods = map[string]string{
+	TitleLeaseCost: `N locks held at once by lockclient leases in the bench
+process, against the first server of a three-server cluster (one client, no
+jobs), plain and in lease mode (docs/lease.md: the same lock plus a heartbeat
+every second, a check-and-set write of one variable). A renew resets a timer
+on the leader and writes nothing to Raft; each heartbeat is one Raft entry.
+Over a window of whole renew periods (at least the hold time), the leader's
+last Raft index gives the entries per second; the leader's and the three
+servers' CPU come from their threads' schedstat; the mean commit time is the
+change of the leader's raft.commitTime summary (sum over count); snapshots per
+hour are derived: entries per hour over raft_snapshot_threshold (8192, checked
+every 120 to 240 s). The variants alternate which runs first. Every process
+of the cluster, and the bench, share the machine's cores.`,
 	TitleHandover: `The testworkload appends a start record with a CLOCK_MONOTONIC timestamp
 as it starts; a pidfd opened on the old workload before the stop gives the
 moment it exited. The gap is from that exit to the new workload's start

@@ -32,6 +32,8 @@ const (
 	VariantAnchorProcs = "(a) nomad var lock processes"
 	VariantLockProcs   = "(b) lock processes"
 	VariantLockClient  = "(b) lockclient goroutines"
+	// VariantLeaseClient: lockclient leases in lease mode (docs/lease.md).
+	VariantLeaseClient = "(b) lockclient goroutines, lease mode"
 )
 
 // SlotHolders is N of the semaphore variants (VariantLockSlot,

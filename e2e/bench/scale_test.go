@@ -213,42 +213,48 @@ func (b *bench) holdWindow(t *testing.T, a *harness.Agent, v string, holders []i
 // renewCount reads the server's renew count from its Prometheus metrics.
 func renewCount(t *testing.T, a *harness.Agent) float64 {
 	t.Helper()
-	cl := &http.Client{Timeout: 20 * time.Second}
-	resp, err := cl.Get(a.Addr() + "/v1/metrics?format=prometheus")
+	x, err := promValue(a.Addr(), renewMetric)
 	if err != nil {
-		t.Fatalf("metrics: %v", err)
+		t.Fatal(err)
+	}
+	return x
+}
+
+// promValue is the sum of a metric over its label sets on the agent at addr
+// (Prometheus format), 0 if the agent has not reported it yet (a summary
+// exists only once observed).
+func promValue(addr, metric string) (float64, error) {
+	cl := &http.Client{Timeout: 20 * time.Second}
+	resp, err := cl.Get(addr + "/v1/metrics?format=prometheus")
+	if err != nil {
+		return 0, fmt.Errorf("metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("metrics: HTTP %s", resp.Status)
+		return 0, fmt.Errorf("metrics: HTTP %s", resp.Status)
 	}
-	total, found := 0.0, false
+	total := 0.0
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, renewMetric) {
-			continue
-		}
-		name := strings.Fields(line)[0]
-		if name != renewMetric && !strings.HasPrefix(name, renewMetric+"{") {
+		if !strings.HasPrefix(line, metric) {
 			continue
 		}
 		f := strings.Fields(line)
+		if f[0] != metric && !strings.HasPrefix(f[0], metric+"{") {
+			continue
+		}
 		x, err := strconv.ParseFloat(f[len(f)-1], 64)
 		if err != nil {
-			t.Fatalf("metrics: %q: %v", line, err)
+			return 0, fmt.Errorf("metrics: %q: %w", line, err)
 		}
 		total += x
-		found = true
 	}
 	if err := sc.Err(); err != nil {
-		t.Fatalf("metrics: %v", err)
+		return 0, fmt.Errorf("metrics: %w", err)
 	}
-	if !found {
-		return 0 // no renew served yet: the summary does not exist
-	}
-	return total
+	return total, nil
 }
 
 // lineCounter counts log lines of the lockclient leases by phrase.
