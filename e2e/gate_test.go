@@ -95,6 +95,9 @@ type gateJob struct {
 	// holders, above 0, makes the gate's lock a semaphore of that many
 	// slots (built jobs).
 	holders int
+	// lockExtra is HCL added to the gate's lock block (built jobs), each
+	// line starting with a newline.
+	lockExtra string
 	// termOK lets the docker kind's app stop on SIGTERM (and record its
 	// stop) instead of ignoring it.
 	termOK bool
@@ -190,7 +193,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 	}
 	return harness.Jobspec("gate", struct {
 		ID, Group, Update, Driver, GateRestart, Command, TTL, Delay string
-		GateExtra, App, Kind, Image, AppCommand                     string
+		GateExtra, App, Kind, Image, AppCommand, LockExtra          string
 		AppKill, Service, AppExtra, GroupExtra, AppRestart          string
 		Count, Holders                                              int
 		GateArgs, Args, Volumes                                     []string
@@ -198,7 +201,7 @@ func (j *gateJob) hcl(t *testing.T) string {
 	}{
 		ID: j.id, Group: j.group, Update: j.update, Driver: harness.PluginDriverName, GateRestart: j.gateRestart,
 		Command: command, TTL: cmp.Or(j.ttl, drvTTLHCL), Delay: cmp.Or(j.delay, drvDelayHCL),
-		LB: j.lb, GateExtra: j.gateExtra, App: j.app, Kind: j.kind, Image: j.image, AppCommand: appCommand,
+		LB: j.lb, GateExtra: j.gateExtra, LockExtra: j.lockExtra, App: j.app, Kind: j.kind, Image: j.image, AppCommand: appCommand,
 		AppKill: j.appKill, Service: service, AppExtra: j.appExtra, GroupExtra: j.groupExtra, AppRestart: j.appRestart,
 		Count: cmp.Or(j.count, 2), Holders: j.holders, GateArgs: gateArgs, Args: j.appArgs("${NOMAD_PORT_http}"), Volumes: volumes,
 	})

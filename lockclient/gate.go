@@ -142,6 +142,16 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 		return nil, l.classify("adopt", err)
 	}
 	lease := newLease(l, id, fence, sent, Holder{})
+	if l.cfg.Heartbeat != nil {
+		// Lease mode: the heartbeat goes on from the previous run's, by
+		// check-and-set, unless a standby sealed it (or another holder's
+		// replaced it) meanwhile: the lease is then not ours to take over.
+		if err := lease.adoptHeartbeat(ctx); err != nil {
+			lease.stopRenewing()
+			return nil, err
+		}
+		close(lease.beating)
+	}
 	l.log.Info("lock adopted from the previous run", "fence", fence)
 	return lease, nil
 }

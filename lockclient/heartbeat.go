@@ -184,6 +184,9 @@ func (ls *Lease) startHeartbeat(ctx context.Context) error {
 		return l.classifyPath("read heartbeat", hb.Path, err)
 	case v != nil:
 		ls.beatIndex = v.ModifyIndex
+		if rec, ok := parseBeat(v.Items); ok && rec.SealedBy != "" {
+			ls.prevSealed = rec.Alloc
+		}
 	case meta != nil:
 		ls.beatIndex = 0
 	}
@@ -191,6 +194,57 @@ func (ls *Lease) startHeartbeat(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// adoptHeartbeat is startHeartbeat for an adopted lease: the heartbeat must
+// be the previous run's (our epoch, not sealed); the next one is written
+// by check-and-set on it, so a standby's seal of it can no longer succeed.
+func (ls *Lease) adoptHeartbeat(ctx context.Context) error {
+	l := ls.locker
+	hb := l.cfg.Heartbeat
+	if l.cas == nil {
+		return errors.New("lease mode: no check-and-set write available")
+	}
+	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
+	v, _, err := l.vars.Peek(hb.Path, (&api.QueryOptions{Namespace: l.cfg.Namespace}).WithContext(rctx))
+	cancel()
+	if err != nil {
+		return l.classifyPath("read heartbeat", hb.Path, err)
+	}
+	var rec beatRecord
+	ok := false
+	if v != nil {
+		rec, ok = parseBeat(v.Items)
+	}
+	switch {
+	case !ok || rec.Epoch != ls.Fence:
+		return &LostError{Reason: fmt.Sprintf("the heartbeat %s is no longer the previous run's (fence %d)", hb.Path, ls.Fence)}
+	case rec.SealedBy != "":
+		return &LostError{Reason: fmt.Sprintf("a standby (allocation %s) sealed the previous run's heartbeat to take the lock over", rec.SealedBy)}
+	}
+	ls.mu.Lock()
+	ls.beatIndex, ls.beatSeq = v.ModifyIndex, rec.Seq
+	ls.mu.Unlock()
+	if err := ls.beatOnce(ctx); err != nil {
+		if errors.Is(err, ErrSealed) {
+			return &LostError{Reason: err.Error()}
+		}
+		return err
+	}
+	return ls.writeEscrow(ctx, ls.id)
+}
+
+// PreviousTakenOver reports whether, when this lease started its
+// heartbeat, the heartbeat variable held a heartbeat of the previous
+// holder (Previous.AllocID) sealed by a standby. A standby seals only a
+// heartbeat it saw unchanged for Takeover, by check-and-set on it, so that
+// holder fenced itself and its work was killed (lease_fence +
+// lease_kill_grace) before the seal: its work is dead, and the next holder
+// need not wait for Nomad to report it.
+func (ls *Lease) PreviousTakenOver() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.prevSealed != "" && ls.prevSealed == ls.Previous.AllocID
 }
 
 // writeEscrow writes id (or, empty, the mark of a released lock) to the

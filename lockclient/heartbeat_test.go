@@ -443,3 +443,82 @@ func TestReleaseClearsTheEscrowFirst(t *testing.T) {
 		t.Fatalf("requests %v, escrow %v; want the escrow overwritten (no lock ID), then the release", order, lr.escrow)
 	}
 }
+
+// A restarted gate adopts its previous run's lease in lease mode: the
+// heartbeat goes on from the previous run's by check-and-set; one a
+// standby sealed (or another holder's) is not ours to take over.
+func TestAdoptInLeaseMode(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rec  beatRecord
+		lost bool
+	}{
+		{"ours", beatRecord{Seq: 7, Epoch: testFence}, false},
+		{"sealed", beatRecord{Seq: 7, Epoch: testFence, SealedBy: "alloc-standby"}, true},
+		{"another holder's", beatRecord{Seq: 2, Epoch: testFence + 50}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
+			auto := lr.api.auto
+			lr.api.auto = func(c *call) (reply, bool) {
+				if c.op == "read" && c.v.Path == testBeatPath {
+					return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 90, Items: tc.rec.items()}}, true
+				}
+				return auto(c)
+			}
+			ls, err := lr.l.Adopt(context.Background(), testID, testFence)
+			if tc.lost {
+				if err == nil || !errors.Is(err, ErrLost) {
+					t.Fatalf("Adopt = %v, want a loss", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Adopt: %v", err)
+			}
+			t.Cleanup(func() { ls.stopOnce.Do(func() { close(ls.stop); ls.cancelReq() }) })
+			lr.mu.Lock()
+			defer lr.mu.Unlock()
+			if len(lr.casSent) != 1 || lr.casSent[0].ModifyIndex != 90 {
+				t.Fatalf("heartbeats sent %d, want one by check-and-set on the previous run's (index 90)", len(lr.casSent))
+			}
+			if rec, _ := parseBeat(lr.casSent[0].Items); rec.Seq != 8 || rec.Epoch != testFence {
+				t.Fatalf("adopted heartbeat = %+v, want seq 8 in epoch %d", rec, testFence)
+			}
+			if lr.escrow["lock_id"] != testID {
+				t.Fatalf("escrow = %v, want the lock ID", lr.escrow)
+			}
+		})
+	}
+}
+
+// PreviousTakenOver holds only for a sealed heartbeat of the previous
+// holder found when the heartbeat started.
+func TestPreviousTakenOver(t *testing.T) {
+	for _, tc := range []struct {
+		name, prev string
+		rec        beatRecord
+		want       bool
+	}{
+		{"sealed, the previous holder's", "alloc-prev", beatRecord{Seq: 3, Epoch: 40, Alloc: "alloc-prev", SealedBy: "alloc-standby"}, true},
+		{"not sealed", "alloc-prev", beatRecord{Seq: 3, Epoch: 40, Alloc: "alloc-prev"}, false},
+		{"sealed, another holder's", "alloc-prev", beatRecord{Seq: 3, Epoch: 40, Alloc: "alloc-older", SealedBy: "alloc-standby"}, false},
+		{"no previous holder", "", beatRecord{Seq: 3, Epoch: 40, SealedBy: "alloc-standby"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
+			auto := lr.api.auto
+			lr.api.auto = func(c *call) (reply, bool) {
+				if c.op == "read" && c.v.Path == testBeatPath {
+					return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 90, Items: tc.rec.items()}}, true
+				}
+				return auto(c)
+			}
+			ls := lr.acquire(t)
+			ls.Previous.AllocID = tc.prev
+			if got := ls.PreviousTakenOver(); got != tc.want {
+				t.Fatalf("PreviousTakenOver = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

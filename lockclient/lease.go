@@ -45,6 +45,9 @@ type Lease struct {
 	beatSeq   uint64
 	beatIndex uint64
 	beating   chan struct{}
+	// prevSealed is the allocation of the heartbeat found sealed by a
+	// standby when the heartbeat started (PreviousTakenOver).
+	prevSealed string
 
 	lost      chan struct{}
 	renewed   chan struct{}

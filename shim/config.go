@@ -145,8 +145,22 @@ func (c Config) Heartbeat() *lockclient.Heartbeat {
 	if c.LeaseKillGrace != 0 {
 		hb.KillGrace = c.LeaseKillGrace
 	}
+	if c.Gate != nil {
+		// A gate kills its gated tasks without grace, but its kill needs
+		// time of its own (GateLeaseKillGrace): a profile's shorter K is
+		// raised, and L with it.
+		hb.KillGrace = max(hb.KillGrace, GateLeaseKillGrace)
+	}
 	return &hb
 }
+
+// GateLeaseKillGrace is a gate's least lease_kill_grace (K). On a heartbeat
+// fence a gate freezes and SIGKILLs its gated tasks at once and proves them
+// dead (docker pause, kill and inspect; a cgroup's freeze or cgroup.kill):
+// well under a second on a healthy node. If its supervisor is stuck, the
+// plugin's watchdog does the same a second (its grace) past the fence
+// deadline. K covers both.
+const GateLeaseKillGrace = 2 * time.Second
 
 // leaseErrors are what is wrong with the lock mode and lease settings.
 func (c Config) leaseErrors() []error {
@@ -171,8 +185,10 @@ func (c Config) leaseErrors() []error {
 	if c.Holders > 0 {
 		errs = append(errs, errors.New(`config.lock.mode = "lease" with holders (a semaphore) is not supported: use a single lock`))
 	}
-	if c.Gate != nil {
-		errs = append(errs, errors.New(`config.lock.mode = "lease" with config.gate = true is not supported yet: use it on a driver task`))
+	if c.Gate != nil && c.LeaseKillGrace != 0 && c.LeaseKillGrace < GateLeaseKillGrace {
+		errs = append(errs, fmt.Errorf(`config.lock.lease_kill_grace = %s is below a gate's minimum of %s: a gate's kill of its gated tasks, `+
+			`or the plugin's watchdog's if the gate is stuck, must fit in it; raise lease_kill_grace or remove it (docs/gate.md)`,
+			c.LeaseKillGrace, GateLeaseKillGrace))
 	}
 	if c.Path != "" && len(errs) == 0 {
 		if err := c.Heartbeat().Validate(c.Timing()); err != nil {

@@ -62,6 +62,10 @@ type Gate struct {
 	// failed, if it did.
 	tasks     []GatedTask
 	killerErr error
+	// lease: the gate's lock is in lease mode (docs/lease.md): every gated
+	// task must be one it kills itself, dead by lease_fence +
+	// lease_kill_grace after its last acknowledged heartbeat.
+	lease bool
 }
 
 // AdoptLease names a lease to take over: its lock ID and fencing token,
@@ -189,6 +193,13 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 			if err := checkDirectRestart(task, tg, groupDelay); err != nil {
 				errs = append(errs, bad("%s", err))
 			}
+		case gate.lease:
+			gated = append(gated, task.Name)
+			errs = append(errs, bad(`task %q (driver %q): the gate cannot kill it and prove it dead itself (%s), and Nomad kills it `+
+				`only after the group's shutdown_delay (and, on a client cut off from the servers, its services' deregistration): `+
+				`lease mode cannot bound its death by lease_fence + lease_kill_grace. Run it with docker (and the plugin config's `+
+				`docker_endpoint), exec or raw_exec without a cgroup override, or use config.lock.mode = "lock" for this gate`,
+				task.Name, gatedDriver(gate, task), gate.notDirectWhy()))
 		default:
 			gated = append(gated, task.Name)
 			kill := nomadKillTimeout
@@ -232,6 +243,27 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 		return nil, err
 	}
 	return gated, nil
+}
+
+// gatedDriver is the driver of a task of the gate's group.
+func gatedDriver(g *Gate, task *api.Task) string {
+	for _, t := range g.tasks {
+		if t.Name == task.Name {
+			return t.Driver
+		}
+	}
+	return task.Driver
+}
+
+// notDirectWhy says why the gate does not kill a gated task itself.
+func (g *Gate) notDirectWhy() string {
+	switch {
+	case g.killerErr != nil:
+		return g.killerErr.Error()
+	case g.Killer == nil:
+		return "no direct kill on this client"
+	}
+	return "see the gate's start event for why"
 }
 
 // checkDirectRestart refuses a gated task that the gate kills itself but
@@ -295,6 +327,7 @@ func (s *Supervisor) gateCheck(ctx context.Context) error {
 		return err
 	}
 	direct := g.buildKiller(s, alloc)
+	g.lease = s.Config.Mode == ModeLease
 	gated, err := checkGateJob(alloc, g, s.Locker.Config().Timing, direct)
 	if err != nil {
 		return err
@@ -414,6 +447,16 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 		}
 		why = "the gate stopped by itself (" + end.String() + ")"
 	}
+	if g.lease && end == endStopRequest {
+		// Lease mode: the heartbeat ends with this run, so no gated task
+		// may run on for a restarted gate to adopt (a standby takes the
+		// lock over lease_fence + lease_kill_grace + 1s after the last
+		// heartbeat): they are killed, and the lock released.
+		if s.killDirectHeld(lease, "the gate was stopped in lease mode ("+why+")") && g.allDirect() && !chans.Closed(lease.Lost()) {
+			return true
+		}
+		why += "; in lease mode the gated tasks are killed, and they are not proven dead"
+	}
 	s.Logger.Warn("gate: not releasing the lock", "why", why)
 	s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: gateLockKeptMessage(why, g.gated, expiry)})
 	return false
@@ -471,6 +514,13 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 	g := s.Config.Gate
 	prev := lease.Previous
 	if prev.AllocID == "" || prev.AllocID == g.AllocID || prev.ReleasedClean {
+		return true
+	}
+	if prev.GatedDirect && lease.PreviousTakenOver() {
+		// Lease mode: a standby sealed that gate's last heartbeat after
+		// seeing it unchanged for L, so that gate fenced itself and
+		// killed its gated tasks before (lockclient.PreviousTakenOver).
+		s.Logger.Info("gate: the previous holder's heartbeat was sealed by a standby: its gated tasks are dead", "previous_alloc", prev.AllocID)
 		return true
 	}
 	t := s.Locker.Config().Timing

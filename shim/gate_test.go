@@ -152,3 +152,61 @@ func TestCheckGateJobBounds(t *testing.T) {
 		})
 	}
 }
+
+// In lease mode every gated task must be one the gate kills and proves
+// dead itself: Nomad's kill of the others cannot be bounded by
+// lease_fence + lease_kill_grace.
+func TestCheckGateJobLease(t *testing.T) {
+	zero, fail := 0, "fail"
+	name := "web"
+	gate := &api.Task{Name: "gate", Driver: "singleton", Lifecycle: &api.TaskLifecycle{Hook: "prestart", Sidecar: true},
+		RestartPolicy: &api.RestartPolicy{Attempts: &zero, Mode: &fail}}
+	app := &api.Task{Name: "app", Driver: "docker", RestartPolicy: &api.RestartPolicy{Attempts: &zero, Mode: &fail}}
+	vm := &api.Task{Name: "vm", Driver: "qemu"}
+	alloc := func(tasks ...*api.Task) *api.Allocation {
+		return &api.Allocation{ID: "a1", TaskGroup: name, Job: &api.Job{TaskGroups: []*api.TaskGroup{{Name: &name, Tasks: tasks}}}}
+	}
+	timing := lockclient.Timing{TTL: 10 * time.Second, LockDelay: time.Second}
+	g := &Gate{AllocID: "a1", Task: "gate", lease: true, tasks: []GatedTask{{"app", "docker"}, {"vm", "qemu"}}}
+	if gated, err := checkGateJob(alloc(gate, app), g, timing, map[string]bool{"app": true}); err != nil || strings.Join(gated, ",") != "app" {
+		t.Fatalf("lease mode, every gated task direct: gated %v, error %v; want app, no error", gated, err)
+	}
+	_, err := checkGateJob(alloc(gate, app, vm), g, timing, map[string]bool{"app": true})
+	if err == nil || !strings.Contains(err.Error(), `task "vm" (driver "qemu")`) || !strings.Contains(err.Error(), `config.lock.mode = "lock"`) ||
+		!strings.Contains(err.Error(), "lease_fence + lease_kill_grace") {
+		t.Fatalf("lease mode, a task left to Nomad: error %v, want one naming the task, its driver and the fix", err)
+	}
+	g.lease = false
+	if _, err := checkGateJob(alloc(gate, app, vm), g, timing, map[string]bool{"app": true}); err != nil {
+		t.Fatalf("lock mode, a task left to Nomad within the bound: %v", err)
+	}
+}
+
+// A gate in lease mode: its kill needs lease_kill_grace of at least
+// GateLeaseKillGrace; a profile's shorter K is raised (and L with it), a
+// written one refused.
+func TestGateLeaseKillGrace(t *testing.T) {
+	c := DefaultConfig()
+	c.Path, c.Command, c.TTL, c.LockDelay = "nomad/jobs/web/web/gate/lock", nil, 10*time.Second, time.Second
+	c.Gate = &Gate{AllocID: "a1", Task: "gate"}
+	c.Mode = ModeLease
+	if err := c.Validate(); err != nil {
+		t.Fatalf("lease mode on a gate: %v", err)
+	}
+	if hb := c.Heartbeat(); hb.KillGrace != 2*time.Second || hb.Takeover() != 9*time.Second {
+		t.Fatalf("default profile on a gate: K %s, L %s; want 2s, 9s", hb.KillGrace, hb.Takeover())
+	}
+	c.LeaseProfile = ProfileAggressive
+	if hb := c.Heartbeat(); hb.KillGrace != GateLeaseKillGrace || hb.Takeover() != 5*time.Second {
+		t.Fatalf("aggressive profile on a gate: K %s, L %s; want %s, 5s", hb.KillGrace, hb.Takeover(), GateLeaseKillGrace)
+	}
+	c.LeaseKillGrace = time.Second
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "config.lock.lease_kill_grace = 1s is below a gate's minimum of 2s") {
+		t.Fatalf("lease_kill_grace 1s on a gate: error %v, want one naming the setting", err)
+	}
+	c.Gate = nil
+	c.Command = []string{"/bin/true"}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("lease_kill_grace 1s on a driver task: %v", err)
+	}
+}
