@@ -292,7 +292,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	h := &taskHandle{
 		cfg: cfg, dir: dir, proc: proc, cgroup: cg, startedAt: time.Now(),
 		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
-		done:   make(chan struct{}), gate: tc.Gate,
+		done:   make(chan struct{}), gate: tc.Gate, lease: spec.Mode == shim.ModeLease,
 	}
 	if tc.startsOnLock() {
 		h.holding = make(chan struct{})
@@ -351,6 +351,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	// A recovered gate is still a gate: its watchdog kills its gated tasks.
 	var spec supervisorSpec
 	h.gate = readJSON(dir, specFile, &spec) == nil && spec.Gate != nil
+	h.lease = spec.Mode == shim.ModeLease
 	tail := &eventTail{dir: dir}
 	tail.restore()
 

@@ -28,6 +28,9 @@ const (
 	// supervisor acts at the deadline; the server expires the lock a full
 	// TTL later, so this grace costs no safety.
 	watchdogGrace = time.Second
+	// watchdogLeaseGrace is watchdogGrace for a lease-mode gate, whose
+	// kill of its gated tasks must fit in lease_kill_grace.
+	watchdogLeaseGrace = 300 * time.Millisecond
 	// stopReserve is added to kill_timeout for the supervisor to SIGKILL
 	// stragglers and release the lock before StopTask kills it.
 	stopReserve = 10 * time.Second
@@ -45,8 +48,9 @@ type taskHandle struct {
 	logger    hclog.Logger
 
 	done chan struct{}
-	// gate: the task is a gate (config.gate).
-	gate bool
+	// gate: the task is a gate (config.gate); lease: its lock is in lease
+	// mode (config.lock.mode = "lease").
+	gate, lease bool
 	// holding, for a task that starts on lock (a gate, or start =
 	// "on_lock"), is closed once its supervisor holds the lock (StartTask
 	// returns only then); nil for other tasks.
@@ -143,6 +147,12 @@ func (d *Driver) watchdog(h *taskHandle) {
 		return
 	}
 	now, grace := bootNow(), int64(watchdogGrace)
+	if gate && h.lease {
+		// A lease-mode gate's gated tasks must be dead by lease_kill_grace
+		// after its fence deadline (at least shim.GateLeaseKillGrace): the
+		// watchdog leaves the supervisor less time to act.
+		grace = int64(watchdogLeaseGrace)
+	}
 	var why string
 	switch state := shim.State(st.State); {
 	case state.Holds():

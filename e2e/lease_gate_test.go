@@ -28,7 +28,7 @@ func TestLeaseGateNodeDeath(t *testing.T) {
 	}
 	a := harness.StartAgent(t, leaseAgentOptions(t))
 	tr := &chaosTrial{}
-	leaseGateNodeDeathTrial(t, a, chaosGateRecords(t), "raw_exec", "lgnd-r", tr)
+	leaseGateTrial(t, a, leaseNodeDeath, chaosGateRecords(t), "raw_exec", "lgnd-r", tr)
 	if tr.Takeover > leaseTakeoverBound {
 		t.Errorf("takeover took %s after the node died, want under %s (the plain lock's expiry is 19 s or more)", tr.Takeover, leaseTakeoverBound)
 	}
@@ -37,11 +37,32 @@ func TestLeaseGateNodeDeath(t *testing.T) {
 	}
 }
 
-// leaseGateNodeDeathTrial runs a lease-mode gate job of kind with two
-// allocations on distinct clients, kills the holder's node, waits for the
-// standby's app and checks the records (chaosGateFinish), then brings the
-// node back. tr.Takeover is the time from the fault to the next app start.
-func leaseGateNodeDeathTrial(t *testing.T, a *harness.Agent, records, kind, name string, tr *chaosTrial) {
+// TestLeaseGatePartition: the lease-mode gate holder's client is cut off,
+// alive. The gate cannot write its heartbeat, fences itself D after the
+// last acknowledged one and kills its gated app itself (K); the standby
+// gate takes the lock over after L, its app never beside the old one.
+func TestLeaseGatePartition(t *testing.T) {
+	t.Parallel()
+	if why := chaosPartitionSkip(); why != "" {
+		t.Skip(why)
+	}
+	a := harness.StartAgent(t, leaseAgentOptions(t))
+	tr := &chaosTrial{}
+	leaseGateTrial(t, a, leasePartition, chaosGateRecords(t), "raw_exec", "lgpt-r", tr)
+	if tr.Takeover > leaseTakeoverBound {
+		t.Errorf("takeover took %s after the cut, want under %s", tr.Takeover, leaseTakeoverBound)
+	}
+	if tr.Overlaps > 0 {
+		t.Errorf("%d overlaps", tr.Overlaps)
+	}
+}
+
+// leaseGateTrial runs a lease-mode gate job of kind with two allocations
+// on distinct clients, kills the holder's node or cuts it off, waits for
+// the standby's app and checks the records (chaosGateFinish), then brings
+// the node back. tr.Takeover is the time from the fault to the next app
+// start.
+func leaseGateTrial(t *testing.T, a *harness.Agent, fault leaseFault, records, kind, name string, tr *chaosTrial) {
 	j := newGateJobID(t, name, kind, records)
 	j.lockExtra = "\n          mode = \"lease\""
 	j.noService = true
@@ -65,22 +86,48 @@ func leaseGateNodeDeathTrial(t *testing.T, a *harness.Agent, records, kind, name
 	app := j.appProc(t, holder)
 	smp.WaitSeen(t, 30*time.Second, app.PID)
 
-	at, frozen := leaseKillNode(t, dead)
-	known := []harness.KnownEnd{{PID: app.PID, Mono: leaseWaitGone(t, app.PID, 10*time.Second)}}
-	t.Logf("node death: froze and SIGKILLed %d processes of %s", len(frozen), dead.Name())
+	var at, gone int64
+	what := "node_death"
+	switch fault {
+	case leaseNodeDeath:
+		var frozen []int
+		at, frozen = leaseKillNode(t, dead)
+		gone = leaseWaitGone(t, app.PID, 10*time.Second)
+		t.Logf("node death: froze and SIGKILLed %d processes of %s", len(frozen), dead.Name())
+	case leasePartition:
+		what = "partition"
+		at = chaosCut(t, dead)
+		// The gate fences D after its last acknowledged heartbeat and
+		// kills its app itself, by D + K.
+		gone = leaseWaitGone(t, app.PID, 2*drvTTL+10*time.Second)
+		harness.Measure(t, "gate_partition_app_gone_lease_"+kind, time.Duration(gone-at))
+	}
+	known := []harness.KnownEnd{{PID: app.PID, Mono: gone}}
 
 	next := j.start(t, holder, at, chaosTakeoverBound)
 	tr.Takeover = time.Duration(next.Mono - at)
-	harness.Measure(t, "gate_node_death_takeover_lease_"+kind, tr.Takeover)
+	harness.Measure(t, "gate_"+what+"_takeover_lease_"+kind, tr.Takeover)
+	if next.Mono < gone {
+		t.Errorf("the standby's app started %s before the old app was gone: two at once", time.Duration(gone-next.Mono))
+	}
 	if next.AllocID != standby {
 		t.Errorf("the new holder is %s, want the standby %s", drvShort(next.AllocID), drvShort(standby))
 	}
 	leaseGateWaitEvent(t, a, standby, 30*time.Second, "Took the lock over from a holder whose heartbeat stopped")
-	tr.Note = fmt.Sprintf("gate + %s app, lease mode: next app %s after the node died", kind, tr.Takeover.Round(10*time.Millisecond))
+
+	tr.Note = fmt.Sprintf("gate + %s app, lease mode, %s: old app gone %s after the fault, next app %s after it", kind, what,
+		time.Duration(gone-at).Round(10*time.Millisecond), tr.Takeover.Round(10*time.Millisecond))
 
 	chaosGateFinish(t, a, j, smp, tr, known...)
-	if err := dead.Start(); err != nil {
-		t.Fatal(err)
+	switch fault {
+	case leaseNodeDeath:
+		if err := dead.Start(); err != nil {
+			t.Fatal(err)
+		}
+	case leasePartition:
+		if err := dead.Heal(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	chaosWaitNodeReady(t, a, dead, 60*time.Second)
 	leaseWaitNodeQuiet(t, dead, 45*time.Second)

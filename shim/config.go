@@ -158,8 +158,8 @@ func (c Config) Heartbeat() *lockclient.Heartbeat {
 // fence a gate freezes and SIGKILLs its gated tasks at once and proves them
 // dead (docker pause, kill and inspect; a cgroup's freeze or cgroup.kill):
 // well under a second on a healthy node. If its supervisor is stuck, the
-// plugin's watchdog does the same a second (its grace) past the fence
-// deadline. K covers both.
+// plugin's watchdog does the same 300 ms (its grace for a lease-mode gate)
+// past the fence deadline. K covers both.
 const GateLeaseKillGrace = 2 * time.Second
 
 // leaseErrors are what is wrong with the lock mode and lease settings.
