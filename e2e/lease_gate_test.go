@@ -57,13 +57,38 @@ func TestLeaseGatePartition(t *testing.T) {
 	}
 }
 
+// TestLeaseGatePartitionDocker is TestLeaseGatePartition with a docker
+// gated app, which ignores SIGTERM: the cut-off gate pauses, SIGKILLs and
+// inspects its container through the engine, by D + K.
+func TestLeaseGatePartitionDocker(t *testing.T) {
+	t.Parallel()
+	if why := chaosPartitionSkip(); why != "" {
+		t.Skip(why)
+	}
+	d := harness.StartDocker(t)
+	opts := leaseAgentOptions(t)
+	opts.Docker = d
+	a := harness.StartAgent(t, opts)
+	tr := &chaosTrial{}
+	leaseGateTrial(t, a, leasePartition, chaosGateRecords(t), "docker", "lgpt-d", tr, func(j *gateJob) { j.image = d.Image })
+	if tr.Takeover > leaseTakeoverBound {
+		t.Errorf("takeover took %s after the cut, want under %s", tr.Takeover, leaseTakeoverBound)
+	}
+	if tr.Overlaps > 0 {
+		t.Errorf("%d overlaps", tr.Overlaps)
+	}
+}
+
 // leaseGateTrial runs a lease-mode gate job of kind with two allocations
 // on distinct clients, kills the holder's node or cuts it off, waits for
 // the standby's app and checks the records (chaosGateFinish), then brings
 // the node back. tr.Takeover is the time from the fault to the next app
 // start.
-func leaseGateTrial(t *testing.T, a *harness.Agent, fault leaseFault, records, kind, name string, tr *chaosTrial) {
+func leaseGateTrial(t *testing.T, a *harness.Agent, fault leaseFault, records, kind, name string, tr *chaosTrial, prepare ...func(*gateJob)) {
 	j := newGateJobID(t, name, kind, records)
+	for _, p := range prepare {
+		p(j)
+	}
 	j.lockExtra = "\n          mode = \"lease\""
 	j.noService = true
 	j.groupExtra = "\n    constraint {\n      operator = \"distinct_hosts\"\n      value    = \"true\"\n    }"
