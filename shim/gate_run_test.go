@@ -673,3 +673,25 @@ func TestGateCommandEnds(t *testing.T) {
 		})
 	}
 }
+
+// In lease mode a gate that Nomad stops while its allocation runs on (a
+// restart) keeps no lock for the restarted run: its heartbeat ends with
+// it, so it kills its gated tasks and releases.
+func TestGateLeaseModeRestartKills(t *testing.T) {
+	r := newGateRig(t, gateJob{gatedState: "running", apps: twoApps})
+	r.sup.Config.Mode = ModeLease
+	f := r.withKiller("app", "db")
+	r.run()
+	r.holding()
+	r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
+	if code := r.exit(); code != 0 {
+		t.Errorf("exit %d, want 0; events:\n%s", code, r.eventLog())
+	}
+	if kills, _ := f.calls(); kills == 0 || !f.heldAtKill {
+		t.Errorf("%d KillAll calls (held at kill %v), want the gated tasks killed while the lock was held", kills, f.heldAtKill)
+	}
+	if r.srv.Calls(locktest.OpRelease) == 0 || r.srv.Items()["released_clean"] != "true" {
+		t.Errorf("the lock was not released clean; events:\n%s", r.eventLog())
+	}
+	r.checkReleasesAfterDeath(0)
+}
