@@ -105,24 +105,26 @@ var LockSettings = LockSpec{
 		Usage: "record the host:port of this Nomad port `label` as the holder's upstream in the lock, " +
 			`for a "lock lb follow" sidecar: the next holder's ADD then removes it from the LB even if this instance dies`,
 		field: func(c *Config) any { return &c.UpstreamPort }},
-	{Name: "mode", In: InDriver, Default: ModeLock,
-		Usage: `"lock" (the Nomad lock alone) or "lease": the lock plus a heartbeat every lease_interval, a self-fence ` +
+	{Name: "mode", In: InDriver | InFileLock | InFlags, Default: ModeLock,
+		Usage: "the lock `mode`: " + `"lock" (the Nomad lock alone) or "lease": the lock plus a heartbeat every lease_interval, a self-fence ` +
 			"lease_fence after the last acknowledged one, and a standby's plugin that releases a dead holder's lock after " +
-			"L = lease_fence + lease_kill_grace + 1s (needs the plugin's release_token_file and the lease policy; docs/lease.md)",
+			"L = lease_fence + lease_kill_grace + 1s (needs the plugin's release_token_file and the lease policy; docs/lease.md). " +
+			"lock: only the holder half; a standby takes over fast only if a singleton task waits for the same lock, " +
+			"else once the server expires the lock (docs/cli.md)",
 		field: func(c *Config) any { return &c.Mode }},
-	{Name: "lease_profile", In: InDriver, Default: ProfileDefault,
-		Usage: `lease mode's timings: "default" (lease_interval 1s, lease_fence 6s, lease_kill_grace 2s: L = 9s) or ` +
+	{Name: "lease_profile", In: InDriver | InFileLock | InFlags, Default: ProfileDefault,
+		Usage: "lease mode's timings, a `profile`: " + `"default" (lease_interval 1s, lease_fence 6s, lease_kill_grace 2s: L = 9s) or ` +
 			`"aggressive" (500ms, 2s, 1s: L = 4s; its cost: any outage of the heartbeat's Raft writes longer than 2s, ` +
 			"such as most Nomad leader elections, fences the holder); the lease_* settings override it",
 		field: func(c *Config) any { return &c.LeaseProfile }},
-	{Name: "lease_interval", In: InDriver, Default: "the profile's", Min: lockclient.MinHeartbeatInterval,
+	{Name: "lease_interval", In: InDriver | InFileLock | InFlags, Default: "the profile's", Min: lockclient.MinHeartbeatInterval,
 		Usage: "lease mode: the time between heartbeats (R), at least 250ms; each is one Raft write",
 		field: func(c *Config) any { return &c.LeaseInterval }},
-	{Name: "lease_fence", In: InDriver, Default: "the profile's", Min: 500 * time.Millisecond,
+	{Name: "lease_fence", In: InDriver | InFileLock | InFlags, Default: "the profile's", Min: 500 * time.Millisecond,
 		Usage: "lease mode: the holder fences itself this long (D) after the send of its last acknowledged heartbeat; " +
 			"at least twice lease_interval, below the TTL less the fence margin",
 		field: func(c *Config) any { return &c.LeaseFence }},
-	{Name: "lease_kill_grace", In: InDriver, Default: "the profile's", Min: 100 * time.Millisecond,
+	{Name: "lease_kill_grace", In: InDriver | InFileLock | InFlags, Default: "the profile's", Min: 100 * time.Millisecond,
 		Usage: "lease mode: after a heartbeat fence the workload gets kill_signal and is SIGKILLed this long (K) later at most",
 		field: func(c *Config) any { return &c.LeaseKillGrace }},
 	{Name: "kill_signal", In: InDriver | InFileTop | InFlags, Default: "SIGTERM",

@@ -251,3 +251,48 @@ func TestUpstreamPortFlag(t *testing.T) {
 		t.Errorf("unknown label: err = %v, want one naming -upstream-port and the network block fix", err)
 	}
 }
+
+// lock's lease mode (the holder half): by flag or in the -config file's
+// lock block, with the profile and the lease_* settings; refused with a
+// semaphore and with timings that do not fit the TTL.
+func TestLeaseModeFlags(t *testing.T) {
+	got, err := parseRunArgs([]string{"-mode", "lease", "-lease-profile", "aggressive", "-lease-fence", "3s", "p", "cmd"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb := got.Heartbeat()
+	if hb == nil || hb.Interval != 500*time.Millisecond || hb.Fence != 3*time.Second || hb.KillGrace != time.Second ||
+		hb.Path != "p/lease" || hb.EscrowPath != "singleton/escrow/p" {
+		t.Fatalf("heartbeat = %+v, want the aggressive profile with lease_fence 3s at p/lease, escrow singleton/escrow/p", hb)
+	}
+	if got.Timing().RenewInterval != 2*time.Second {
+		t.Fatalf("renew = %s, want 2s in lease mode", got.Timing().RenewInterval)
+	}
+
+	file := filepath.Join(t.TempDir(), "lock.hcl")
+	src := "command = \"/bin/true\"\nlock {\n  path = \"p\"\n  mode = \"lease\"\n  lease_kill_grace = \"3s\"\n}\n"
+	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err = parseRunArgs([]string{"-config", file}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hb := got.Heartbeat(); hb == nil || hb.KillGrace != 3*time.Second || hb.Takeover() != 10*time.Second {
+		t.Fatalf("heartbeat from the file = %+v, want K 3s, L 10s", hb)
+	}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-mode", "lease", "-n", "2", "p", "cmd"}, "holders"},
+		{[]string{"-mode", "lease", "-ttl", "10s", "-lease-fence", "9s", "p", "cmd"}, "lease_fence 9s must be below the TTL"},
+		{[]string{"-lease-fence", "3s", "p", "cmd"}, "apply to lease mode only"},
+		{[]string{"-mode", "fast", "p", "cmd"}, `mode = "fast"`},
+	} {
+		if _, err := parseRunArgs(c.args, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want one that says %q", c.args, err, c.want)
+		}
+	}
+}

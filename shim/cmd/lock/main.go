@@ -59,6 +59,14 @@ func supervise(cfg shim.Config, stderr io.Writer) int {
 		return shim.ExitConfig
 	}
 
+	if hb := cfg.Heartbeat(); hb != nil {
+		log.Info("lease mode: heartbeat every "+hb.Interval.String()+"; this holder fences itself "+hb.Fence.String()+
+			" after its last acknowledged heartbeat and its workload is SIGKILLed "+hb.KillGrace.String()+" later; "+
+			"only the plugin of a node where a singleton task waits for this lock takes a dead holder's lock over (after L = "+
+			hb.Takeover().String()+"), any other standby waits for the server's expiry (docs/cli.md)",
+			"lock", cfg.Path)
+	}
+
 	sigs := make(chan os.Signal, 16)
 	forwardable := make(chan os.Signal, 16)
 	signal.Notify(sigs)
@@ -85,6 +93,10 @@ func supervise(cfg shim.Config, stderr io.Writer) int {
 		// Daemons the workload starts stay lock's descendants, and are
 		// proven dead before the release.
 		Subreaper: true,
+		// Lease mode: a standby may take the lock over L after the last
+		// heartbeat, so the workload must be dead by D + K even if lock
+		// itself is stuck: only the process-group guard ensures that.
+		RequireGuard: cfg.Mode == shim.ModeLease,
 	}
 	return sup.Run(context.Background(), forwardable)
 }
