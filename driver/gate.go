@@ -2,6 +2,7 @@ package driver
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/client/allocdir"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
@@ -171,11 +173,14 @@ func (d *Driver) supersedeStart(cfg *drivers.TaskConfig, root *securefs.Dir) *sh
 		if err := old.kill("superseded by a new start of the same task"); err != nil {
 			old.logger.Error("end the superseded supervisor", "error", err)
 		}
+		var spec supervisorSpec
+		_ = readJSON(old.dir, specFile, &spec)
+		leaseKilled := held.LockID != "" && old.gate && killLeaseGated(old.dir, spec, old.logger)
 		d.tasks.delete(old.cfg.ID)
 		if err := removeTaskState(root, old.cfg); err != nil {
 			old.logger.Warn("remove the superseded task's state dir", "error", err)
 		}
-		if held.LockID != "" && old.gate {
+		if held.LockID != "" && old.gate && !leaseKilled {
 			old.logger.Info("a new start of this gate takes its lease over", "fence", held.Fence)
 			adopt = &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence, Path: held.Path}
 		}
@@ -274,14 +279,48 @@ func (d *Driver) endUnknownStart(cfg *drivers.TaskConfig, alloc *securefs.Dir, n
 			}
 		}
 	}
+	leaseKilled := held.LockID != "" && spec.Gate != nil && killLeaseGated(dir, spec, log)
 	if err := alloc.RemoveSub(name); err != nil {
 		log.Warn("remove the earlier start's state dir", "error", err)
 	}
 	d.emitEvent(cfg, supersededStartMessage(), map[string]string{"lock_state": string(shim.StateWaiting)})
-	if held.LockID != "" && spec.Gate != nil {
+	if held.LockID != "" && spec.Gate != nil && !leaseKilled {
 		return &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence, Path: held.Path}
 	}
 	return nil
+}
+
+// killLeaseGated, for a superseded gate in lease mode whose supervisor
+// is dead, kills and proves dead its gated tasks, from the record in its
+// state dir, and reports whether it did: the new start then does not
+// adopt the lease (no heartbeat was written since the supervisor died, and
+// a standby may seal it before the new start writes one), and waits for
+// the lock. Not in lease mode, or when the kill fails, it reports false,
+// and the new start adopts the lease as in lock mode.
+func killLeaseGated(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) bool {
+	if spec.Mode != shim.ModeLease || spec.Gate == nil {
+		return false
+	}
+	var rec gatedRecord
+	if err := readJSON(dir, gatedFile, &rec); err != nil || rec.AllocID != spec.Gate.AllocID {
+		log.Warn("lease mode: no record of the superseded gate's gated tasks; the new start adopts its lease", "error", err)
+		return false
+	}
+	k, err := newGatedKiller(rec, gatedEnvOf(spec))
+	if err != nil {
+		log.Warn("lease mode: cannot kill the superseded gate's gated tasks; the new start adopts its lease", "error", err)
+		return false
+	}
+	defer k.close()
+	ctx, cancel := context.WithTimeout(context.Background(), confirmDeadWithin)
+	defer cancel()
+	if err := k.KillAll(ctx); err != nil || len(k.LeftToNomad()) > 0 {
+		log.Warn("lease mode: the superseded gate's gated tasks are not all proven dead; the new start adopts its lease",
+			"error", err, "left_to_nomad", k.LeftToNomad())
+		return false
+	}
+	log.Info("lease mode: the superseded gate's gated tasks are proven dead; the new start waits for the lock")
+	return true
 }
 
 // gateLockFile is the file, in the allocation's shared dir
