@@ -375,6 +375,7 @@ func TestChaos(t *testing.T) {
 		fault := "every process of the holder's client (agent, plugin, supervisors, guards, workloads) SIGSTOPped at once, then SIGKILLed; " +
 			"a driver job of count = 2, one allocation on each client (distinct_hosts), TTL 10s, delay 1s"
 		var a *harness.Agent
+		var gateRecords string
 		rows := []chaosRowTrial{
 			{chaosRow{ID: "10-node-death-lease", Variant: "driver, lock { mode = \"lease\" } (default profile, L = 9s)",
 				Fault: fault,
@@ -397,6 +398,21 @@ func TestChaos(t *testing.T) {
 				func(t *testing.T, n int, tr *chaosTrial) {
 					leaseTrial(t, a, leasePartition, leaseLockBlock, chaosName("npl", "driver", n), tr)
 				}},
+			{chaosRow{ID: "10-node-death-lease-gate", Variant: "gate + raw_exec app, lock { mode = \"lease\" } (default profile, L = 9s)",
+				Fault: strings.Replace(fault, "a driver job", "a gate job", 1),
+				Proves: "as 10-node-death-lease for a gate: the standby gate's plugin takes the lock over after L, and the new gate, finding " +
+					"the old heartbeat sealed, starts its app at once; no overlap on the apps' own records (docs/gate.md#lease-mode)"},
+				func(t *testing.T, n int, tr *chaosTrial) {
+					leaseGateTrial(t, a, leaseNodeDeath, gateRecords, "raw_exec", chaosName("ndg", "gate", n), tr)
+				}},
+			{chaosRow{ID: "10-partition-lease-gate", Variant: "gate + raw_exec app, lock { mode = \"lease\" } (default profile, L = 9s)",
+				Fault: "the gate holder's client cut off from the server and the other client (its veth link down), everything on it running; " +
+					"a gate job of count = 2, one allocation on each client (distinct_hosts), TTL 10s, delay 1s",
+				Proves: "the cut-off gate fences itself D after its last acknowledged heartbeat and kills its app itself by D + K; the standby " +
+					"gate takes over after L, its app never beside the old one"},
+				func(t *testing.T, n int, tr *chaosTrial) {
+					leaseGateTrial(t, a, leasePartition, gateRecords, "raw_exec", chaosName("npg", "gate", n), tr)
+				}},
 			{chaosRow{ID: "10-node-death-lock", Variant: "driver, the plain lock", Fault: fault,
 				Proves: "the baseline: the standby waits for the server to expire the lock (2×TTL + delay after the last renew); no overlap"},
 				func(t *testing.T, n int, tr *chaosTrial) {
@@ -410,7 +426,7 @@ func TestChaos(t *testing.T) {
 			}
 			return
 		}
-		a = harness.StartAgent(t, leaseAgentOptions(t))
+		a, gateRecords = harness.StartAgent(t, leaseAgentOptions(t)), chaosGateRecords(t)
 		for _, r := range rows {
 			chaosRunRow(t, r.row, trials, r.trial)
 		}
