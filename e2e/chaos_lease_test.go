@@ -22,6 +22,7 @@ import (
 	"github.com/hashicorp/nomad/client/lib/cgroupslib"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
 // leaseTaskCgroup is the holder's task cgroup and how to freeze and thaw
@@ -257,7 +258,15 @@ func leaseElectionTrial(t *testing.T, a *harness.Agent, lockBlock, name string, 
 	sum := smp.Stop()
 	chaosCheck(t, tr, recs, sum)
 	// Each handover: from the kill of the leader that caused it to the
-	// standby's workload start.
+	// standby's workload start. No handover follows its election by less
+	// than D (2 s at the least: the heartbeat outage that fences), so a
+	// start is laid to the last kill at least that long before it (the
+	// next election may come just before the start record of a takeover
+	// whose first heartbeat ended the wait for it).
+	minD := lockclient.DefaultHeartbeat.Fence
+	if strings.Contains(lockBlock, "aggressive") {
+		minD = lockclient.AggressiveHeartbeat.Fence
+	}
 	var handovers []time.Duration
 	for i := 1; i < len(starts); i++ {
 		if starts[i].AllocID == starts[i-1].AllocID && starts[i].Fence == starts[i-1].Fence {
@@ -265,7 +274,7 @@ func leaseElectionTrial(t *testing.T, a *harness.Agent, lockBlock, name string, 
 		}
 		var kill int64
 		for _, k := range kills {
-			if k < starts[i].Mono {
+			if k <= starts[i].Mono-int64(minD) {
 				kill = k
 			}
 		}
@@ -323,4 +332,109 @@ func leaseWaitBeat(t *testing.T, a *harness.Agent, path string, since time.Time,
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// TestLeaseHostPause: every process of the lease-mode holder's client (the
+// agent, the plugin, the supervisor, its guard, the workload) stopped at
+// once for leaseFreezeFor, longer than L, as a hypervisor pauses a VM, and
+// then resumed, the workload first. Nothing on the paused host can kill the
+// workload during the pause, so the standby takes over at L while the old
+// workload is stopped; on the resume it runs until a kill path on its host
+// (supervisor, guard, plugin watchdog) sees its passed deadline. That is
+// the case docs/lease.md leaves to fencing tokens: this test measures how
+// long the resumed workload ran beside the new holder, and checks that it
+// is killed at once (well under a second here), that it never starts again
+// with its old fence, and that the new holder keeps the lock.
+func TestLeaseHostPause(t *testing.T) {
+	t.Parallel()
+	if why := chaosPartitionSkip(); why != "" {
+		t.Skip(why)
+	}
+	a := harness.StartAgent(t, leaseAgentOptions(t))
+	j := newDrvJob(t, "lease-hp", 2)
+	j.lockBlock = leaseLockBlock
+	j.groupExtra = "constraint {\n      operator = \"distinct_hosts\"\n      value    = \"true\"\n    }"
+	j.run(t, a)
+	s := &chaosSubject{variant: "driver", a: a, drv: j}
+	holder := s.holder(t)
+	host := a.ClientOf(chaosAllocNode(t, a, holder.AllocID))
+	var standby string
+	for _, id := range drvRunning(t, a, j.id) {
+		if id != holder.AllocID {
+			standby = id
+		}
+	}
+	drvWaitEvent(t, a, standby, 30*time.Second, "Lease mode: ", "L = 9s")
+	time.Sleep(4 * time.Second)
+	w, err := harness.WatchExit(holder.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", host.PID()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := harness.MonoNow()
+	stopped := map[int]bool{}
+	for pass := 0; pass < 10; pass++ {
+		fresh := 0
+		for _, pid := range harness.NetnsPIDs(ns) {
+			if !stopped[pid] {
+				_ = syscall.Kill(pid, syscall.SIGSTOP)
+				stopped[pid] = true
+				fresh++
+			}
+		}
+		if fresh == 0 {
+			break
+		}
+	}
+	resume := func() {
+		_ = syscall.Kill(holder.PID, syscall.SIGCONT)
+		for pid := range stopped {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+	if !stopped[holder.PID] {
+		t.Fatalf("the holder's workload %d is not among the paused host's processes", holder.PID)
+	}
+
+	next := s.next(t, holder, chaosTakeoverBound)
+	harness.Measure(t, "host_pause_takeover", time.Duration(next.Mono-at))
+	if next.AllocID != standby {
+		t.Errorf("the new holder is %s, want the standby %s", drvShort(next.AllocID), drvShort(standby))
+	}
+	for time.Duration(harness.MonoNow()-at) < leaseFreezeFor {
+		time.Sleep(50 * time.Millisecond)
+	}
+	resumed := harness.MonoNow()
+	resume()
+	death, died := w.Wait(10 * time.Second)
+	if !died {
+		t.Fatalf("the resumed holder's workload %d still runs 10s after the resume", holder.PID)
+	}
+	ran := time.Duration(death - resumed)
+	harness.Measure(t, "host_pause_old_workload_ran_after_resume", ran)
+	t.Logf("host paused %s; the standby's workload started %s after the pause began; the resumed old workload ran %s beside it",
+		leaseFreezeFor, time.Duration(next.Mono-at).Round(time.Millisecond), ran)
+	if ran > time.Second {
+		t.Errorf("the resumed holder's workload ran %s beside the new holder, want it killed at once (its deadlines had all passed)", ran)
+	}
+	// The host's kill paths act at once; its agent and the old allocation
+	// settle; the old holder never starts again with its old fence, and
+	// the new holder keeps running.
+	time.Sleep(5 * time.Second)
+	for _, r := range s.records(t) {
+		if isMainStart(r) && r.Mono > resumed && r.Fence == holder.Fence {
+			t.Errorf("the old holder ran again with its old fence %s after the resume: %+v", holder.Fence, r)
+		}
+	}
+	if !drvAlive(next.PID) {
+		t.Errorf("the new holder's workload %d is gone after the old host resumed", next.PID)
+	}
+	s.purge(t)
+	leaseWaitNodeQuiet(t, host, 45*time.Second)
 }
