@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,6 +34,10 @@ func nodeDeathGoal(v string) *Goal {
 // (section TitleNodeDeath), on a server and two clients in network
 // namespaces of their own.
 func (b *bench) nodeDeath(t *testing.T) {
+	if why := netnsSkip(); why != "" {
+		b.rep.Note("%s was not measured: %s.", TitleNodeDeath, why)
+		t.Skip(why)
+	}
 	take, over := map[string]*Row{}, map[string]*Row{}
 	for _, v := range nodeDeathVariants {
 		take[v] = b.row(TitleNodeDeath, "node death → new workload start", v, Seconds, AggStats, nodeDeathGoal(v))
@@ -179,4 +184,17 @@ func waitNoLogmon(t testing.TB, m *harness.Member, timeout time.Duration) {
 		}
 	}
 	t.Logf("%s: logmon processes still run %s after the purge", m.Name(), timeout)
+}
+
+// netnsSkip says why clients in network namespaces cannot run here, or "".
+func netnsSkip() string {
+	if os.Geteuid() != 0 {
+		return "network namespaces need root"
+	}
+	for _, tool := range []string{"ip", "nsenter"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return tool + " not found (Debian packages iproute2, util-linux)"
+		}
+	}
+	return ""
 }
