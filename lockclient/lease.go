@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/hashicorp/nomad/api"
 )
 
@@ -254,7 +255,7 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 			ls.mu.Lock()
 			ls.refused = true
 			ls.mu.Unlock()
-			d := bo.NextBackOff()
+			d := ls.renewRetryDelay(bo)
 			l.log.Warn("renew answered 409, but the lock is still ours and unchanged (a new Nomad leader not yet tracking it?); retrying",
 				"answer", responseBody(err), "backoff", d, "fence_deadline_in", ls.until(ls.FenceDeadline()).Round(time.Millisecond))
 			renew.Reset(d)
@@ -267,12 +268,33 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 		case errors.Is(ctx.Err(), context.Canceled):
 			return
 		default:
-			d := bo.NextBackOff()
+			d := ls.renewRetryDelay(bo)
 			l.log.Warn("renew failed, retrying", "error", l.classify("renew", err), "backoff", d,
 				"fence_deadline_in", ls.until(ls.FenceDeadline()).Round(time.Millisecond))
 			renew.Reset(d)
 		}
 	}
+}
+
+// renewRetriesLeft is how many retries of a failed renew at least fit
+// before the fence deadline: the backoff never waits longer than the time
+// left over this many. A Nomad leader election ends with a window of
+// 409s and then a leader that answers; one long backoff can step over
+// that moment into the next outage and lose the lock (row
+// 9-leader-election, several elections a minute).
+const renewRetriesLeft = 8
+
+// renewRetryDelay is the wait before the next renew after a failed one:
+// the backoff's, but no longer than the time left to the fence deadline
+// over renewRetriesLeft, and at least minRenewRetry.
+func (ls *Lease) renewRetryDelay(bo backoff.BackOff) time.Duration {
+	return retryDelayBefore(bo.NextBackOff(), ls.until(ls.FenceDeadline()))
+}
+
+const minRenewRetry = 50 * time.Millisecond
+
+func retryDelayBefore(backoff, left time.Duration) time.Duration {
+	return max(minRenewRetry, min(backoff, left/renewRetriesLeft))
 }
 
 // stillOurs reads the variable after a renew was answered 409 and reports

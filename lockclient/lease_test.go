@@ -584,3 +584,20 @@ func TestRenewConflictDuringElection(t *testing.T) {
 		}
 	})
 }
+
+// A failed renew is retried often enough near the fence deadline that one
+// long backoff cannot step over the moment a new Nomad leader answers.
+func TestRenewRetryDelayFitsBeforeTheFence(t *testing.T) {
+	for _, c := range []struct {
+		backoff, left, want time.Duration
+	}{
+		{200 * time.Millisecond, 9 * time.Second, 200 * time.Millisecond},             // far from the fence: the backoff's
+		{1700 * time.Millisecond, 3500 * time.Millisecond, 437500 * time.Microsecond}, // near it: a retry every left/8
+		{1700 * time.Millisecond, 0, minRenewRetry},                                   // at it: never a busy loop
+		{10 * time.Millisecond, 9 * time.Second, minRenewRetry},
+	} {
+		if got := retryDelayBefore(c.backoff, c.left); got != c.want {
+			t.Errorf("retryDelayBefore(%s, %s) = %s, want %s", c.backoff, c.left, got, c.want)
+		}
+	}
+}
