@@ -242,8 +242,12 @@ func leaseElectionTrial(t *testing.T, a *harness.Agent, lockBlock, name string, 
 			t.Fatal(err)
 		}
 		// Settled: a heartbeat written (by whichever allocation holds)
-		// after the restart, then a random phase of the heartbeats.
+		// after the restart, and both tasks running again (a fenced
+		// holder's task exits and Nomad restarts it after its restart
+		// delay: until then there is no standby to hand over to); then a
+		// random phase of the heartbeats.
 		leaseWaitBeat(t, a, beat, time.Now(), chaosElectionBound+chaosTakeoverBound)
+		leaseWaitTasksRunning(t, a, j.id, 2, 90*time.Second)
 		time.Sleep(time.Duration(rand.Int64N(int64(time.Second))))
 	}
 	elapsed := time.Since(began)
@@ -437,4 +441,28 @@ func TestLeaseHostPause(t *testing.T) {
 	}
 	s.purge(t)
 	leaseWaitNodeQuiet(t, host, 45*time.Second)
+}
+
+// leaseWaitTasksRunning waits (bounded) until n allocations of the job have
+// their task running, for a second at least (a standby waits for the lock).
+func leaseWaitTasksRunning(t *testing.T, a *harness.Agent, jobID string, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		allocs, _, err := a.API().Jobs().Allocations(jobID, false, nil)
+		running := 0
+		for _, al := range allocs {
+			if ts := al.TaskStates[drvTask]; al.DesiredStatus == api.AllocDesiredStatusRun && ts != nil &&
+				ts.State == "running" && time.Since(ts.StartedAt) > time.Second {
+				running++
+			}
+		}
+		if err == nil && running >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s: %d allocations with their task running after %s, want %d (err %v)", jobID, running, timeout, n, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
