@@ -413,6 +413,16 @@ func TestChaos(t *testing.T) {
 				func(t *testing.T, n int, tr *chaosTrial) {
 					leaseGateTrial(t, a, leasePartition, gateRecords, "raw_exec", chaosName("npg", "gate", n), tr)
 				}},
+			{chaosRow{ID: "10-freeze-lease", Variant: "driver, lock { mode = \"lease\" } (default profile, L = 9s)",
+				Fault: fmt.Sprintf("the holder's whole task frozen for %s, longer than L: its workload by the task's cgroup freezer, its supervisor and "+
+					"process-group guard (outside that cgroup) by SIGSTOP; the client's agent and the plugin run on; then thawed", leaseFreezeFor),
+				Proves: "the kill path that runs on time, the holder node's plugin watchdog, kills the frozen workload (SIGKILL, then a thaw of its cgroup) " +
+					"once the published fence deadline (D after the last heartbeat) has passed, before the standby takes over; after the thaw " +
+					"nothing of the old holder runs again. A freeze of every process of the node, the plugin included, is a pause of the whole " +
+					"host: not covered, see docs/lease.md"},
+				func(t *testing.T, n int, tr *chaosTrial) {
+					leaseTrial(t, a, leaseFreeze, leaseLockBlock, chaosName("nfz", "driver", n), tr)
+				}},
 			{chaosRow{ID: "10-node-death-lock", Variant: "driver, the plain lock", Fault: fault,
 				Proves: "the baseline: the standby waits for the server to expire the lock (2×TTL + delay after the last renew); no overlap"},
 				func(t *testing.T, n int, tr *chaosTrial) {
@@ -442,6 +452,26 @@ func TestChaos(t *testing.T) {
 			Proves: "a healthy holder keeps its lock across leader elections (one workload start per job, same lock): " +
 				"a renew that the new leader answers 409 before it has restored its lock timers is told apart from a real loss; no overlap"},
 			trials, func(t *testing.T, n int, tr *chaosTrial) { chaosElectionTrial(t, a, n, tr) })
+	})
+
+	// Row 10, leader elections during a lease: three servers, one client.
+	t.Run("lease-election", func(t *testing.T) {
+		t.Parallel()
+		a := harness.StartAgent(t, leaseElectionAgentOptions(t))
+		fault := fmt.Sprintf("the Raft leader of three servers SIGKILLed and started again with its data dir, %d times (the next once a "+
+			"heartbeat has been written since), while a lease-mode driver job of count = 2 on one client holds (TTL 10s, delay 1s)", leaseElections)
+		for _, r := range []struct{ id, variant, block, proves string }{
+			{"10-leader-election-lease", "driver, lock { mode = \"lease\" } (default profile, D = 6s, L = 9s)", leaseLockBlock,
+				"an election shorter than D leaves the holder alone; one longer may fence it (a spurious fence, counted), and then the standby " +
+					"takes over after L, cleanly; never two workloads at once"},
+			{"10-leader-election-lease-aggressive", "driver, lock { mode = \"lease\", lease_profile = \"aggressive\" } (D = 2s, L = 4s)", aggressiveLockBlock,
+				"as 10-leader-election-lease; with D = 2s most elections fence the holder (the profile's stated cost): every handover clean, no overlap"},
+		} {
+			chaosRunRow(t, chaosRow{ID: r.id, Variant: r.variant, Fault: fault, Proves: r.proves}, trials,
+				func(t *testing.T, n int, tr *chaosTrial) {
+					leaseElectionTrial(t, a, r.block, chaosName(map[bool]string{true: "lea", false: "led"}[r.block == aggressiveLockBlock], "driver", n), tr)
+				})
+		}
 	})
 
 	// Row 8: the gate, with a docker gated app (and raw_exec where the

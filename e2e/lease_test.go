@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -141,19 +140,26 @@ const (
 func leaseAgentOptions(t *testing.T) harness.AgentOptions {
 	t.Helper()
 	harness.BuildTestWorkload(t)
+	opts := drvAgentOptions(t, false)
+	opts.Clients = 2
+	opts.Netns = true
+	leaseWithReleaseToken(t, &opts)
+	return opts
+}
+
+// leaseWithReleaseToken adds a release_token_file to the plugin config of
+// opts.
+func leaseWithReleaseToken(t *testing.T, opts *harness.AgentOptions) {
+	t.Helper()
 	tokenFile := filepath.Join(t.TempDir(), "release.token")
 	if err := os.WriteFile(tokenFile, []byte("operator-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	opts := drvAgentOptions(t, false)
-	opts.Clients = 2
-	opts.Netns = true
 	plugin := opts.Config[0]
 	opts.Config[0] = strings.Replace(plugin, "  config {\n", fmt.Sprintf("  config {\n    release_token_file = %q\n", tokenFile), 1)
 	if opts.Config[0] == plugin {
 		t.Fatalf("no config block in the plugin config:\n%s", plugin)
 	}
-	return opts
 }
 
 // leaseFault is what happens to the holder's client in a lease trial.
@@ -165,7 +171,16 @@ const (
 	// leasePartition: the client cut off from the server and the other
 	// client (its link down); everything on it keeps running.
 	leasePartition
+	// leaseFreeze: the holder's task frozen (its cgroup freezer: the
+	// workload; SIGSTOP: the supervisor and its process-group guard) for
+	// leaseFreezeFor, longer than L, then thawed; the client's agent and
+	// the plugin keep running.
+	leaseFreeze
 )
+
+// leaseFreezeFor is how long leaseFreeze holds the task frozen: past L
+// (9 s) and past the lock's fence deadline (TTL − margin).
+const leaseFreezeFor = 15 * time.Second
 
 // TestLeasePartition: the lease-mode holder's client is cut off, alive.
 // The holder cannot write its heartbeat, fences itself D after the last
@@ -246,6 +261,13 @@ func leaseTrial(t *testing.T, a *harness.Agent, fault leaseFault, lockBlock, nam
 		at, frozen = leaseKillNode(t, dead)
 		known = []harness.KnownEnd{{PID: holder.PID, Mono: leaseWaitGone(t, holder.PID, 10*time.Second)}}
 		t.Logf("node death: froze and SIGKILLed %d processes of %s", len(frozen), dead.Name())
+	case leaseFreeze:
+		what = "freeze"
+		var gone int64
+		at, gone = leaseFreezeTask(t, holder, tr)
+		if gone != 0 {
+			known = []harness.KnownEnd{{PID: holder.PID, Mono: gone}}
+		}
 	case leasePartition:
 		what = "partition"
 		at = chaosCut(t, dead)
@@ -262,8 +284,13 @@ func leaseTrial(t *testing.T, a *harness.Agent, fault leaseFault, lockBlock, nam
 	if next.AllocID != standby {
 		t.Errorf("the new holder is %s, want the standby %s", drvShort(next.AllocID), drvShort(standby))
 	}
-	if lease {
+	if lease && fault != leaseFreeze {
 		drvWaitEvent(t, a, standby, 30*time.Second, "Took the lock over from a holder whose heartbeat stopped")
+	}
+	if fault == leaseFreeze {
+		// The kill path that ran: the holder node's plugin watchdog.
+		drvWaitEvent(t, a, holder.AllocID, 30*time.Second, "Lock lost: watchdog killed the workload")
+		leaseThaw(t, s, holder, at, next)
 	}
 
 	sum := smp.Stop()
@@ -282,73 +309,30 @@ func leaseTrial(t *testing.T, a *harness.Agent, fault leaseFault, lockBlock, nam
 			t.Fatal(err)
 		}
 	}
+	if fault == leaseFreeze {
+		tr.Recovery = -1
+		s.purge(t)
+		return
+	}
 	chaosWaitNodeReady(t, a, dead, 60*time.Second)
 	tr.Recovery = time.Duration(harness.MonoNow() - began)
 	s.purge(t)
 	leaseWaitNodeQuiet(t, dead, 45*time.Second)
 }
 
-// leaseKillNode kills a client as a node dies: every process in its
-// network namespace (the agent, the plugin and everything they started)
-// is SIGSTOPped, pass after pass until none is left running, then each is
-// SIGKILLed and the agent reaped. It returns when the freeze began
-// (CLOCK_MONOTONIC ns) and the processes.
+// leaseKillNode kills a client as a node dies (harness.Member.Die): every
+// process in its network namespace frozen at once, then SIGKILLed. It
+// returns when the freeze began (CLOCK_MONOTONIC ns) and the processes.
 func leaseKillNode(t *testing.T, m *harness.Member) (int64, []int) {
 	t.Helper()
-	agent := m.PID()
-	ns, err := os.Readlink("/proc/" + strconv.Itoa(agent) + "/ns/net")
+	at, pids, err := m.Die()
+	if at == 0 {
+		t.Fatal(err)
+	}
 	if err != nil {
-		t.Fatalf("%s: network namespace of agent %d: %v", m.Name(), agent, err)
-	}
-	self, _ := os.Readlink("/proc/self/ns/net")
-	if ns == self {
-		t.Fatalf("%s runs in the test's own network namespace: it cannot be killed alone", m.Name())
-	}
-	at := harness.MonoNow()
-	stopped := map[int]bool{}
-	for pass := 0; pass < 10; pass++ {
-		fresh := 0
-		for _, pid := range leaseNetnsPIDs(ns) {
-			if !stopped[pid] {
-				_ = syscall.Kill(pid, syscall.SIGSTOP)
-				stopped[pid] = true
-				fresh++
-			}
-		}
-		if fresh == 0 {
-			break
-		}
-	}
-	var pids []int
-	for pid := range stopped {
-		pids = append(pids, pid)
-		if pid != agent {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-	if err := m.Kill(); err != nil {
 		t.Error(err)
 	}
 	return at, pids
-}
-
-// leaseNetnsPIDs lists the processes whose network namespace is ns.
-func leaseNetnsPIDs(ns string) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if l, err := os.Readlink("/proc/" + e.Name() + "/ns/net"); err == nil && l == ns {
-			out = append(out, pid)
-		}
-	}
-	return out
 }
 
 // leaseWaitGone waits (up to timeout) until pid is gone and returns when
@@ -382,7 +366,7 @@ func leaseWaitNodeQuiet(t *testing.T, m *harness.Member, timeout time.Duration) 
 	deadline := time.Now().Add(timeout)
 	for {
 		var left []int
-		for _, pid := range leaseNetnsPIDs(ns) {
+		for _, pid := range harness.NetnsPIDs(ns) {
 			if argv, err := harness.ReadCmdline(pid); err == nil && slices.Contains(argv, "logmon") {
 				left = append(left, pid)
 			}

@@ -96,6 +96,9 @@ func TestBench(t *testing.T) {
 	if cfg.Enabled(ScenarioLeaseCost) {
 		t.Run("leasecost", b.leaseCost)
 	}
+	if cfg.Enabled(ScenarioNodeDeath) {
+		t.Run("nodedeath", b.nodeDeath)
+	}
 
 	b.rep.Took = time.Since(began)
 	b.rep.Machine.LoadAtEnd = LoadAvg()

@@ -21,12 +21,13 @@ const (
 	ScenarioSemaphore = "semaphore"
 	ScenarioUpdate    = "update"
 	ScenarioLeaseCost = "leasecost"
+	ScenarioNodeDeath = "nodedeath"
 )
 
 // AllScenarios in the order they run.
 var AllScenarios = []string{
 	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioSemaphore,
-	ScenarioUpdate, ScenarioScale, ScenarioLeaseCost,
+	ScenarioUpdate, ScenarioScale, ScenarioLeaseCost, ScenarioNodeDeath,
 }
 
 // Environment variables read by FromEnv. The GNUmakefile sets them from its

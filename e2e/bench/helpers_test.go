@@ -134,6 +134,10 @@ func slug(variant string) string {
 		return "lockclient"
 	case VariantLeaseClient:
 		return "leaseclient"
+	case VariantDriverLease:
+		return "driverlease"
+	case VariantDriverLeaseAggressive:
+		return "driverleaseaggr"
 	}
 	return "x"
 }
@@ -160,6 +164,8 @@ type job struct {
 	// extraArgs go after the workload's own flags (a version tag: changing
 	// them is a destructive update).
 	extraArgs []string
+	// distinctHosts places each allocation on a client of its own.
+	distinctHosts bool
 }
 
 // lbGroup is the LB group of the bench's LB API servers.
@@ -201,6 +207,7 @@ type benchJob struct {
 	Count             int
 	Network, FailFast bool
 	HealthCheck       bool
+	DistinctHosts     bool
 	// Update, if set, is the lines of the group's update block.
 	Update string
 	Args   []string
@@ -213,6 +220,7 @@ type benchLock struct {
 	Path, TTL, Delay string
 	Holders          int    // a semaphore of this many slots at Path (0: a single lock)
 	UpdateGrace      string // the driver's update_grace ("" for its default)
+	Mode, Profile    string // the driver's mode and lease_profile ("" for their defaults)
 }
 
 type benchLB struct {
@@ -234,7 +242,8 @@ func (b *bench) hcl(j *job) string {
 	if isGate(j.variant) {
 		return b.gateHCL(j)
 	}
-	spec := benchJob{ID: j.id, Task: taskName, Count: j.count, Network: j.lbURI != "", FailFast: j.failFast, Update: j.update}
+	spec := benchJob{ID: j.id, Task: taskName, Count: j.count, Network: j.lbURI != "", FailFast: j.failFast, Update: j.update,
+		DistinctHosts: j.distinctHosts}
 	wl := append(b.workloadArgs(j.record, j.marker), j.extraArgs...)
 	switch j.variant {
 	case VariantAnchor:
@@ -256,6 +265,13 @@ func (b *bench) hcl(j *job) string {
 	case VariantDriver, VariantDriverSlot, VariantDriverRuleOff:
 		spec.Driver, spec.Command, spec.Args = harness.PluginDriverName, wl[0], wl[1:]
 		driverBlocks(&spec, j)
+	case VariantDriverLease, VariantDriverLeaseAggressive:
+		spec.Driver, spec.Command, spec.Args = harness.PluginDriverName, wl[0], wl[1:]
+		driverBlocks(&spec, j)
+		spec.Lock.Mode = "lease"
+		if j.variant == VariantDriverLeaseAggressive {
+			spec.Lock.Profile = "aggressive"
+		}
 	case VariantRawExec:
 		spec.Driver, spec.Command, spec.Args = "raw_exec", wl[0], wl[1:]
 	default:

@@ -22,6 +22,7 @@ const (
 	TitleSemaphore = "8. Semaphore: a slot's handover and crash takeover"
 	TitleUpdate    = "9. Rolling update"
 	TitleLeaseCost = "10. Lease mode: what the heartbeats cost the servers"
+	TitleNodeDeath = "11. Node death: takeover when the holder's whole node dies"
 )
 
 // Image file names, next to the Markdown file.
@@ -32,6 +33,24 @@ const (
 
 // Methods says how each scenario is measured, for the report.
 var Methods = map[string]string{
+	TitleNodeDeath: `One server and two clients, each client an agent in a network namespace
+of its own; a job of count = 2 with one allocation on each client
+(distinct_hosts), TTL 10s, delay 1s. Once the standby waits (and, in lease
+mode, its plugin has seen the holder's heartbeat change), and after a random
+wait over one renew period ((a): over its 1.1×TTL poll), every process of
+the holder's client (agent, plugin, supervisors, guards, workloads) is
+SIGSTOPped at once and then SIGKILLed, as a node dies. The time is from the
+freeze to the standby's workload's start record. (a) and (c) wait for the
+server to expire the lock (2×TTL after the last renew, plus the delay; (a)
+then for its next 1.1×TTL poll); in lease mode (docs/lease.md) the
+standby's plugin releases the dead holder's lock once its heartbeat has not
+changed for L (9 s by default, 4 s with lease_profile = "aggressive"). The
+variants run one after another, alternating which goes first; the client
+is started again after each run. Without lease mode the time depends on
+where in the renew period the node died: from 2×TTL + delay − the renew
+interval to 2×TTL + delay (21 s) for (c) (renew every TTL/2), and from
+14 s to 32 s for (a) (renew every 0.7×TTL, then its standby's 1.1×TTL
+poll), so a few runs compare (a) and (c) only roughly.`,
 	TitleLeaseCost: `N locks held at once by lockclient leases in the bench
 process, against the first server of a three-server cluster (one client, no
 jobs), plain and in lease mode (docs/lease.md: the same lock plus a heartbeat

@@ -34,6 +34,11 @@ const (
 	VariantLockClient  = "(b) lockclient goroutines"
 	// VariantLeaseClient: lockclient leases in lease mode (docs/lease.md).
 	VariantLeaseClient = "(b) lockclient goroutines, lease mode"
+	// VariantDriverLease and VariantDriverLeaseAggressive: the singleton
+	// driver with lock { mode = "lease" } (docs/lease.md), the default and
+	// the aggressive profile.
+	VariantDriverLease           = "(c) singleton driver, lease mode"
+	VariantDriverLeaseAggressive = "(c) singleton driver, lease mode, aggressive"
 )
 
 // SlotHolders is N of the semaphore variants (VariantLockSlot,
