@@ -584,8 +584,20 @@ func chaosVariantName(v string) string {
 
 // chaosPartitionSkip says why row 6 cannot run here ("" if it can), as
 // measured: it needs root, ip and nsenter, and must be able to create a
-// network namespace.
+// network namespace. The probe runs once per test binary: tests that ask at
+// the same time must not race on its namespace's name (one of them then
+// skipped).
 func chaosPartitionSkip() string {
+	netnsProbe.Do(func() { netnsProbeSkip = probeNetns() })
+	return netnsProbeSkip
+}
+
+var (
+	netnsProbe     sync.Once
+	netnsProbeSkip string
+)
+
+func probeNetns() string {
 	if os.Geteuid() != 0 {
 		return "network namespaces need root"
 	}
