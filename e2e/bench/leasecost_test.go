@@ -164,22 +164,7 @@ func (b *bench) leaseCostRun(t *testing.T, a *harness.Agent, n int, v string) (l
 		}()
 	}
 	wg.Wait()
-	defer func() {
-		rctx, rcancel := context.WithTimeout(context.Background(), time.Minute)
-		defer rcancel()
-		var rwg sync.WaitGroup
-		for _, ls := range leases {
-			if ls == nil {
-				continue
-			}
-			rwg.Add(1)
-			go func() {
-				defer rwg.Done()
-				_ = ls.Release(rctx)
-			}()
-		}
-		rwg.Wait()
-	}()
+	defer releaseAll(leases)
 	if err := errors.Join(errs...); err != nil {
 		return res, fmt.Errorf("not every lease acquired: %w", err)
 	}

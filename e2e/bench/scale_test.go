@@ -324,22 +324,7 @@ func (b *bench) scaleGoroutines(t *testing.T, a *harness.Agent, n int, prefix st
 		}()
 	}
 	wg.Wait()
-	defer func() {
-		rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer rcancel()
-		var rwg sync.WaitGroup
-		for _, ls := range leases {
-			if ls == nil {
-				continue
-			}
-			rwg.Add(1)
-			go func() {
-				defer rwg.Done()
-				_ = ls.Release(rctx)
-			}()
-		}
-		rwg.Wait()
-	}()
+	defer releaseAll(leases)
 	if err := errors.Join(errs...); err != nil {
 		failed := 0
 		for _, e := range errs {
@@ -510,4 +495,22 @@ func stopAll(procs []*harness.Process) {
 	for _, p := range procs {
 		_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
 	}
+}
+
+// releaseAll releases every acquired lease at once, within a minute.
+func releaseAll(leases []*lockclient.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, ls := range leases {
+		if ls == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = ls.Release(ctx)
+		}()
+	}
+	wg.Wait()
 }
