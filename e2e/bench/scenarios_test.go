@@ -253,38 +253,53 @@ func (b *bench) crashRun(t *testing.T, v string, run int, take, gone, over *Row)
 		time.Sleep(randomPhase(TTL / 2))
 	}
 
-	// A pidfd on the old workload tells the moment it exits, to the
-	// microsecond: the overlap check must not depend on a sampler's 20 ms.
+	next, state, overlap := b.killSupervisor(t, j, first, sup, take, gone, over)
+	b.progress("crash %s run %d/%d: takeover %s, old workload %s, overlap %t",
+		v, run, b.cfg.Runs, fmtS(next.Mono-next.killAt), state, overlap)
+	if left := b.stopJob(t, j, 30*time.Second); left > 0 {
+		b.rep.Note("%s, crash run %d: %d process(es) of the job were still alive 30 s after the job was purged; the bench SIGKILLed them.", v, run, left)
+	}
+	if overlap {
+		b.rep.Note("%s, crash run %d: the old workload (pid %d) was still running when the new holder's workload started (%s after the kill; old workload %s).",
+			v, run, first.PID, fmtS(next.Mono-next.killAt), state)
+	}
+}
+
+// killSupervisor SIGKILLs the holder's supervisor sup, waits for the next
+// workload start of job j, and adds to the rows the takeover (kill → new
+// start), when the old workload exited after the kill, and whether it
+// outlived the new start. A pidfd on the old workload tells the moment it
+// exits, to the microsecond: the overlap check must not depend on a
+// sampler's 20 ms.
+func (b *bench) killSupervisor(t *testing.T, j *job, first harness.Record, sup int, take, gone, over *Row) (next killedNext, state string, overlap bool) {
 	exited := b.watchWorkloadExit(t, j, first)
 	killAt := harness.MonoNow()
 	if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
 		t.Fatalf("SIGKILL supervisor %d: %v", sup, err)
 	}
-	next := waitStart(t, j.record, killAt, 90*time.Second)
+	rec := waitStart(t, j.record, killAt, 90*time.Second)
 	death, died := exited.Wait(10 * time.Second)
-	overlap := !died || death > next.Mono
+	overlap = !died || death > rec.Mono
 	goneAfter := nan
-	state := "STILL ALIVE 10 s after the new start"
+	state = "STILL ALIVE 10 s after the new start"
 	if died {
 		goneAfter = secondsOf(death - killAt)
 		state = "exited " + Seconds.Format(goneAfter) + " after the kill"
 	}
-	add(take, secondsOf(next.Mono-killAt))
+	add(take, secondsOf(rec.Mono-killAt))
 	add(gone, goneAfter)
 	if overlap {
 		add(over, 1)
 	} else {
 		add(over, 0)
 	}
-	b.progress("crash %s run %d/%d: takeover %s, old workload %s, overlap %t",
-		v, run, b.cfg.Runs, fmtS(next.Mono-killAt), state, overlap)
-	if left := b.stopJob(t, j, 30*time.Second); left > 0 {
-		b.rep.Note("%s, crash run %d: %d process(es) of the job were still alive 30 s after the job was purged; the bench SIGKILLed them.", v, run, left)
-	}
-	if overlap {
-		b.rep.Note("%s, crash run %d: the old workload (pid %d) was still running when the new holder's workload started (%s after the kill; old workload %s).",
-			v, run, first.PID, fmtS(next.Mono-killAt), state)
-	}
+	return killedNext{Record: rec, killAt: killAt}, state, overlap
+}
+
+// killedNext is the workload that started after a supervisor was killed.
+type killedNext struct {
+	harness.Record
+	killAt int64 // monotonic ns of the kill
 }
 
 // randomPhase is a uniformly random wait in [0, period).

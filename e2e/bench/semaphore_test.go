@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -171,37 +170,17 @@ func (b *bench) slotCrashRun(t *testing.T, v string, run int, take, gone, over *
 	sup := b.supervisorPID(t, j, first.AllocID)
 	time.Sleep(randomPhase(TTL / 2))
 
-	exited := b.watchWorkloadExit(t, j, first)
-	killAt := harness.MonoNow()
-	if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
-		t.Fatalf("SIGKILL supervisor %d: %v", sup, err)
-	}
-	next := waitStart(t, j.record, killAt, 90*time.Second)
+	next, state, overlap := b.killSupervisor(t, j, first, sup, take, gone, over)
 	if next.LockPath != first.LockPath {
 		t.Errorf("the standby started on %s, want the freed slot %s", next.LockPath, first.LockPath)
 	}
-	death, died := exited.Wait(10 * time.Second)
-	overlap := !died || death > next.Mono
-	goneAfter := nan
-	state := "STILL ALIVE 10 s after the new start"
-	if died {
-		goneAfter = secondsOf(death - killAt)
-		state = "exited " + Seconds.Format(goneAfter) + " after the kill"
-	}
-	add(take, secondsOf(next.Mono-killAt))
-	add(gone, goneAfter)
-	if overlap {
-		add(over, 1)
-	} else {
-		add(over, 0)
-	}
 	b.progress("semaphore crash %s run %d/%d: %s taken over %s after the kill, old workload %s, overlap %t",
-		v, run, b.cfg.Runs, first.LockPath, fmtS(next.Mono-killAt), state, overlap)
+		v, run, b.cfg.Runs, first.LockPath, fmtS(next.Mono-next.killAt), state, overlap)
 	if left := b.stopJob(t, j, 30*time.Second); left > 0 {
 		b.rep.Note("%s, semaphore crash run %d: %d process(es) of the job were still alive 30 s after the job was purged; the bench SIGKILLed them.", v, run, left)
 	}
 	if overlap {
 		b.rep.Note("%s, semaphore crash run %d: the old workload (pid %d) was still running when the new holder's workload started on %s (%s after the kill; old workload %s).",
-			v, run, first.PID, first.LockPath, fmtS(next.Mono-killAt), state)
+			v, run, first.PID, first.LockPath, fmtS(next.Mono-next.killAt), state)
 	}
 }
