@@ -300,6 +300,18 @@ func (s *Server) Peek(path string, q *api.QueryOptions) (*api.Variable, *api.Que
 	return s.variable(path), &api.QueryMeta{LastIndex: s.index}, nil
 }
 
+// blockUntil is the wait of a blocking query q (none without a
+// WaitIndex); it fails if q's context ends.
+func (s *Server) blockUntil(q *api.QueryOptions) error {
+	ctx := q.Context()
+	if q.WaitIndex > 0 {
+		if err := s.waitPast(ctx, q.WaitIndex, q.WaitTime); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
 // waitPast waits until the index passes index, wait passes or ctx ends.
 func (s *Server) waitPast(ctx context.Context, index uint64, wait time.Duration) error {
 	if wait <= 0 {
@@ -458,13 +470,7 @@ func (s *Server) RemoveAllocation(id string) {
 // it: the allocation SetAllocation last wrote, or 404. With a WaitIndex it
 // is a blocking query over the server's index (every write passes it).
 func (s *Server) Info(allocID string, q *api.QueryOptions) (*api.Allocation, *api.QueryMeta, error) {
-	ctx := q.Context()
-	if q.WaitIndex > 0 {
-		if err := s.waitPast(ctx, q.WaitIndex, q.WaitTime); err != nil {
-			return nil, nil, err
-		}
-	}
-	if err := ctx.Err(); err != nil {
+	if err := s.blockUntil(q); err != nil {
 		return nil, nil, err
 	}
 	s.mu.Lock()
@@ -493,13 +499,7 @@ func (s *Server) String() string {
 // jobID, in the order of their IDs. With a WaitIndex it is a blocking
 // query over the server's index.
 func (s *Server) Allocations(jobID string, _ bool, q *api.QueryOptions) ([]*api.AllocationListStub, *api.QueryMeta, error) {
-	ctx := q.Context()
-	if q.WaitIndex > 0 {
-		if err := s.waitPast(ctx, q.WaitIndex, q.WaitTime); err != nil {
-			return nil, nil, err
-		}
-	}
-	if err := ctx.Err(); err != nil {
+	if err := s.blockUntil(q); err != nil {
 		return nil, nil, err
 	}
 	s.mu.Lock()
