@@ -160,10 +160,6 @@ func buildTestWorkload(root string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
 	final := filepath.Join(dir, "testworkload")
 	// Build to a unique name and rename, so concurrent test binaries never
 	// see (or execute) a half-written file.
@@ -171,7 +167,7 @@ func buildTestWorkload(root string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	// e2e is a module of its own (e2e/go.mod), so the build runs there.
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", tmp, "./testworkload")
+	cmd := exec.CommandContext(ctx, goBinary(), "build", "-o", tmp, "./testworkload")
 	cmd.Dir = filepath.Join(root, "e2e")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -183,4 +179,13 @@ func buildTestWorkload(root string) (string, error) {
 		return "", err
 	}
 	return final, nil
+}
+
+// goBinary is the go command on PATH, else the one of the toolchain that
+// built the test binary.
+func goBinary() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
