@@ -83,42 +83,43 @@ func TestNodeDrainHandsOverOnce(t *testing.T) {
 		j.groupExtra = strings.TrimPrefix(drainDistinctHosts, "\n    ")
 		j.killTimeout = drainKillTimeout
 		j.lockBlock = fmt.Sprintf("ttl = %q\n          delay = %q\n          update_grace = %q", drvTTLHCL, drvDelayHCL, drainUpdateGrace)
-		drainTrial(t, a, drainSubject{
-			jobID: j.id, task: drvTask, marker: j.marker, record: j.record, lockPath: j.lockPath(),
-			waiting: "Waiting for lock " + j.lockPath(),
-			run:     func() { j.run(t, a) },
-		})
+		j.run(t, a)
+		drainTrial(t, a, j.singleton())
 	})
 	t.Run("gate_raw_exec", func(t *testing.T) {
 		j := newGateJobID(t, "gate-drain", "raw_exec", records)
 		j.groupExtra = drainDistinctHosts + drainGateMigrate
 		j.update = drainGateUpdate
 		j.lockExtra = fmt.Sprintf("\n          update_grace = %q", drainUpdateGrace)
-		drainTrial(t, a, drainSubject{
-			jobID: j.id, task: "gate", marker: j.marker, record: j.record, lockPath: j.lockPath(),
-			waiting: "Gate waiting for lock " + j.lockPath(),
-			run: func() {
-				j.run(t, a)
-				t.Cleanup(func() { _ = a.Purge(j.id) })
-			},
-		})
+		j.run(t, a)
+		t.Cleanup(func() { _ = a.Purge(j.id) })
+		drainTrial(t, a, j.singleton())
 	})
 }
 
-// drainSubject is one job of a drain trial: its singleton task (the driver
-// task or the gate), whose events say it waits for the lock with waiting,
-// and the records and marker of its workload (the gated app for a gate).
-type drainSubject struct {
+// singletonJob is a running job of a holder and standbys, as the tests
+// that move its lock see it: its singleton task (the driver task or the
+// gate), whose events say it waits for the lock with waiting, and the
+// records and marker of its workload (the gated app for a gate).
+type singletonJob struct {
 	jobID, task, marker, record, lockPath, waiting string
-	run                                            func()
 }
 
-func drainTrial(t *testing.T, a *harness.Agent, s drainSubject) {
-	s.run()
+func (j *drvJob) singleton() singletonJob {
+	return singletonJob{jobID: j.id, task: drvTask, marker: j.marker, record: j.record, lockPath: j.lockPath(),
+		waiting: "Waiting for lock " + j.lockPath()}
+}
+
+func (j *gateJob) singleton() singletonJob {
+	return singletonJob{jobID: j.id, task: "gate", marker: j.marker, record: j.record, lockPath: j.lockPath(),
+		waiting: "Gate waiting for lock " + j.lockPath()}
+}
+
+func drainTrial(t *testing.T, a *harness.Agent, s singletonJob) {
 	first := waitMainStart(t, s.record, 90*time.Second, nil)
 	holder := first.AllocID
 	holderNode := chaosAllocNode(t, a, holder)
-	standby := drainWaitStandby(t, a, s, "", holder, 90*time.Second)
+	standby := s.waitStandby(t, a, "", holder, 90*time.Second)
 	standbyNode := chaosAllocNode(t, a, standby)
 	free := ""
 	for _, m := range a.Clients() {
@@ -141,7 +142,7 @@ func drainTrial(t *testing.T, a *harness.Agent, s drainSubject) {
 	// never notices.
 	at := harness.MonoNow()
 	took := drainNode(t, a, standbyNode)
-	moved := drainWaitStandby(t, a, s, free, holder, 90*time.Second)
+	moved := s.waitStandby(t, a, free, holder, 90*time.Second)
 	harness.Measure(t, "drain_standby_node", took)
 	if starts := drvStarts(readRecords(t, s.record)); len(starts) != 1 {
 		t.Errorf("%d workload starts after the drain of the standby's node, want the holder's alone: %+v", len(starts), starts)
@@ -159,7 +160,7 @@ func drainTrial(t *testing.T, a *harness.Agent, s drainSubject) {
 	if next.AllocID != moved {
 		t.Errorf("after the drain of the holder's node the workload started in %s, want the moved standby %s", drvShort(next.AllocID), drvShort(moved))
 	}
-	drainWaitStandby(t, a, s, standbyNode, next.AllocID, 90*time.Second) // the holder's replacement
+	s.waitStandby(t, a, standbyNode, next.AllocID, 90*time.Second) // the holder's replacement
 	chaosSetEligible(t, a, a.ClientOf(holderNode), true)
 	harness.Measure(t, "drain_holder_node", took)
 
@@ -217,10 +218,10 @@ func drainNode(t *testing.T, a *harness.Agent, nodeID string) time.Duration {
 	}
 }
 
-// drainWaitStandby waits for an allocation of the job other than not, on
-// the node (any node for ""), that the servers want running and whose
+// waitStandby waits for an allocation of the job other than not, on the
+// node (any node for ""), that the servers want running and whose
 // singleton task says it waits for the lock, and returns its ID.
-func drainWaitStandby(t *testing.T, a *harness.Agent, s drainSubject, node, not string, timeout time.Duration) string {
+func (s singletonJob) waitStandby(t *testing.T, a *harness.Agent, node, not string, timeout time.Duration) string {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -240,5 +241,22 @@ func drainWaitStandby(t *testing.T, a *harness.Agent, s drainSubject, node, not 
 			t.Fatalf("no allocation of %s on node %q waits for the lock within %s: %s", s.jobID, drvShort(node), timeout, a.Nomad(t, "job", "status", s.jobID))
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// waitEvent waits until the allocation's singleton task has an event
+// whose text contains every one of subs.
+func (s singletonJob) waitEvent(t *testing.T, a *harness.Agent, allocID string, timeout time.Duration, subs ...string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		evs, _ := a.TaskEvents(allocID, s.task)
+		if len(drvMatching(evs, subs...)) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alloc %s: no %s task event containing %q within %s; events:\n%s", drvShort(allocID), s.task, subs, timeout, drvFormatEvents(evs))
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
