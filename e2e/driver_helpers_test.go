@@ -379,7 +379,12 @@ func drvSupervisor(t *testing.T, allocID string) harness.Proc {
 // plugin process other than not (0: any) and returns it.
 func drvPlugin(t *testing.T, agentPID, not int, timeout time.Duration) harness.Proc {
 	t.Helper()
-	bin := harness.PluginBin(t)
+	return drvPluginRunning(t, agentPID, harness.PluginBin(t), not, timeout)
+}
+
+// drvPluginRunning is drvPlugin for the plugin binary bin.
+func drvPluginRunning(t *testing.T, agentPID int, bin string, not int, timeout time.Duration) harness.Proc {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		procs, err := harness.PluginProcs(agentPID, bin)

@@ -113,7 +113,7 @@ func TestPluginUpgradeKeepsHolders(t *testing.T) {
 		s.before(t, a)
 		subjects = append(subjects, s)
 	}
-	old := upgradePlugin(t, client, pluginBin, 0)
+	old := drvPluginRunning(t, client.PID(), pluginBin, 0, 60*time.Second)
 
 	// The upgrade, as an operator does it: stop the client, replace the
 	// binary (by rename: the running supervisors keep the old file), start.
@@ -136,7 +136,7 @@ func TestPluginUpgradeKeepsHolders(t *testing.T) {
 	if down >= upgradeTTL/2-2*time.Second {
 		t.Errorf("%s was down for %s, not within TTL/2 - margin: the machine is too slow for this test", client.Name(), down)
 	}
-	if p := upgradePlugin(t, client, pluginBin, old.PID); strings.HasSuffix(p.Exe, " (deleted)") {
+	if p := drvPluginRunning(t, client.PID(), pluginBin, old.PID, 60*time.Second); strings.HasSuffix(p.Exe, " (deleted)") {
 		t.Fatalf("the restarted client runs the replaced plugin binary (%s, pid %d): no upgrade happened", p.Exe, p.PID)
 	}
 	for _, s := range subjects {
@@ -268,27 +268,6 @@ func upgradeInstall(t *testing.T, src, dst string) {
 	}
 	if err := os.Rename(tmp.Name(), dst); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// upgradePlugin waits until the client agent has one plugin process running bin
-// other than not (0: any) and returns it.
-func upgradePlugin(t *testing.T, client *harness.Member, bin string, not int) harness.Proc {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		procs, err := harness.PluginProcs(client.PID(), bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		procs = slices.DeleteFunc(procs, func(p harness.Proc) bool { return p.PID == not })
-		if len(procs) == 1 {
-			return procs[0]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the client has plugin processes %v running %s (other than %d), want one", procs, bin, not)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

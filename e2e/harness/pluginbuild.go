@@ -24,6 +24,7 @@ var (
 type pluginBuild struct {
 	once sync.Once
 	path string
+	took time.Duration // 0 when the binary was already there
 	err  error
 }
 
@@ -50,14 +51,18 @@ func BuildPluginAt(t testing.TB, commit, version string) string {
 		pluginBuilds[key] = b
 	}
 	pluginBuildsMu.Unlock()
-	b.once.Do(func() { b.path, b.err = buildPluginAt(root, commit, version) })
+	b.once.Do(func() { b.path, b.took, b.err = buildPluginAt(root, commit, version) })
 	if b.err != nil {
 		t.Fatalf("harness: build the plugin at %s: %v", commit, b.err)
+	}
+	if b.took > 0 {
+		t.Logf("harness: built the plugin at %s in %s: %s", commit, b.took.Round(time.Millisecond), b.path)
 	}
 	return b.path
 }
 
-func buildPluginAt(root, commit, version string) (string, error) {
+func buildPluginAt(root, commit, version string) (string, time.Duration, error) {
+	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), pluginBuildTimeout)
 	defer cancel()
 	git := func(args ...string) (string, error) {
@@ -74,28 +79,28 @@ func buildPluginAt(root, commit, version string) (string, error) {
 	full, err := git("rev-parse", "--verify", "--quiet", commit+"^{commit}")
 	if err != nil {
 		shallow, _ := git("rev-parse", "--is-shallow-repository")
-		return "", fmt.Errorf("commit %s is not in the clone at %s (shallow: %q; %v): fetch the history "+
+		return "", 0, fmt.Errorf("commit %s is not in the clone at %s (shallow: %q; %v): fetch the history "+
 			"(`git fetch --unshallow`, or `git fetch origin %s`), or set %s to a full clone", commit, root, shallow, err, commit, EnvRepoRoot)
 	}
 	dir := filepath.Join(testWorkloadDir(root), "plugin-"+full[:12]+"-"+version)
 	final := filepath.Join(dir, PluginFileName)
 	if fi, err := os.Stat(final); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
-		return final, nil
+		return final, 0, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	src, err := os.MkdirTemp(dir, "src")
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer os.RemoveAll(src)
 	tarball := filepath.Join(src, "source.tar")
 	if _, err := git("archive", "--format=tar", "-o", tarball, full); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	if out, err := exec.CommandContext(ctx, "tar", "-xf", tarball, "-C", src).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("unpack %s: %v: %s", tarball, err, out)
+		return "", 0, fmt.Errorf("unpack %s: %v: %s", tarball, err, out)
 	}
 	// Build to a unique name and rename, so concurrent test binaries never
 	// see (or execute) a half-written file.
@@ -106,11 +111,11 @@ func buildPluginAt(root, commit, version string) (string, error) {
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		_ = os.Remove(tmp)
-		return "", fmt.Errorf("%s (in %s, source of %s): %v\n%s", strings.Join(cmd.Args, " "), src, full, err, out)
+		return "", 0, fmt.Errorf("%s (in %s, source of %s): %v\n%s", strings.Join(cmd.Args, " "), src, full, err, out)
 	}
 	if err := os.Rename(tmp, final); err != nil {
 		_ = os.Remove(tmp)
-		return "", err
+		return "", 0, err
 	}
-	return final, nil
+	return final, time.Since(began), nil
 }
