@@ -33,8 +33,8 @@ const (
 	upgradePreviousVersion = "0.0.0-previous-main"
 	// upgradeTTL is the jobs' TTL: a holder renews every TTL/2 and fences
 	// TTL - margin after its last renew, so a client down for less than
-	// TTL/2 - margin never costs a lock, whatever the renew phase; a loaded
-	// machine's agent stop and start take 5 to 20 s.
+	// TTL/2 - margin never costs a lock, whatever the renew phase (the
+	// client's stop and start took 0.4 to 2 s on a loaded 2-core machine).
 	upgradeTTL = 60 * time.Second
 	// upgradeLeaseFence is the lease-mode job's lease_fence: a holder
 	// fences itself once its heartbeats have failed that long
@@ -44,10 +44,12 @@ const (
 	upgradeLeaseFence = 40 * time.Second
 	// upgradeHandoverBound is a loose bound on a graceful handover after
 	// the upgrade, from the holder's workload's end to the standby's start
-	// (0.1 to 0.2 s for a driver task; for a gate, Nomad's kill of the
-	// gated app and start of the next, 1 to 5 s on a loaded machine): a
-	// supervisor that today's plugin could not stop would be killed and
-	// its lock left to expire, 2×TTL + delay (121 s).
+	// (0.1 to 1.2 s for a driver task on a loaded 2-core machine; 4 to
+	// 5.5 s for a gate, whose recovered app Nomad reports dead about 2 s
+	// after its SIGINT and whose gate it kills about 2 s after that, where
+	// an allocation the client never restarted takes 50 ms for each): a
+	// supervisor that today's plugin could not stop would be killed and its
+	// lock left to expire, 2×TTL + delay (121 s).
 	upgradeHandoverBound = 20 * time.Second
 )
 
