@@ -71,12 +71,12 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 var retiredLB = map[string]string{
 	"add": `retired: it added the allocation once, so an allocation that wins the lock back after a task restart ` +
 		`was never added again. Run "lock lb follow" (the same -config or -lb-* flags and lock path) as a poststart sidecar task ` +
-		`(lifecycle { hook = "poststart" sidecar = true }) instead: it adds the allocation for each of its tenures ` +
+		"(" + shim.LBFollowLifecycleHCL + `) instead: it adds the allocation for each of its tenures ` +
 		`of the lock, and removes it when a tenure ends, so drop the "lock lb remove" poststop task too. ` +
 		`See docs/lock-lb.md and examples/lock-docker-lb-hooks.nomad.hcl`,
 	"remove": `retired: it ran only when the allocation stopped, never when a killed holder's task restarted. ` +
 		`Drop this poststop task and run "lock lb follow" (the same -config or -lb-* flags and lock path) as a poststart sidecar task ` +
-		`(lifecycle { hook = "poststart" sidecar = true }) instead of "lock lb add": it removes the allocation ` +
+		"(" + shim.LBFollowLifecycleHCL + `) instead of "lock lb add": it removes the allocation ` +
 		`when each tenure of the lock ends and when the allocation stops. ` +
 		`See docs/lock-lb.md and examples/lock-docker-lb-hooks.nomad.hcl`,
 }
