@@ -50,6 +50,21 @@ func TestParseRunArgs(t *testing.T) {
 			},
 		},
 		{
+			name: "nomad's connection flags",
+			args: []string{"-address", "https://n:4646", "-region", "eu", "-ca-cert", "ca.pem", "-ca-path", "cas", "-client-cert", "c.pem",
+				"-client-key", "k.pem", "-tls-server-name", "server.global.nomad", "-tls-skip-verify", "-no-color", "-force-color", "p", "cmd"},
+			want: func(c *shim.Config) {
+				c.Path, c.Command, c.Address, c.Region = "p", []string{"cmd"}, "https://n:4646", "eu"
+				c.TLS.CACert, c.TLS.CAPath, c.TLS.ClientCert, c.TLS.ClientKey, c.TLS.TLSServerName, c.TLS.Insecure =
+					"ca.pem", "cas", "c.pem", "k.pem", "server.global.nomad", true
+			},
+		},
+		{
+			name: "-insecure is -tls-skip-verify",
+			args: []string{"-insecure", "p", "cmd"},
+			want: func(c *shim.Config) { c.Path, c.Command, c.TLS.Insecure = "p", []string{"cmd"}, true },
+		},
+		{
 			name: "a semaphore of 3",
 			args: []string{"-n", "3", "nomad/jobs/q/workers", "cmd"},
 			want: func(c *shim.Config) {

@@ -21,9 +21,10 @@ import (
 
 // lbCmd is one `lock lb` command, parsed, with its LB client.
 type lbCmd struct {
-	verb            string
-	args            []string // what follows the flags: the lock path
-	namespace, addr string
+	verb      string
+	args      []string // what follows the flags: the lock path
+	namespace string
+	conn      *connFlags
 	// holders, above 0, makes the path a semaphore's prefix: follow
 	// every one of its slots (lock -n N).
 	holders        int
@@ -98,6 +99,10 @@ func parseLBArgs(args []string, stdout, stderr io.Writer) (c *lbCmd, code int, o
 		}
 		return nil, shim.ExitConfig, false
 	}
+	if err := c.conn.refuseToken(); err != nil {
+		fmt.Fprintf(stderr, "lock lb %s: %v\n", verb, err)
+		return nil, shim.ExitConfig, false
+	}
 	c.args = f.fs.Args()
 	c.log = newLogger(stderr, f.verbose).Named("lb")
 	spec, health := f.spec, f.health
@@ -140,7 +145,7 @@ func newLBFlags(name string, c *lbCmd, stderr io.Writer) *lbFlagSet {
 	lbFlags(fs, &f.spec, &f.health)
 	fs.StringVar(&f.configFile, "config", "", "HCL `file` whose load_balancer and health_check blocks to use; flags override them")
 	fs.StringVar(&c.namespace, "namespace", "", settingUsage("namespace"))
-	fs.StringVar(&c.addr, "address", "", addressUsage)
+	c.conn = newConnFlags(fs)
 	if name == "lock lb follow" || name == "lock lb" {
 		fs.IntVar(&c.holders, "n", 0, "follow a semaphore of `N` slots at the path, as the holders' lock -n N: "+
 			"this allocation is listed while it holds any slot (docs/semaphore.md)")
@@ -213,7 +218,8 @@ func (c *lbCmd) followFailed(err error) int {
 // locker is the Locker of the lock path, for reads only.
 func (c *lbCmd) locker() (*lockclient.Locker, int, bool) {
 	cfg := shim.DefaultConfig()
-	cfg.Path, cfg.Namespace, cfg.Address, cfg.Holders = c.args[0], c.namespace, c.addr, c.holders
+	cfg.Path, cfg.Namespace, cfg.Holders = c.args[0], c.namespace, c.holders
+	c.conn.apply(&cfg)
 	if err := cfg.ValidateLock(); err != nil {
 		fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
 		return nil, shim.ExitConfig, false
