@@ -11,7 +11,8 @@ import (
 	"time"
 )
 
-// TestReleaseIsReproducible builds the linux/amd64 release twice: once
+// TestReleaseIsReproducible builds the linux/amd64 release (tarballs,
+// .deb, .rpm, OCI image) twice: once
 // from this tree, once from a copy of it at another path under another
 // umask, and wants identical SHA256SUMS. (One platform keeps it fast; the
 // second build reuses the Go build cache, which is keyed by content, so
@@ -72,8 +73,8 @@ func TestReleaseIsReproducible(t *testing.T) {
 	if !bytes.Equal(here, there) {
 		t.Fatalf("two release builds differ:\n%s\nvs (copy at another path, umask 077):\n%s", here, there)
 	}
-	if n := strings.Count(string(here), "\n"); n != 2 {
-		t.Fatalf("SHA256SUMS lists %d artifacts, want the plugin's and lock's tarballs:\n%s", n, here)
+	if n := strings.Count(string(here), "\n"); n != 5 {
+		t.Fatalf("SHA256SUMS lists %d artifacts, want the plugin's and lock's tarballs, the .deb, the .rpm and lock's OCI image:\n%s", n, here)
 	}
 	t.Logf("identical:\n%s", here)
 

@@ -49,8 +49,10 @@ func TestLockDev(t *testing.T) {
 			"testworkload": filepath.Dir(workload),
 			"lockrecords":  execRecords,
 		},
-		// The static lock and testworkload need nothing from the host.
-		ChrootEnv: map[string]string{"/etc/hosts": "/etc/hosts"},
+		// The static lock and testworkload need nothing from the host; the
+		// task's user (nobody) is looked up in the chroot by Nomad 1.10's
+		// exec driver, and on the host by 1.11's.
+		ChrootEnv: map[string]string{"/etc/hosts": "/etc/hosts", "/etc/passwd": "/etc/passwd", "/etc/group": "/etc/group"},
 	})
 	t.Logf("MEASURE dev_agent_ready=%s", harness.Millis(time.Since(began)))
 

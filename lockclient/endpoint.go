@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"golang.org/x/sys/unix"
 )
@@ -32,6 +33,10 @@ type Endpoint struct {
 	// token only to the Nomad agent itself, never to whatever a task user
 	// put in place of its api.sock.
 	Peer func(pid int32) error
+	// TLS and Region, if set, are those of Nomad's CLI for an http(s)
+	// Address outside a task (its flags over its NOMAD_* variables).
+	TLS    *api.TLSConfig
+	Region string
 }
 
 // String describes the endpoint without the token.

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/hclsnippet"
 )
 
 var (
@@ -73,12 +75,18 @@ and attach it to the job's workload identity:
 		e.Op, e.Path, ns, e.Path, ns, job, job)
 }
 
+// lockPolicyHCL is the lock policy on one line (ACL policies are HCL 1,
+// which allows nested blocks on one line), for a task event: namespace and
+// path.
+var lockPolicyHCL = hclsnippet.Policy(`namespace %q { variables { path %q { capabilities = ["write", "read"] } } }`,
+	"default", "nomad/jobs/web/lock")
+
 // Fix is the fix for e on one line, for a task event: the policy (with the
 // path filled in) and the command that attaches it to the job.
 func (e *PermissionError) Fix() string {
 	ns, job := policyTarget(e.Namespace, e.JobID)
 	return fmt.Sprintf(`the job's workload identity needs "write" on %s: apply `+
-		`namespace %q { variables { path %q { capabilities = ["write", "read"] } } } `+
+		lockPolicyHCL+` `+
 		`(examples/acl/singleton-lock.policy.hcl) with `+
 		"`nomad acl policy apply -namespace %s -job %s singleton-lock-%s singleton-lock.policy.hcl`",
 		e.Path, ns, e.Path, ns, job, job)

@@ -166,6 +166,12 @@ func New(cfg Config) (*Locker, error) {
 	if cfg.Endpoint.RootPeer {
 		ac.HttpClient = rootPeerClient(strings.TrimPrefix(cfg.Endpoint.Address, "unix://"), cfg.Endpoint.Peer)
 	}
+	if cfg.Endpoint.TLS != nil {
+		ac.TLSConfig = cfg.Endpoint.TLS.Copy()
+	}
+	if cfg.Endpoint.Region != "" {
+		ac.Region = cfg.Endpoint.Region
+	}
 	if cfg.Namespace != "" {
 		ac.Namespace = cfg.Namespace
 	}

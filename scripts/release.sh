@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Reproducible release artifacts: the plugin and `lock` for each platform,
-# one tarball each, and SHA256SUMS. The same source, VERSION and
-# SOURCE_DATE_EPOCH give the same bytes, wherever the tree is checked out.
+# Reproducible release artifacts for each platform: the plugin and `lock`,
+# one tarball each; a .deb and an .rpm holding both (nfpm); an OCI image
+# archive holding `lock` alone (go-containerregistry); and SHA256SUMS. The
+# packaging tools are pinned in tools/go.mod, apart from the product's
+# go.mod. The same source, VERSION and SOURCE_DATE_EPOCH give the same
+# bytes, wherever the tree is checked out.
 #
 #   scripts/release.sh VERSION OUTDIR [PLATFORMS]
 #
@@ -43,6 +46,14 @@ pack() { # dir tarball files...
 		-C "$dir" -cf - "$@" | gzip -n -9 >"$tarball"
 }
 
+# The packaging tools, built once from tools/go.mod.
+tools="$stage/tools"
+mkdir -p "$tools"
+(cd "$root/tools" && GOFLAGS=-mod=readonly go build -trimpath -o "$tools/nfpm" github.com/goreleaser/nfpm/v2/cmd/nfpm &&
+	GOFLAGS=-mod=readonly go build -trimpath -o "$tools/ociimage" ./ociimage)
+# The plugin links parts of Nomad under the BUSL: its license goes with it.
+nomad_license="$(cd "$root" && go list -m -f '{{.Dir}}' github.com/hashicorp/nomad)/LICENSE"
+
 artifacts=()
 for p in $platforms; do
 	goos=${p%/*} goarch=${p#*/}
@@ -58,6 +69,32 @@ for p in $platforms; do
 	pack "$d/plugin" "$out/$plugin_tgz" nomad-driver-singleton LICENSE CHANGELOG.md
 	pack "$d/lock" "$out/$lock_tgz" lock LICENSE CHANGELOG.md
 	artifacts+=("$plugin_tgz" "$lock_tgz")
+
+	# .deb and .rpm: the plugin into Nomad's default plugin dir, lock into
+	# /usr/bin, the plugin block into /etc/nomad.d (scripts/package/nfpm.yaml).
+	mkdir -p "$d/pkg"
+	cp "$d/plugin/nomad-driver-singleton" "$d/lock/lock" "$root/scripts/package/nomad-driver-singleton.hcl" \
+		"$root/LICENSE" "$root/CHANGELOG.md" "$d/pkg/"
+	cp "$nomad_license" "$d/pkg/NOMAD-LICENSE"
+	for pkg in deb rpm; do
+		file="nomad-driver-singleton_${version}_${goos}_${goarch}.$pkg"
+		(cd "$d/pkg" && GOARCH=$goarch VERSION=$version \
+			"$tools/nfpm" package --config "$root/scripts/package/nfpm.yaml" --packager "$pkg" --target "$out/$file" >/dev/null)
+		artifacts+=("$file")
+	done
+
+	# The OCI image of lock alone, at /usr/local/bin/lock, its entrypoint.
+	mkdir -p "$d/image/usr/local/bin"
+	cp "$d/lock/lock" "$d/image/usr/local/bin/lock"
+	tar --sort=name --format=gnu --owner=0 --group=0 --numeric-owner \
+		--mtime="@$SOURCE_DATE_EPOCH" --mode='go-w,a+rX' -C "$d/image" -cf "$d/layer.tar" usr
+	"$tools/ociimage" -layer "$d/layer.tar" -arch "$goarch" -ref "nomad-driver-singleton/lock:$version" \
+		-entrypoint /usr/local/bin/lock -version "$version" -out "$d/oci"
+	oci="lock_${version}_${goos}_${goarch}.oci.tar"
+	(cd "$d/oci" && find . -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +)
+	tar --sort=name --format=gnu --owner=0 --group=0 --numeric-owner \
+		--mtime="@$SOURCE_DATE_EPOCH" --mode='go-w,a+rX' -C "$d/oci" -cf "$out/$oci" .
+	artifacts+=("$oci")
 done
 (cd "$out" && LC_ALL=C sha256sum $(printf '%s\n' "${artifacts[@]}" | LC_ALL=C sort) >SHA256SUMS)
 cat "$out/SHA256SUMS"

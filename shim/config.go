@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
@@ -30,6 +31,12 @@ type Config struct {
 	Holders    int
 	AllocIndex int
 	Address    string // NOMAD_ADDR override for use outside a task
+	// Region and TLS reach Nomad outside a task, as Nomad's CLI flags
+	// -region, -ca-cert, -ca-path, -client-cert, -client-key,
+	// -tls-server-name and -tls-skip-verify do: each one given overrides its
+	// NOMAD_* variable. The Task API socket uses neither.
+	Region string
+	TLS    api.TLSConfig
 	// RootSecretsDir, when set, is the task's secrets dir for a caller that
 	// runs as root beside a task it does not trust (the driver's
 	// supervisor): only its Task API socket, served by root, and no token

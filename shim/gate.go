@@ -220,8 +220,8 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 		return nil, fmt.Errorf("allocation %s: task %q is not in group %q", alloc.ID, gate.Task, alloc.TaskGroup)
 	}
 	if lc := self.Lifecycle; lc == nil || lc.Hook != api.TaskLifecycleHookPrestart || !lc.Sidecar {
-		errs = append(errs, bad(`add lifecycle { hook = "prestart"  sidecar = true } to the gate: Nomad then starts the group's `+
-			`other tasks only once the gate runs (holds the lock), and stops them before the gate`))
+		errs = append(errs, bad(`add %s to the gate: Nomad then starts the group's `+
+			`other tasks only once the gate runs (holds the lock), and stops them before the gate`, gateLifecycleHCL))
 	}
 	if self.Leader {
 		errs = append(errs, bad("remove leader = true from the gate: Nomad stops a leader before the other tasks, "+
@@ -232,9 +232,9 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 		rp = tg.RestartPolicy
 	}
 	if rp == nil || rp.Attempts == nil || *rp.Attempts != 0 || rp.Mode == nil || *rp.Mode != api.RestartPolicyModeFail {
-		errs = append(errs, bad(`add restart { attempts = 0  mode = "fail" } to the gate: a gate that stops (its lock lost, `+
+		errs = append(errs, bad(`add %s to the gate: a gate that stops (its lock lost, `+
 			`its supervisor killed) must fail for good, so that Nomad kills its gated tasks; a gate that Nomad restarted `+
-			`would wait for the lock again while its gated tasks ran on beside the next holder`))
+			`would wait for the lock again while its gated tasks ran on beside the next holder`, gateRestartHCL))
 	}
 	if len(gated) == 0 && len(errs) == 0 {
 		errs = append(errs, bad("group %q has no other task to gate: put the tasks that must run once in the gate's group", alloc.TaskGroup))

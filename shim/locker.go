@@ -3,6 +3,8 @@ package shim
 import (
 	"os"
 
+	"github.com/hashicorp/nomad/api"
+
 	"github.com/hashicorp/go-hclog"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
@@ -13,6 +15,8 @@ func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockcli
 	ep, err := endpointFor(cfg.Address)
 	if cfg.RootSecretsDir != "" {
 		ep, err = lockclient.DiscoverRootEndpoint(cfg.RootSecretsDir, os.Getenv)
+	} else if err == nil && !ep.TaskAPI {
+		ep.TLS, ep.Region = cliTLS(cfg.TLS), cfg.Region
 	}
 	if err != nil {
 		return nil, err
@@ -61,4 +65,27 @@ func endpointFor(address string) (lockclient.Endpoint, error) {
 		ep.Token = tok.Token
 	}
 	return ep, nil
+}
+
+// cliTLS is the TLS configuration Nomad's CLI would use: the NOMAD_CACERT,
+// NOMAD_CAPATH, NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY, NOMAD_TLS_SERVER_NAME
+// and NOMAD_SKIP_VERIFY variables, each overridden by its flag if given
+// (Nomad's command/meta.go, clientConfig).
+func cliTLS(flags api.TLSConfig) *api.TLSConfig {
+	tls := api.DefaultConfig().TLSConfig
+	for _, f := range []struct {
+		dst  *string
+		flag string
+	}{
+		{&tls.CACert, flags.CACert}, {&tls.CAPath, flags.CAPath}, {&tls.ClientCert, flags.ClientCert},
+		{&tls.ClientKey, flags.ClientKey}, {&tls.TLSServerName, flags.TLSServerName},
+	} {
+		if f.flag != "" {
+			*f.dst = f.flag
+		}
+	}
+	if flags.Insecure {
+		tls.Insecure = true
+	}
+	return tls
 }

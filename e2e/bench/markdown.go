@@ -181,7 +181,7 @@ then dominates; once with a 50 ms worker, which shows our side's share. Both
 variants and both servers of one run go concurrently. (a) has no LB
 integration.`,
 	TitleUpdate: `A service job with count = 2 per variant (a holder and a warm
-standby) and ` + "`update { max_parallel = 1, min_healthy_time = \"2s\" }`" + `
+standby) and an ` + "`update`" + ` block with ` + "`max_parallel = 1`" + ` and ` + "`min_healthy_time = \"2s\"`" + `
 goes through one rolling update per run: each changes the workload's
 arguments (a version tag), so Nomad replaces both allocations, lowest name
 index first (docs/updates.md). The next update is submitted once the

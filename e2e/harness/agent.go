@@ -103,6 +103,10 @@ type AgentOptions struct {
 	// Kill a server (Member.Kill) and Start it again, with its data dir, to
 	// force a leader election; Agent.Leader names the leader. Not with Netns.
 	Servers int
+	// TLS, from NewTLS, serves the HTTP API over HTTPS with mutual TLS;
+	// Addr is then https, and API, Env and Nomad present its client
+	// certificate.
+	TLS *TLS
 }
 
 // Agent is a Nomad cluster of one node, owned by one test.
@@ -295,11 +299,11 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 		}
 	}
 
-	if a.api, err = newAPIClient(a.server.Addr()); err != nil {
+	if a.api, err = a.newAPIClient(a.server.Addr(), APITimeout); err != nil {
 		t.Fatalf("harness: %v", err)
 	}
 	for _, m := range a.members() {
-		if m.api, err = newAPIClient(m.Addr()); err != nil {
+		if m.api, err = a.newAPIClient(m.Addr(), APITimeout); err != nil {
 			t.Fatalf("harness: %v", err)
 		}
 	}
@@ -335,11 +339,16 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	return a
 }
 
-func newAPIClient(addr string) (*api.Client, error) {
-	cl, err := api.NewClient(&api.Config{
-		Address:    addr,
-		HttpClient: &http.Client{Timeout: APITimeout, Transport: http.DefaultTransport.(*http.Transport).Clone()},
-	})
+// newAPIClient is an API client of addr whose requests time out after
+// timeout, with the cluster's client certificate under TLS.
+func (a *Agent) newAPIClient(addr string, timeout time.Duration) (*api.Client, error) {
+	hc := &http.Client{Timeout: timeout, Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	if a.opts.TLS != nil {
+		if err := api.ConfigureTLS(hc, a.opts.TLS.apiTLS()); err != nil {
+			return nil, fmt.Errorf("api client for %s: %w", addr, err)
+		}
+	}
+	cl, err := api.NewClient(&api.Config{Address: addr, SecretID: a.Token(), HttpClient: hc})
 	if err != nil {
 		return nil, fmt.Errorf("api client for %s: %w", addr, err)
 	}
@@ -438,10 +447,14 @@ func (a *Agent) NodeID() string { return a.client.NodeID() }
 // is a task dir.
 func (a *Agent) AllocDir() string { return a.client.AllocDir() }
 
-// Env returns NOMAD_ADDR (and NOMAD_TOKEN with ACLs) as KEY=VALUE entries for
+// Env returns NOMAD_ADDR (and NOMAD_TOKEN with ACLs, the TLS variables with
+// TLS) as KEY=VALUE entries for
 // running the nomad CLI or other tools against this cluster.
 func (a *Agent) Env() []string {
 	env := []string{"NOMAD_ADDR=" + a.Addr()}
+	if a.opts.TLS != nil {
+		env = append(env, a.opts.TLS.env()...)
+	}
 	if tok := a.Token(); tok != "" {
 		env = append(env, "NOMAD_TOKEN="+tok)
 	}

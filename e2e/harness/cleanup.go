@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -117,11 +116,7 @@ func (a *Agent) cleanup() {
 // client's allocations so Nomad unmounts their directories.
 func (a *Agent) stopAllJobs() {
 	// A short per-request timeout: a wedged agent must not stall cleanup.
-	cl, err := api.NewClient(&api.Config{
-		Address:    a.Addr(),
-		SecretID:   a.Token(),
-		HttpClient: &http.Client{Timeout: 10 * time.Second},
-	})
+	cl, err := a.newAPIClient(a.Addr(), 10*time.Second)
 	if err != nil {
 		a.errorf("cleanup: %v", err)
 		return

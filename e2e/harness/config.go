@@ -34,6 +34,9 @@ func (m *Member) renderConfig() string {
 	if a.opts.ACLs {
 		line("acl {\n  enabled = true\n}")
 	}
+	if a.opts.TLS != nil {
+		line("%s", a.opts.TLS.config())
+	}
 
 	if m.role == roleServer {
 		line("server {\n  enabled          = true\n  bootstrap_expect = %d", len(a.servers))

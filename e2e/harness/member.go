@@ -73,7 +73,13 @@ func (m *Member) Role() string { return m.role }
 func (m *Member) Name() string { return m.name }
 
 // Addr is the process's HTTP address, e.g. http://127.0.0.1:41234.
-func (m *Member) Addr() string { return fmt.Sprintf("http://%s:%d", m.ip, m.httpPort) }
+func (m *Member) Addr() string {
+	scheme := "http"
+	if m.a.opts.TLS != nil {
+		scheme = "https"
+	}
+	return fmt.Sprintf("%s://%s:%d", scheme, m.ip, m.httpPort)
+}
 
 // RPCAddr is the process's RPC address (host:port); servers listen on it.
 func (m *Member) RPCAddr() string { return fmt.Sprintf("%s:%d", m.ip, m.rpcPort) }

@@ -14,9 +14,13 @@
 # lock below the path: keep it where only root reads it, as the plugin
 # requires (a root-owned 0600 file).
 #
-# Narrow the path to where your jobs' locks live. The driver's default lock
-# path is nomad/jobs/<job>/<group>/<task>/lock; the glob below covers it for
-# every job.
+# Narrow the paths to where your jobs' locks live. The driver's default lock
+# path is nomad/jobs/<job>/<group>/<task>/lock, and a semaphore's slots
+# (lock.holders) are <path>/slot-<i> below it; the globs below cover both
+# for every job (in Nomad's ACL globs a * spans slashes too, but the rest of
+# the pattern must match to the path's end). Give a lock.path that does not
+# end in /lock a line of its own, and its slots another (<path>/slot-*).
+# Nothing here reaches the other variables jobs keep below nomad/jobs/.
 #
 #   nomad acl policy apply singleton-release singleton-release.policy.hcl
 #   nomad acl token create -name singleton-release -policy singleton-release -json | jq -r .SecretID > /etc/nomad.d/singleton-release.token
@@ -35,6 +39,10 @@ namespace "*" {
 
   variables {
     path "nomad/jobs/*/lock" {
+      capabilities = ["write", "read"]
+    }
+    # a semaphore's slots (lock.holders)
+    path "nomad/jobs/*/lock/slot-*" {
       capabilities = ["write", "read"]
     }
     # lease mode: the heartbeats, and the escrowed lock IDs

@@ -2,10 +2,13 @@
 # in the plugin dir (Nomad launches every binary there as a plugin, so never
 # put `lock` in it):
 #
-#   install -m 0755 bin/plugins/nomad-driver-singleton /opt/nomad/plugins/
+#   install -m 0755 bin/plugins/nomad-driver-singleton /opt/nomad/data/plugins/
+#
+# (the .deb and .rpm put it there: Nomad's default plugin dir for the
+# data_dir /opt/nomad/data of Nomad's own packages; see docs/driver.md).
 #
 # Nomad 1.11 loads a plugin only when a block names its file name.
-plugin_dir = "/opt/nomad/plugins"
+plugin_dir = "/opt/nomad/data/plugins"
 
 plugin "nomad-driver-singleton" {
   config {

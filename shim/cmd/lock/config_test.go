@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/hclsnippet"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -46,6 +48,21 @@ func TestParseRunArgs(t *testing.T) {
 				c.Wait, c.Renew, c.KillSignal, c.KillSignalSet, c.KillTimeout, c.Namespace =
 					time.Minute, 3*time.Second, syscall.SIGINT, true, 9*time.Second, "prod"
 			},
+		},
+		{
+			name: "nomad's connection flags",
+			args: []string{"-address", "https://n:4646", "-region", "eu", "-ca-cert", "ca.pem", "-ca-path", "cas", "-client-cert", "c.pem",
+				"-client-key", "k.pem", "-tls-server-name", "server.global.nomad", "-tls-skip-verify", "-no-color", "-force-color", "p", "cmd"},
+			want: func(c *shim.Config) {
+				c.Path, c.Command, c.Address, c.Region = "p", []string{"cmd"}, "https://n:4646", "eu"
+				c.TLS.CACert, c.TLS.CAPath, c.TLS.ClientCert, c.TLS.ClientKey, c.TLS.TLSServerName, c.TLS.Insecure =
+					"ca.pem", "cas", "c.pem", "k.pem", "server.global.nomad", true
+			},
+		},
+		{
+			name: "-insecure is -tls-skip-verify",
+			args: []string{"-insecure", "p", "cmd"},
+			want: func(c *shim.Config) { c.Path, c.Command, c.TLS.Insecure = "p", []string{"cmd"}, true },
 		},
 		{
 			name: "a semaphore of 3",
@@ -160,6 +177,34 @@ func TestConfigFileErrors(t *testing.T) {
 				t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestDocConfigFiles: every HCL block of the manual that is a -config file
+// (a top-level command) decodes with lock's own parser, as a user would
+// save it (the root module's TestDocHCL checks every other block).
+func TestDocConfigFiles(t *testing.T) {
+	pages, _ := filepath.Glob("../../../docs/*.md")
+	pages = append(pages, "../../../README.md")
+	n := 0
+	for _, page := range pages {
+		src, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range hclsnippet.MarkdownBlocks(filepath.Base(page), string(src)) {
+			if b.Lang != "hcl" || !strings.HasPrefix(b.Text, "command") {
+				continue
+			}
+			n++
+			c := shim.DefaultConfig()
+			if _, err := applyHCL(&c, []byte(b.Text), fmt.Sprintf("%s:%d", b.File, b.Line)); err != nil {
+				t.Errorf("%s:%d: a -config file that lock refuses: %v", b.File, b.Line, err)
+			}
+		}
+	}
+	if n == 0 {
+		t.Error("no -config file example found in the manual (an ```hcl block that begins with command)")
 	}
 }
 

@@ -26,9 +26,8 @@ func parseRunArgs(args []string, stderr io.Writer) (shim.Config, error) {
 		}
 		return c, fmt.Errorf("%w (see lock -h)", err)
 	}
-	if rf.token != "" {
-		return c, errors.New("-token is refused: a token in argv is visible to every user in /proc; " +
-			"use NOMAD_TOKEN or `identity { file = true }` (secrets/nomad_token)")
+	if err := rf.conn.refuseToken(); err != nil {
+		return c, err
 	}
 
 	var file fileBlocks
@@ -63,12 +62,13 @@ func parseRunArgs(args []string, stderr io.Writer) (shim.Config, error) {
 // runFlags are the flags of `lock`. The lock settings given are kept as
 // written, and laid over the -config file (apply) only where given.
 type runFlags struct {
-	fs                *flag.FlagSet
-	configFile, token string
-	lock              shim.LockValues // by setting name
-	cli               shim.Config     // -shell, -verbose, -address
-	lb                shim.LBSpec
-	health            shim.HealthSpec
+	fs         *flag.FlagSet
+	configFile string
+	lock       shim.LockValues // by setting name
+	cli        shim.Config     // -shell, -verbose
+	conn       *connFlags
+	lb         shim.LBSpec
+	health     shim.HealthSpec
 }
 
 func newRunFlags(stderr io.Writer) *runFlags {
@@ -84,10 +84,56 @@ func newRunFlags(stderr io.Writer) *runFlags {
 	fs.BoolVar(&cli.Shell, "shell", false, "run the command with $SHELL -c; nomad var lock's default is true")
 	fs.BoolVar(&cli.Verbose, "verbose", false, verboseUsage)
 	fs.StringVar(&rf.configFile, "config", "", "HCL `file` with the settings of the flags (see docs/cli.md); flags override it")
-	fs.StringVar(&cli.Address, "address", "", addressUsage)
-	fs.StringVar(&rf.token, "token", "", "refused: a `token` in argv is visible to every user in /proc; "+
-		"use NOMAD_TOKEN or $NOMAD_SECRETS_DIR/nomad_token")
+	rf.conn = newConnFlags(fs)
 	return rf
+}
+
+// connFlags are the flags of Nomad's CLI that say how to reach Nomad
+// (Nomad's command/meta.go, FlagSetClient), with the same names and
+// meaning, for every subcommand that talks to Nomad. Each one given
+// overrides its NOMAD_* variable, as in Nomad's CLI; none is used through
+// the Task API socket. -token is declared to be refused.
+type connFlags struct {
+	conn  shim.Config // Address, Region, TLS
+	token string
+	color bool // -no-color, -force-color: lock prints no color
+}
+
+func newConnFlags(fs *flag.FlagSet) *connFlags {
+	f := &connFlags{}
+	c := &f.conn
+	fs.StringVar(&c.Address, "address", "", addressUsage)
+	fs.StringVar(&c.Region, "region", "", "the Nomad `region` to send requests to (default: NOMAD_REGION, else the agent's)")
+	fs.StringVar(&c.TLS.CACert, "ca-cert", "", "PEM `file` of the CA to verify the Nomad server's certificate with (default: NOMAD_CACERT)")
+	fs.StringVar(&c.TLS.CAPath, "ca-path", "", "`directory` of PEM CA certificates to verify the Nomad server's certificate with; "+
+		"-ca-cert wins if both are given (default: NOMAD_CAPATH)")
+	fs.StringVar(&c.TLS.ClientCert, "client-cert", "", "PEM client certificate `file` for mutual TLS with the Nomad server, "+
+		"with -client-key (default: NOMAD_CLIENT_CERT)")
+	fs.StringVar(&c.TLS.ClientKey, "client-key", "", "unencrypted PEM private key `file` of -client-cert (default: NOMAD_CLIENT_KEY)")
+	fs.StringVar(&c.TLS.TLSServerName, "tls-server-name", "", "the server `name` to send (SNI) and to verify the certificate "+
+		"against (default: NOMAD_TLS_SERVER_NAME)")
+	fs.BoolVar(&c.TLS.Insecure, "tls-skip-verify", false, "do not verify the Nomad server's certificate: not recommended "+
+		"(also when NOMAD_SKIP_VERIFY is true)")
+	fs.BoolVar(&c.TLS.Insecure, "insecure", false, "the old name of -tls-skip-verify")
+	fs.BoolVar(&f.color, "no-color", false, "taken as nomad var lock takes it; lock prints no color")
+	fs.BoolVar(&f.color, "force-color", false, "taken as nomad var lock takes it; lock prints no color")
+	fs.StringVar(&f.token, "token", "", "refused: a `token` in argv is visible to every user in /proc; "+
+		"use NOMAD_TOKEN or $NOMAD_SECRETS_DIR/nomad_token")
+	return f
+}
+
+// refuseToken fails if -token was given.
+func (f *connFlags) refuseToken() error {
+	if f.token != "" {
+		return errors.New("-token is refused: a token in argv is visible to every user in /proc; " +
+			"use NOMAD_TOKEN or `identity { file = true }` (secrets/nomad_token)")
+	}
+	return nil
+}
+
+// apply sets in c how to reach Nomad, as the flags say.
+func (f *connFlags) apply(c *shim.Config) {
+	c.Address, c.Region, c.TLS = f.conn.Address, f.conn.Region, f.conn.TLS
 }
 
 // apply sets in c the settings given on the command line.
@@ -98,10 +144,9 @@ func (rf *runFlags) apply(c *shim.Config) error {
 			c.Shell = rf.cli.Shell
 		case "verbose":
 			c.Verbose = rf.cli.Verbose
-		case "address":
-			c.Address = rf.cli.Address
 		}
 	})
+	rf.conn.apply(c)
 	return shim.LockSettings.In(shim.InFlags).Apply(c, rf.lock, flagLabel)
 }
 

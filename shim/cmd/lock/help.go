@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -60,6 +61,10 @@ the LB refused the request, 77 the token cannot read the lock.
 Shows who holds the lock at <path>, and since when. For a semaphore (lock -n N
 <path>), every slot: held or free, by which allocation, its fence and since when.
 `
+	connFlagsTitle = `
+Nomad flags (those of Nomad's CLI, with their NOMAD_* variables; for a Nomad
+reached over HTTP(S) outside a task, not through the Task API socket):
+`
 	lbFlagsTitle = `
 Load balancer flags (optional; the same fields as the load_balancer and
 health_check blocks of -config):
@@ -71,13 +76,23 @@ health_check blocks of -config):
 func helpFor(fs *flag.FlagSet, w io.Writer, head, tail string) func() {
 	return func() {
 		fmt.Fprint(w, head, "\nFlags:\n")
-		printFlags(w, fs, func(name string) bool { return !isLBFlag(name) })
+		printFlags(w, fs, func(name string) bool { return !isLBFlag(name) && !isConnFlag(name) })
+		if hasFlag(fs, isConnFlag) {
+			fmt.Fprint(w, connFlagsTitle)
+			printFlags(w, fs, isConnFlag)
+		}
 		if hasFlag(fs, isLBFlag) {
 			fmt.Fprint(w, lbFlagsTitle)
 			printFlags(w, fs, isLBFlag)
 		}
 		fmt.Fprint(w, tail)
 	}
+}
+
+// isConnFlag: a flag of newConnFlags.
+func isConnFlag(name string) bool {
+	return slices.Contains([]string{"address", "region", "ca-cert", "ca-path", "client-cert", "client-key",
+		"tls-server-name", "tls-skip-verify", "insecure", "no-color", "force-color", "token"}, name)
 }
 
 func isLBFlag(name string) bool {

@@ -21,9 +21,10 @@ import (
 
 // lbCmd is one `lock lb` command, parsed, with its LB client.
 type lbCmd struct {
-	verb            string
-	args            []string // what follows the flags: the lock path
-	namespace, addr string
+	verb      string
+	args      []string // what follows the flags: the lock path
+	namespace string
+	conn      *connFlags
 	// holders, above 0, makes the path a semaphore's prefix: follow
 	// every one of its slots (lock -n N).
 	holders        int
@@ -71,12 +72,12 @@ func runLB(args []string, stdout, stderr io.Writer) int {
 var retiredLB = map[string]string{
 	"add": `retired: it added the allocation once, so an allocation that wins the lock back after a task restart ` +
 		`was never added again. Run "lock lb follow" (the same -config or -lb-* flags and lock path) as a poststart sidecar task ` +
-		`(lifecycle { hook = "poststart" sidecar = true }) instead: it adds the allocation for each of its tenures ` +
+		"(" + shim.LBFollowLifecycleHCL + `) instead: it adds the allocation for each of its tenures ` +
 		`of the lock, and removes it when a tenure ends, so drop the "lock lb remove" poststop task too. ` +
 		`See docs/lock-lb.md and examples/lock-docker-lb-hooks.nomad.hcl`,
 	"remove": `retired: it ran only when the allocation stopped, never when a killed holder's task restarted. ` +
 		`Drop this poststop task and run "lock lb follow" (the same -config or -lb-* flags and lock path) as a poststart sidecar task ` +
-		`(lifecycle { hook = "poststart" sidecar = true }) instead of "lock lb add": it removes the allocation ` +
+		"(" + shim.LBFollowLifecycleHCL + `) instead of "lock lb add": it removes the allocation ` +
 		`when each tenure of the lock ends and when the allocation stops. ` +
 		`See docs/lock-lb.md and examples/lock-docker-lb-hooks.nomad.hcl`,
 }
@@ -96,6 +97,10 @@ func parseLBArgs(args []string, stdout, stderr io.Writer) (c *lbCmd, code int, o
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, 0, false
 		}
+		return nil, shim.ExitConfig, false
+	}
+	if err := c.conn.refuseToken(); err != nil {
+		fmt.Fprintf(stderr, "lock lb %s: %v\n", verb, err)
 		return nil, shim.ExitConfig, false
 	}
 	c.args = f.fs.Args()
@@ -140,7 +145,7 @@ func newLBFlags(name string, c *lbCmd, stderr io.Writer) *lbFlagSet {
 	lbFlags(fs, &f.spec, &f.health)
 	fs.StringVar(&f.configFile, "config", "", "HCL `file` whose load_balancer and health_check blocks to use; flags override them")
 	fs.StringVar(&c.namespace, "namespace", "", settingUsage("namespace"))
-	fs.StringVar(&c.addr, "address", "", addressUsage)
+	c.conn = newConnFlags(fs)
 	if name == "lock lb follow" || name == "lock lb" {
 		fs.IntVar(&c.holders, "n", 0, "follow a semaphore of `N` slots at the path, as the holders' lock -n N: "+
 			"this allocation is listed while it holds any slot (docs/semaphore.md)")
@@ -213,7 +218,8 @@ func (c *lbCmd) followFailed(err error) int {
 // locker is the Locker of the lock path, for reads only.
 func (c *lbCmd) locker() (*lockclient.Locker, int, bool) {
 	cfg := shim.DefaultConfig()
-	cfg.Path, cfg.Namespace, cfg.Address, cfg.Holders = c.args[0], c.namespace, c.addr, c.holders
+	cfg.Path, cfg.Namespace, cfg.Holders = c.args[0], c.namespace, c.holders
+	c.conn.apply(&cfg)
 	if err := cfg.ValidateLock(); err != nil {
 		fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
 		return nil, shim.ExitConfig, false

@@ -73,7 +73,7 @@ func TestLBRetiredVerbs(t *testing.T) {
 				t.Errorf("lock lb %s %v: exit code %d, want %d", verb, args, code, shim.ExitConfig)
 			}
 			msg := stderr.String()
-			for _, want := range []string{"lock lb " + verb + ": retired", `"lock lb follow"`, `hook = "poststart" sidecar = true`,
+			for _, want := range []string{"lock lb " + verb + ": retired", `"lock lb follow"`, "hook    = \"poststart\"\n  sidecar = true",
 				"docs/lock-lb.md", "examples/lock-docker-lb-hooks.nomad.hcl"} {
 				if !strings.Contains(msg, want) {
 					t.Errorf("lock lb %s %v: stderr does not say %q:\n%s", verb, args, want, msg)

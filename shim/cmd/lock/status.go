@@ -23,7 +23,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs.Usage = helpFor(fs, stderr, statusHelpHead, "")
 	asJSON := fs.Bool("json", false, "print JSON")
 	namespace := fs.String("namespace", "", settingUsage("namespace"))
-	address := fs.String("address", "", addressUsage)
+	conn := newConnFlags(fs)
 	holders := fs.Int("n", 0, "the semaphore's `N` (default: as recorded in <path>/semaphore or its slot 0, when <path> is no lock itself)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -35,8 +35,13 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "lock status: give exactly one lock path, e.g. lock status nomad/jobs/web/lock")
 		return shim.ExitConfig
 	}
+	if err := conn.refuseToken(); err != nil {
+		fmt.Fprintf(stderr, "lock status: %v\n", err)
+		return shim.ExitConfig
+	}
 	cfg := shim.DefaultConfig()
-	cfg.Path, cfg.Namespace, cfg.Address = fs.Arg(0), *namespace, *address
+	cfg.Path, cfg.Namespace = fs.Arg(0), *namespace
+	conn.apply(&cfg)
 	if err := cfg.ValidateLock(); err != nil {
 		fmt.Fprintf(stderr, "lock status: %v\n", err)
 		return shim.ExitConfig
