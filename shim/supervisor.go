@@ -329,7 +329,7 @@ func (s *Supervisor) startHeld(lease *lockclient.Lease) (r *heldRun, code int, s
 		s.emit(r.held(StateHolding, s.holdingMessage(lease)))
 		return r, 0, true
 	}
-	g, err := startGuard(s.spawner)
+	g, err := startGuard(s.spawner, s.Tree)
 	if err != nil && s.RequireGuard {
 		log.Error("cannot start the process-group guard; not starting the workload", "error", err)
 		s.finish(lease, nil, nil, endStartFailed)
