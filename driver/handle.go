@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,8 +29,11 @@ const (
 	// supervisor acts at the deadline; the server expires the lock a full
 	// TTL later, so this grace costs no safety.
 	watchdogGrace = time.Second
-	// watchdogLeaseGrace is watchdogGrace for a lease-mode gate, whose
-	// kill of its gated tasks must fit in lease_kill_grace.
+	// watchdogLeaseGrace is watchdogGrace in lease mode: a standby may
+	// release the lock TakeoverMargin (1 s) after the published stop
+	// deadline (lease_fence + lease_kill_grace after the last heartbeat),
+	// so the watchdog's kill, its tick and the kill's own time must fit
+	// well inside that margin; a gate's kill of its gated tasks too.
 	watchdogLeaseGrace = 300 * time.Millisecond
 	// stopReserve is added to kill_timeout for the supervisor to SIGKILL
 	// stragglers and release the lock before StopTask kills it.
@@ -67,6 +71,8 @@ type taskHandle struct {
 	// tasks are then Nomad's to stop, and a new start may take its lease
 	// over.
 	killedByPlugin bool
+	// cgroupKilling is set while a kill of the task cgroup runs (killTask).
+	cgroupKilling atomic.Bool
 }
 
 func (h *taskHandle) exited() bool { return chans.Closed(h.done) }
@@ -147,9 +153,9 @@ func (d *Driver) watchdog(h *taskHandle) {
 		return
 	}
 	now, grace := bootNow(), int64(watchdogGrace)
-	if gate && h.lease {
-		// A lease-mode gate's gated tasks must be dead by lease_kill_grace
-		// after its fence deadline (at least shim.GateLeaseKillGrace): the
+	if h.lease {
+		// Lease mode: the workload (a gate's gated tasks) must be dead by
+		// the stop deadline, and a standby may release 1 s later: the
 		// watchdog leaves the supervisor less time to act.
 		grace = int64(watchdogLeaseGrace)
 	}
@@ -263,8 +269,12 @@ func (h *taskHandle) killTask() {
 	if h.proc != nil {
 		_ = h.proc.signal(syscall.SIGKILL)
 	}
-	if h.cgroup != nil {
+	// One cgroup kill at a time: the watchdog asks for one every tick
+	// while the workload lives, and each may take killWait (a process
+	// stuck in the kernel keeps a v1 freezer cgroup from freezing).
+	if h.cgroup != nil && h.cgroupKilling.CompareAndSwap(false, true) {
 		go func() {
+			defer h.cgroupKilling.Store(false)
 			if err := h.cgroup.KillAll(killWait); err != nil {
 				h.logger.Error("kill the task cgroup", "error", err)
 			}
