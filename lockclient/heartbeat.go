@@ -113,13 +113,17 @@ type beatRecord struct {
 	Alloc, SealedBy            string
 }
 
+// items is the record in milliseconds, each rounded the safe way for the
+// standby: D, K and the renew age up (its wait stays at least D + K +
+// TakeoverMargin, its bound on the last renew below it), the TTL down (its
+// release cutoff stays early), the interval down.
 func (r beatRecord) items() map[string]string {
-	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	down := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	up := func(d time.Duration) string { return down(d + time.Millisecond - 1) }
 	it := map[string]string{
 		beatSeq: strconv.FormatUint(r.Seq, 10), beatEpoch: strconv.FormatUint(r.Epoch, 10),
-		beatInterval: ms(r.Interval), beatFence: ms(r.Fence), beatKillGrace: ms(r.KillGrace),
-		beatRenewAge: ms(r.RenewAge + time.Millisecond - 1), // rounded up: the standby's bound stays below
-		beatTTL:      ms(r.TTL), beatAlloc: r.Alloc,
+		beatInterval: down(r.Interval), beatFence: up(r.Fence), beatKillGrace: up(r.KillGrace),
+		beatRenewAge: up(r.RenewAge), beatTTL: down(r.TTL), beatAlloc: r.Alloc,
 	}
 	if r.SealedBy != "" {
 		it[beatSealed] = r.SealedBy

@@ -522,3 +522,23 @@ func TestPreviousTakenOver(t *testing.T) {
 		})
 	}
 }
+
+// The record is in milliseconds: what the standby reads back is rounded
+// the safe way, so that its wait is never below the holder's D + K +
+// TakeoverMargin, and its cutoff never later than the holder's TTL allows.
+func TestBeatRecordRoundsTowardSafety(t *testing.T) {
+	sub := 500 * time.Microsecond
+	rec := beatRecord{Seq: 1, Epoch: 9, Interval: time.Second + sub, Fence: 6*time.Second + sub,
+		KillGrace: 2*time.Second + sub, RenewAge: 300*time.Millisecond + sub, TTL: 10*time.Second + sub}
+	got, ok := parseBeat(rec.items())
+	if !ok {
+		t.Fatal("the record does not parse back")
+	}
+	if got.Fence < rec.Fence || got.KillGrace < rec.KillGrace || got.RenewAge < rec.RenewAge {
+		t.Errorf("read back D %s, K %s, renew age %s; want at least %s, %s, %s",
+			got.Fence, got.KillGrace, got.RenewAge, rec.Fence, rec.KillGrace, rec.RenewAge)
+	}
+	if got.TTL > rec.TTL || got.Interval > rec.Interval {
+		t.Errorf("read back TTL %s, interval %s; want at most %s, %s", got.TTL, got.Interval, rec.TTL, rec.Interval)
+	}
+}
