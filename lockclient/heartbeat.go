@@ -389,14 +389,23 @@ func (ls *Lease) LastHeartbeat() time.Time {
 
 // clearEscrow overwrites the escrowed lock ID before the lock is
 // released, within escrowClearTimeout: a release is not held up longer.
+// Only a lease still ours, before its fence deadline, does: no standby
+// may have taken it over by then (it waits D + K + TakeoverMargin after
+// the last heartbeat), so no next holder's ID can be in the escrow.
 func (ls *Lease) clearEscrow(ctx context.Context) {
-	if ls.locker.cfg.Heartbeat == nil {
+	l := ls.locker
+	if l.cfg.Heartbeat == nil {
 		return
 	}
-	ctx, cancel := withTimeout(ctx, ls.locker.clock, min(ls.locker.cfg.RequestTimeout, escrowClearTimeout))
+	fence := ls.FenceDeadline()
+	if ls.Err() != nil || ls.until(fence) <= 0 {
+		l.log.Debug("the lease is no longer ours: leaving the lock escrow as it is")
+		return
+	}
+	ctx, cancel := l.clock.WithDeadline(ctx, earliest(l.clock.Now().Add(min(l.cfg.RequestTimeout, escrowClearTimeout)), fence))
 	defer cancel()
 	if err := ls.writeEscrow(ctx, ""); err != nil {
-		ls.locker.log.Warn("could not clear the lock escrow (once the lock is released, the lock ID in it releases nothing)", "error", err)
+		l.log.Warn("could not clear the lock escrow (once the lock is released, the lock ID in it releases nothing)", "error", err)
 	}
 }
 

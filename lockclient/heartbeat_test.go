@@ -542,3 +542,59 @@ func TestBeatRecordRoundsTowardSafety(t *testing.T) {
 		t.Errorf("read back TTL %s, interval %s; want at most %s, %s", got.TTL, got.Interval, rec.TTL, rec.Interval)
 	}
 }
+
+// A lease that is no longer ours (a standby sealed its heartbeat, or it
+// fenced itself) leaves the escrow alone on release: by then the next
+// holder may have escrowed its own lock ID there, and overwriting it would
+// turn that holder's fast takeover off.
+func TestReleaseOfALostLeaseLeavesTheEscrow(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lose func(lr *leaseRig)
+	}{
+		{"sealed by a standby", func(lr *leaseRig) {
+			sealed := beatRecord{Seq: 9, Epoch: testFence, SealedBy: "alloc-standby"}
+			lr.mu.Lock()
+			lr.onCAS = func(c *call) (reply, bool) {
+				return reply{err: api.ErrCASConflict{CheckIndex: 101, Conflict: &api.Variable{}}}, true
+			}
+			lr.mu.Unlock()
+			auto := lr.api.auto
+			lr.api.auto = func(c *call) (reply, bool) {
+				if c.op == "read" && c.v.Path == testBeatPath {
+					return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 102, Items: sealed.items()}}, true
+				}
+				return auto(c)
+			}
+			lr.clock.waitTimerAt(t, t0.Add(time.Second))
+			lr.clock.advanceTo(t, t0.Add(time.Second))
+		}},
+		{"fenced: no heartbeat acknowledged for D", func(lr *leaseRig) {
+			lr.mu.Lock()
+			lr.beats = false
+			lr.mu.Unlock()
+			lr.clock.advanceTo(t, t0.Add(DefaultHeartbeat.Fence+time.Second))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
+			ls := lr.acquire(t)
+			tc.lose(lr)
+			if !closedWithin(ls.Lost()) {
+				t.Fatal("the lease was not lost")
+			}
+			var escrowWrites int
+			auto := lr.api.auto
+			lr.api.auto = func(c *call) (reply, bool) {
+				if c.op == "update" {
+					escrowWrites++
+				}
+				return auto(c)
+			}
+			_ = ls.Release(context.Background())
+			if escrowWrites != 0 || lr.escrow["lock_id"] != testID {
+				t.Fatalf("%d escrow writes on the release of a lost lease (escrow %v); want none", escrowWrites, lr.escrow)
+			}
+		})
+	}
+}

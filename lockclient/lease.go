@@ -391,9 +391,10 @@ func (ls *Lease) renewOnce(ctx context.Context) error {
 // the error wraps ErrLeftToExpire and the lock expires on the server.
 func (ls *Lease) Release(ctx context.Context) error {
 	ls.stopRenewing()
-	// Lease mode: the escrowed lock ID is overwritten first, while the
-	// lock is still ours, so that it can never overwrite the next
-	// holder's.
+	// Lease mode: the escrowed lock ID is overwritten first, and only
+	// while the lease is still ours: once lost (fenced, or sealed by a
+	// standby), a standby may have released the lock and the next holder
+	// escrowed its own ID, which this write would overwrite.
 	ls.clearEscrow(ctx)
 	if err := ls.locker.ReleaseID(ctx, ls.id, ls.LastRenew()); err != nil {
 		return err
