@@ -333,6 +333,23 @@ func checkIdentity(cfg *drivers.TaskConfig) error {
 		"add `identity { env = true }` (or `identity { file = true }`) to the task", cfg.Name)
 }
 
+// checkLeaseIdentity refuses lease mode where the workload can read the
+// workload identity token: with identity { file = true } Nomad writes it to
+// secrets/nomad_token, readable by the task's user, and whoever holds it
+// can write the heartbeat that a standby trusts (docs/lease.md). With
+// identity { env = true } alone the workload never gets it (workloadEnv).
+func checkLeaseIdentity(cfg *drivers.TaskConfig, sc shim.Config) error {
+	if sc.Mode != shim.ModeLease {
+		return nil
+	}
+	if _, err := os.Lstat(filepath.Join(cfg.TaskDir().SecretsDir, "nomad_token")); err != nil {
+		return nil
+	}
+	return errors.New(`config.lock.mode = "lease" with the task's identity { file = true }: Nomad writes the workload identity token ` +
+		`to secrets/nomad_token, which the workload can read, and with it write the heartbeat the standby trusts; ` +
+		`use identity { env = true } alone (the driver keeps NOMAD_TOKEN from the workload), or remove mode = "lease"`)
+}
+
 // planTask validates the task's config and turns it into the supervisor's
 // spec: the files the jobspec names read in, the identity checked, and the
 // plugin's and the task's denied_envvars joined.
@@ -347,6 +364,9 @@ func planTask(cfg *drivers.TaskConfig, tc TaskConfig, ttl, delay time.Duration, 
 		return supervisorSpec{}, err
 	}
 	if err := checkIdentity(cfg); err != nil {
+		return supervisorSpec{}, err
+	}
+	if err := checkLeaseIdentity(cfg, sc); err != nil {
 		return supervisorSpec{}, err
 	}
 	spec, err := buildSpec(cfg, tc, sc, users)

@@ -598,3 +598,61 @@ func TestReleaseOfALostLeaseLeavesTheEscrow(t *testing.T) {
 		})
 	}
 }
+
+// The standby's release cutoff rests on the record's renew age and, where
+// the lock's own TTL is hidden (not a management token), its TTL: both
+// are the writer's word. A record that says renew_age 0 and ttl 24h (as a
+// workload that got the holder's token could write) moves the cutoff no
+// later than the standby's own interval and TTL allow.
+func TestTakeoverDistrustsTheRecordsTimings(t *testing.T) {
+	forged := func(ms int, index uint64) beatObservation {
+		o := obs(ms, index)
+		o.rec.RenewAge, o.rec.TTL = 0, 24*time.Hour
+		return o
+	}
+	c := &takeoverCount{own: DefaultHeartbeat.Takeover(), minRenewAge: DefaultHeartbeat.Interval}
+	for _, o := range []beatObservation{forged(100, 1), forged(850, 1), forged(1100, 2), forged(1850, 2), forged(2100, 3), forged(11200, 3)} {
+		c.observe(o)
+	}
+	v := c.decide(t0.Add(11300 * time.Millisecond))
+	if !v.ready {
+		t.Fatalf("not ready: %s", v.why)
+	}
+	if want := t0.Add(850*time.Millisecond - DefaultHeartbeat.Interval); v.renewAfter.After(want) {
+		t.Errorf("renew lower bound t0%+v, want no later than t0%+v (the standby's interval before the read)", v.renewAfter.Sub(t0), want.Sub(t0))
+	}
+
+	// The lock's state hidden: the cutoff by the standby's own TTL (10s):
+	// t0 + 2×10s − 1s − 2.5s = t0 + 16.5s has passed.
+	clk := newFakeClock()
+	clk.now = t0.Add(17 * time.Second)
+	f := newFakeAPI(clk)
+	released := false
+	f.auto = func(cl *call) (reply, bool) {
+		switch {
+		case cl.op == "read" && cl.v.Path == testPath:
+			return reply{v: &api.Variable{Path: testPath, ModifyIndex: testFence}}, true
+		case cl.op == "read":
+			return reply{v: &api.Variable{Items: map[string]string{"lock_id": testID, "fence": strconv.Itoa(testFence)}}}, true
+		case cl.op == "cas":
+			return reply{v: &api.Variable{}}, true
+		case cl.op == "release":
+			released = true
+			return reply{}, true
+		}
+		return reply{err: errors.New("unexpected")}, true
+	}
+	cfg, err := Config{Path: testPath, Timing: Timing{TTL: 10 * time.Second, LockDelay: time.Second}}.prepared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLocker(cfg, nil, f, clk)
+	l.cas = f
+	hb := DefaultHeartbeat
+	hb.Path, hb.EscrowPath = testBeatPath, testEscrowPath
+	verdict := takeoverVerdict{ready: true, index: 103, rec: beatRecord{Seq: 3, Epoch: testFence, TTL: 24 * time.Hour}, renewAfter: t0}
+	err = l.takeOver(context.Background(), TakeoverOptions{Heartbeat: hb, SealedBy: "alloc-standby"}, verdict)
+	if err == nil || released || !strings.Contains(err.Error(), "left to the server's expiry") {
+		t.Fatalf("takeOver = %v (released %v), want the lock left to the server's expiry", err, released)
+	}
+}
