@@ -282,6 +282,11 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 	if c.Path == "" {
 		c.Path = DefaultLockPath(cfg)
 	}
+	if c.Mode == shim.ModeLease {
+		if err := checkLeasePath(cfg, c.Path); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	c.Namespace = cfg.Namespace
 	lb, err := shim.BuildLoadBalancer(tc.LoadBalancer, tc.HealthCheck, func(k string) string { return cfg.Env[k] }, "config.")
 	if err != nil {
@@ -307,6 +312,22 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 		return c, fmt.Errorf("invalid config.lock: %w", err)
 	}
 	return c, nil
+}
+
+// checkLeasePath keeps a lease-mode task to its own job's locks: the
+// standby's plugin watches, seals and releases the lock at path with the
+// operator's token, so a job naming another job's lock path would have its
+// node's plugin stand by for that job's lock. The task's own default path,
+// or any path under nomad/jobs/<its job>/ (the job as DefaultLockPath
+// names it), where the job's own policies reach.
+func checkLeasePath(cfg *drivers.TaskConfig, path string) error {
+	job := escapePathName(cmp.Or(cfg.ParentJobID, cfg.JobID))
+	if path == DefaultLockPath(cfg) || strings.HasPrefix(path, "nomad/jobs/"+job+"/") {
+		return nil
+	}
+	return fmt.Errorf(`config.lock.path = %q with config.lock.mode = "lease": the standby's plugin acts on a lease-mode lock `+
+		`with the operator's token, so lease mode takes only the job's own lock paths: remove config.lock.path (the default is %s) `+
+		`or put it under nomad/jobs/%s/`, path, DefaultLockPath(cfg), job)
 }
 
 // validateProcess checks the options that shape the workload's process.

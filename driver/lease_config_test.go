@@ -52,3 +52,43 @@ func TestLeaseModeRefusesAReadableToken(t *testing.T) {
 		})
 	}
 }
+
+// The standby's plugin acts on a lease-mode lock with the operator's
+// token: a job may put its lease-mode lock only on its own job's paths,
+// never on another job's (whose lock its node's plugin would then seal
+// and release).
+func TestLeaseModeTakesOnlyTheJobsOwnPaths(t *testing.T) {
+	cfg := &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", JobID: "web", JobName: "web", TaskGroupName: "g", Name: "t"}
+	for _, tc := range []struct {
+		lockBlock string
+		ok        bool
+	}{
+		{`lock { mode = "lease" }`, true},
+		{`lock {
+          mode = "lease"
+          path = "nomad/jobs/web/leader"
+        }`, true},
+		{`lock {
+          mode = "lease"
+          path = "nomad/jobs/db/db/db/lock"
+        }`, false},
+		{`lock {
+          mode = "lease"
+          path = "nomad/jobs/web-2/lock"
+        }`, false},
+		{`lock {
+          mode = "lease"
+          path = "locks/web"
+        }`, false},
+		{`lock { path = "locks/web" }`, true}, // lock mode: the task's own token decides
+	} {
+		tcfg := decodeJobspecConfig(t, "\n      config {\n        command = \"/bin/true\"\n        "+tc.lockBlock+"\n      }")
+		_, err := tcfg.shimConfig(cfg, 10*time.Second, time.Second)
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%s: refused: %v", tc.lockBlock, err)
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), "config.lock.path") || !strings.Contains(err.Error(), "nomad/jobs/web/")):
+			t.Errorf("%s: %v, want a refusal naming config.lock.path and nomad/jobs/web/", tc.lockBlock, err)
+		}
+	}
+}
