@@ -461,8 +461,11 @@ func TestAdoptInLeaseMode(t *testing.T) {
 			lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
 			auto := lr.api.auto
 			lr.api.auto = func(c *call) (reply, bool) {
-				if c.op == "read" && c.v.Path == testBeatPath {
+				switch {
+				case c.op == "read" && c.v.Path == testBeatPath:
 					return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 90, Items: tc.rec.items()}}, true
+				case c.op == "read" && c.v.Path == testPath:
+					return reply{v: &api.Variable{Path: testPath, ModifyIndex: testFence}}, true
 				}
 				return auto(c)
 			}

@@ -49,6 +49,9 @@ type Lease struct {
 	// prevSealed is the allocation of the heartbeat found sealed by a
 	// standby when the heartbeat started (PreviousTakenOver).
 	prevSealed string
+	// itemsIndex is the variable's ModifyIndex after this lease's last
+	// write of its record (writeItem); 0: none since the acquire (Fence).
+	itemsIndex uint64
 
 	lost      chan struct{}
 	renewed   chan struct{}
