@@ -88,6 +88,28 @@ func (lr *leaseRig) acquire(t *testing.T) *Lease {
 	return ls
 }
 
+// sealedByStandby makes a standby seal the heartbeat: the next heartbeat
+// (at t0 + 1s, which it brings about) meets a check-and-set conflict and
+// reads back a record sealed by alloc-standby.
+func (lr *leaseRig) sealedByStandby(t *testing.T) {
+	t.Helper()
+	sealed := beatRecord{Seq: 9, Epoch: testFence, SealedBy: "alloc-standby"}
+	lr.mu.Lock()
+	lr.onCAS = func(c *call) (reply, bool) {
+		return reply{err: api.ErrCASConflict{CheckIndex: 101, Conflict: &api.Variable{}}}, true
+	}
+	lr.mu.Unlock()
+	auto := lr.api.auto
+	lr.api.auto = func(c *call) (reply, bool) {
+		if c.op == "read" && c.v.Path == testBeatPath {
+			return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 102, Items: sealed.items()}}, true
+		}
+		return auto(c)
+	}
+	lr.clock.waitTimerAt(t, t0.Add(time.Second))
+	lr.clock.advanceTo(t, t0.Add(time.Second))
+}
+
 // The holder fences itself D after the send of its last acknowledged
 // heartbeat, long before the lock's own fence, and its workload must be
 // dead K later; every heartbeat carries what the standby needs.
@@ -142,21 +164,7 @@ func TestHeartbeatFencesTheHolder(t *testing.T) {
 func TestSealedHeartbeatEndsTheLease(t *testing.T) {
 	lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
 	ls := lr.acquire(t)
-	sealed := beatRecord{Seq: 9, Epoch: testFence, SealedBy: "alloc-standby"}
-	lr.mu.Lock()
-	lr.onCAS = func(c *call) (reply, bool) {
-		return reply{err: api.ErrCASConflict{CheckIndex: 101, Conflict: &api.Variable{}}}, true
-	}
-	lr.mu.Unlock()
-	auto := lr.api.auto
-	lr.api.auto = func(c *call) (reply, bool) {
-		if c.op == "read" && c.v.Path == testBeatPath {
-			return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 102, Items: sealed.items()}}, true
-		}
-		return auto(c)
-	}
-	lr.clock.waitTimerAt(t, t0.Add(time.Second))
-	lr.clock.advanceTo(t, t0.Add(time.Second))
+	lr.sealedByStandby(t)
 	if !closedWithin(ls.Lost()) {
 		t.Fatal("a sealed heartbeat did not end the lease")
 	}
@@ -555,23 +563,7 @@ func TestReleaseOfALostLeaseLeavesTheEscrow(t *testing.T) {
 		name string
 		lose func(lr *leaseRig)
 	}{
-		{"sealed by a standby", func(lr *leaseRig) {
-			sealed := beatRecord{Seq: 9, Epoch: testFence, SealedBy: "alloc-standby"}
-			lr.mu.Lock()
-			lr.onCAS = func(c *call) (reply, bool) {
-				return reply{err: api.ErrCASConflict{CheckIndex: 101, Conflict: &api.Variable{}}}, true
-			}
-			lr.mu.Unlock()
-			auto := lr.api.auto
-			lr.api.auto = func(c *call) (reply, bool) {
-				if c.op == "read" && c.v.Path == testBeatPath {
-					return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 102, Items: sealed.items()}}, true
-				}
-				return auto(c)
-			}
-			lr.clock.waitTimerAt(t, t0.Add(time.Second))
-			lr.clock.advanceTo(t, t0.Add(time.Second))
-		}},
+		{"sealed by a standby", func(lr *leaseRig) { lr.sealedByStandby(t) }},
 		{"fenced: no heartbeat acknowledged for D", func(lr *leaseRig) {
 			lr.mu.Lock()
 			lr.beats = false
