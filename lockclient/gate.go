@@ -156,9 +156,9 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 		return nil, l.classify("adopt", err)
 	}
 	lease := newLease(l, id, fence, sent, Holder{})
-	if cur.ModifyIndex != fence {
-		lease.itemsIndex = cur.ModifyIndex // its record rewritten, its TTL written back
-	}
+	lease.mu.Lock()
+	lease.itemsIndex = cur.ModifyIndex // the previous run's record as it left it
+	lease.mu.Unlock()
 	if l.cfg.Heartbeat != nil {
 		// Lease mode: the heartbeat goes on from the previous run's, by
 		// check-and-set, unless a standby sealed it (or another holder's
@@ -238,8 +238,9 @@ func (ls *Lease) MarkNotGatedDirect(ctx context.Context) error {
 // index of its acquire, or of its own last such write.
 func (ls *Lease) writeItem(ctx context.Context, w itemWrite) error {
 	ls.mu.Lock()
-	w.id, w.index, w.lastRenew = ls.id, cmp.Or(ls.itemsIndex, ls.Fence), ls.lastRenew
+	w.id, w.lastRenew = ls.id, ls.lastRenew
 	ls.mu.Unlock()
+	w.index = ls.lastIndex()
 	index, err := ls.locker.writeItem(ctx, w)
 	if err == nil {
 		ls.mu.Lock()
