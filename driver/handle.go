@@ -29,12 +29,16 @@ const (
 	// supervisor acts at the deadline; the server expires the lock a full
 	// TTL later, so this grace costs no safety.
 	watchdogGrace = time.Second
-	// watchdogLeaseGrace is watchdogGrace in lease mode: a standby may
-	// release the lock TakeoverMargin (1 s) after the published stop
-	// deadline (lease_fence + lease_kill_grace after the last heartbeat),
-	// so the watchdog's kill, its tick and the kill's own time must fit
-	// well inside that margin; a gate's kill of its gated tasks too.
-	watchdogLeaseGrace = 300 * time.Millisecond
+	// watchdogLeaseGrace is watchdogGrace for a lease-mode task, measured
+	// from its stop deadline in every state (lease_fence +
+	// lease_kill_grace after the last heartbeat): a standby may release
+	// the lock lockclient.TakeoverMargin (1 s) after it, so the grace, the
+	// watchdog's tick and the kill itself (a v1 freezer on a loaded host:
+	// a few hundred ms) must all fit inside that second.
+	watchdogLeaseGrace = 100 * time.Millisecond
+	// watchdogLeaseGateGrace is watchdogGrace for a lease-mode gate, whose
+	// kill of its gated tasks must fit in lease_kill_grace.
+	watchdogLeaseGateGrace = 300 * time.Millisecond
 	// stopReserve is added to kill_timeout for the supervisor to SIGKILL
 	// stragglers and release the lock before StopTask kills it.
 	stopReserve = 10 * time.Second
@@ -153,22 +157,26 @@ func (d *Driver) watchdog(h *taskHandle) {
 		return
 	}
 	now, grace := bootNow(), int64(watchdogGrace)
-	if h.lease {
-		// Lease mode: the workload (a gate's gated tasks) must be dead by
-		// the stop deadline, and a standby may release 1 s later: the
+	if gate && h.lease {
+		// A lease-mode gate's gated tasks must be dead by lease_kill_grace
+		// after its fence deadline (at least shim.GateLeaseKillGrace): the
 		// watchdog leaves the supervisor less time to act.
-		grace = int64(watchdogLeaseGrace)
+		grace = int64(watchdogLeaseGateGrace)
 	}
+	// stopGrace is the grace past the stop deadline. A lease-mode task's
+	// workload must be dead by it whatever the supervisor last said (frozen
+	// holding, or in a graceful stop), and a standby may release 1 s later.
+	stopGrace := grace
+	if h.lease && !gate {
+		stopGrace = int64(watchdogLeaseGrace)
+	}
+	stopPassed := st.StopDeadlineBoot > 0 && now > st.StopDeadlineBoot+stopGrace
 	var why string
 	switch state := shim.State(st.State); {
-	case state.Holds():
-		if st.FenceDeadlineBoot > 0 && now > st.FenceDeadlineBoot+grace {
-			why = watchdogUnresponsive(time.Duration(now - st.FenceDeadlineBoot).Round(time.Millisecond))
-		}
-	case state == shim.StateLost || state == shim.StateStopping:
-		if st.StopDeadlineBoot > 0 && now > st.StopDeadlineBoot+grace {
-			why = watchdogStillRunning(time.Duration(now - st.StopDeadlineBoot).Round(time.Millisecond))
-		}
+	case state.Holds() && st.FenceDeadlineBoot > 0 && now > st.FenceDeadlineBoot+grace:
+		why = watchdogUnresponsive(time.Duration(now - st.FenceDeadlineBoot).Round(time.Millisecond))
+	case (state.Holds() && h.lease && !gate || state == shim.StateLost || state == shim.StateStopping) && stopPassed:
+		why = watchdogStillRunning(time.Duration(now - st.StopDeadlineBoot).Round(time.Millisecond))
 	}
 	if why == "" || (!gate && !h.workloadAlive(st.WorkloadPGID)) {
 		return

@@ -16,11 +16,13 @@ import (
 // In lease mode a standby may release the lock 1 s after the stop deadline
 // the holder published (lease_fence + lease_kill_grace after its last
 // heartbeat, plus lockclient.TakeoverMargin): the watchdog kills a task
-// whose supervisor let that deadline (or its fence deadline) pass well
-// inside that second, a daemon in the task cgroup included. A lock-mode
-// task keeps the longer grace (the server expires a lock a TTL later).
+// whose supervisor let that deadline pass well inside that second, in
+// whatever state it was last heard of (frozen while holding, or in a
+// graceful stop), a daemon in the task cgroup included; and not before it,
+// so the workload keeps its kill grace after a fence. A lock-mode task
+// keeps the longer grace (the server expires a lock a TTL later).
 func TestWatchdogLeaseModeActsInsideTheTakeoverMargin(t *testing.T) {
-	late := 600 * time.Millisecond // past the lease grace, inside the lock-mode one
+	late := 400 * time.Millisecond // past the lease grace, inside the lock-mode one
 	tests := []struct {
 		name  string
 		lease bool
@@ -30,9 +32,14 @@ func TestWatchdogLeaseModeActsInsideTheTakeoverMargin(t *testing.T) {
 		{"lease mode, stopping past the stop deadline", true, func(now int64) supervisorStatus {
 			return supervisorStatus{State: string(shim.StateStopping), StopDeadlineBoot: now - int64(late)}
 		}, true},
-		{"lease mode, holding past the fence deadline", true, func(now int64) supervisorStatus {
-			return supervisorStatus{State: string(shim.StateHolding), FenceDeadlineBoot: now - int64(late)}
+		{"lease mode, holding past the stop deadline", true, func(now int64) supervisorStatus {
+			return supervisorStatus{State: string(shim.StateHolding), FenceDeadlineBoot: now - int64(late) - int64(2*time.Second),
+				StopDeadlineBoot: now - int64(late)}
 		}, true},
+		{"lease mode, holding past the fence deadline, inside the kill grace", true, func(now int64) supervisorStatus {
+			return supervisorStatus{State: string(shim.StateHolding), FenceDeadlineBoot: now - int64(late),
+				StopDeadlineBoot: now + int64(time.Minute)}
+		}, false},
 		{"lock mode, stopping as late", false, func(now int64) supervisorStatus {
 			return supervisorStatus{State: string(shim.StateStopping), StopDeadlineBoot: now - int64(late)}
 		}, false},

@@ -23,7 +23,12 @@ import (
 // holder's allocation is stopped with a long kill_timeout; during the
 // graceful stop its supervisor and guard are frozen (SIGSTOP), its
 // workload and daemon run on. The daemon's last moment must come before
-// the standby's workload's first; it is measured for the margin.
+// the standby's workload's first. Two paths race: the holder's plugin
+// (its watchdog kills the task cgroup just past the published stop
+// deadline, D + K after the last heartbeat, then releases once the cgroup
+// is proven empty) and the standby's takeover (L = D + K + 1 s after that
+// heartbeat); the watchdog must win by a margin. The event says how far
+// past the deadline it acted.
 func TestLeaseFrozenStopKillsDaemons(t *testing.T) {
 	t.Parallel()
 	harness.BuildTestWorkload(t)
@@ -75,7 +80,8 @@ func TestLeaseFrozenStopKillsDaemons(t *testing.T) {
 
 	next := s.next(t, holder, chaosTakeoverBound)
 	harness.Measure(t, "lease_frozen_stop_takeover", time.Duration(next.Mono-at))
-	drvWaitEvent(t, a, holder.AllocID, 30*time.Second, "Lock lost: watchdog killed the workload")
+	ev := drvWaitEvent(t, a, holder.AllocID, 30*time.Second, "Lock lost: watchdog killed the workload")
+	t.Logf("the holder's plugin: %s", drvEventText(ev))
 	sum := smp.Stop()
 	tr := &chaosTrial{}
 	recs := s.records(t)
