@@ -14,7 +14,7 @@ import (
 )
 
 func main() {
-	shim.MaybeRunGuard(os.Args)
+	shim.MaybeRunGuard(os.Args, driver.OpenGuardTree)
 	driver.MaybeRunSupervisor(os.Args)
 	driver.MaybeRunExec(os.Args)
 	plugins.ServeCtx(func(ctx context.Context, log hclog.Logger) any {

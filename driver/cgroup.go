@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
 // taskCgroup is where Nomad's wrangler put the task: the cgroups the
@@ -357,6 +358,32 @@ func readKV(path string) (map[string]uint64, error) {
 // The task cgroup is the workload's shim.Tree: it holds every process of
 // the workload, daemons that called setsid included, and nothing else (the
 // supervisor stays out of it).
+
+// GuardArgs names the task cgroup to the workload's process-group guard
+// (shim.GuardTree): the guard, root and outside the cgroup, kills the
+// whole cgroup when it fires, so a daemon that left the workload's process
+// group dies by the stop deadline too, even while the supervisor and the
+// plugin are stuck.
+func (c *taskCgroup) GuardArgs() []string {
+	return []string{guardTreeCgroup, strconv.Itoa(int(c.mode)), c.path}
+}
+
+// guardTreeCgroup marks GuardArgs as a task cgroup's.
+const guardTreeCgroup = "cgroup"
+
+// OpenGuardTree is the plugin binary's shim.TreeOpener: the task cgroup
+// from its GuardArgs. The guard's arguments come from the supervisor that
+// started it, which read them from the plugin's root-only spec.
+func OpenGuardTree(args []string) (shim.Tree, error) {
+	if len(args) != 3 || args[0] != guardTreeCgroup {
+		return nil, fmt.Errorf("guard tree %q: not a task cgroup", args)
+	}
+	mode, err := strconv.Atoi(args[1])
+	if err != nil || !filepath.IsAbs(args[2]) {
+		return nil, fmt.Errorf("guard tree %q: not a task cgroup", args)
+	}
+	return &taskCgroup{mode: cgroupslib.Mode(mode), path: args[2]}, nil
+}
 
 // Alive reports whether any process is left in the task cgroup.
 func (c *taskCgroup) Alive() (bool, error) {

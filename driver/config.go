@@ -282,6 +282,11 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 	if c.Path == "" {
 		c.Path = DefaultLockPath(cfg)
 	}
+	if c.Mode == shim.ModeLease {
+		if err := checkLeasePath(cfg, c.Path); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	c.Namespace = cfg.Namespace
 	lb, err := shim.BuildLoadBalancer(tc.LoadBalancer, tc.HealthCheck, func(k string) string { return cfg.Env[k] }, "config.")
 	if err != nil {
@@ -309,6 +314,22 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 	return c, nil
 }
 
+// checkLeasePath keeps a lease-mode task to its own job's locks: the
+// standby's plugin watches, seals and releases the lock at path with the
+// operator's token, so a job naming another job's lock path would have its
+// node's plugin stand by for that job's lock. The task's own default path,
+// or any path under nomad/jobs/<its job>/ (the job as DefaultLockPath
+// names it), where the job's own policies reach.
+func checkLeasePath(cfg *drivers.TaskConfig, path string) error {
+	job := escapePathName(cmp.Or(cfg.ParentJobID, cfg.JobID))
+	if path == DefaultLockPath(cfg) || strings.HasPrefix(path, "nomad/jobs/"+job+"/") {
+		return nil
+	}
+	return fmt.Errorf(`config.lock.path = %q with config.lock.mode = "lease": the standby's plugin acts on a lease-mode lock `+
+		`with the operator's token, so lease mode takes only the job's own lock paths: remove config.lock.path (the default is %s) `+
+		`or put it under nomad/jobs/%s/`, path, DefaultLockPath(cfg), job)
+}
+
 // validateProcess checks the options that shape the workload's process.
 func (tc TaskConfig) validateProcess() []error {
 	var errs []error
@@ -333,6 +354,23 @@ func checkIdentity(cfg *drivers.TaskConfig) error {
 		"add `identity { env = true }` (or `identity { file = true }`) to the task", cfg.Name)
 }
 
+// checkLeaseIdentity refuses lease mode where the workload can read the
+// workload identity token: with identity { file = true } Nomad writes it to
+// secrets/nomad_token, readable by the task's user, and whoever holds it
+// can write the heartbeat that a standby trusts (docs/lease.md). With
+// identity { env = true } alone the workload never gets it (workloadEnv).
+func checkLeaseIdentity(cfg *drivers.TaskConfig, sc shim.Config) error {
+	if sc.Mode != shim.ModeLease {
+		return nil
+	}
+	if _, err := os.Lstat(filepath.Join(cfg.TaskDir().SecretsDir, "nomad_token")); err != nil {
+		return nil
+	}
+	return errors.New(`config.lock.mode = "lease" with the task's identity { file = true }: Nomad writes the workload identity token ` +
+		`to secrets/nomad_token, which the workload can read, and with it write the heartbeat the standby trusts; ` +
+		`use identity { env = true } alone (the driver keeps NOMAD_TOKEN from the workload), or remove mode = "lease"`)
+}
+
 // planTask validates the task's config and turns it into the supervisor's
 // spec: the files the jobspec names read in, the identity checked, and the
 // plugin's and the task's denied_envvars joined.
@@ -347,6 +385,9 @@ func planTask(cfg *drivers.TaskConfig, tc TaskConfig, ttl, delay time.Duration, 
 		return supervisorSpec{}, err
 	}
 	if err := checkIdentity(cfg); err != nil {
+		return supervisorSpec{}, err
+	}
+	if err := checkLeaseIdentity(cfg, sc); err != nil {
 		return supervisorSpec{}, err
 	}
 	spec, err := buildSpec(cfg, tc, sc, users)

@@ -195,7 +195,7 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew t
 				return err
 			}
 		}
-		if err := locker.MarkReleasedCleanID(ctx, held.LockID, lastRenew); err != nil {
+		if err := locker.MarkReleasedCleanID(ctx, held.LockID, held.Fence, lastRenew); err != nil {
 			log.Warn("cannot mark the gate's release clean; the next gate waits for Nomad's report", "error", err)
 		}
 	}

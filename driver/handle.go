@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,9 +29,16 @@ const (
 	// supervisor acts at the deadline; the server expires the lock a full
 	// TTL later, so this grace costs no safety.
 	watchdogGrace = time.Second
-	// watchdogLeaseGrace is watchdogGrace for a lease-mode gate, whose
+	// watchdogLeaseGrace is watchdogGrace for a lease-mode task, measured
+	// from its stop deadline in every state (lease_fence +
+	// lease_kill_grace after the last heartbeat): a standby may release
+	// the lock lockclient.TakeoverMargin (1 s) after it, so the grace, the
+	// watchdog's tick and the kill itself (a v1 freezer on a loaded host:
+	// a few hundred ms) must all fit inside that second.
+	watchdogLeaseGrace = 100 * time.Millisecond
+	// watchdogLeaseGateGrace is watchdogGrace for a lease-mode gate, whose
 	// kill of its gated tasks must fit in lease_kill_grace.
-	watchdogLeaseGrace = 300 * time.Millisecond
+	watchdogLeaseGateGrace = 300 * time.Millisecond
 	// stopReserve is added to kill_timeout for the supervisor to SIGKILL
 	// stragglers and release the lock before StopTask kills it.
 	stopReserve = 10 * time.Second
@@ -67,6 +75,8 @@ type taskHandle struct {
 	// tasks are then Nomad's to stop, and a new start may take its lease
 	// over.
 	killedByPlugin bool
+	// cgroupKilling is set while a kill of the task cgroup runs (killTask).
+	cgroupKilling atomic.Bool
 }
 
 func (h *taskHandle) exited() bool { return chans.Closed(h.done) }
@@ -151,18 +161,22 @@ func (d *Driver) watchdog(h *taskHandle) {
 		// A lease-mode gate's gated tasks must be dead by lease_kill_grace
 		// after its fence deadline (at least shim.GateLeaseKillGrace): the
 		// watchdog leaves the supervisor less time to act.
-		grace = int64(watchdogLeaseGrace)
+		grace = int64(watchdogLeaseGateGrace)
 	}
+	// stopGrace is the grace past the stop deadline. A lease-mode task's
+	// workload must be dead by it whatever the supervisor last said (frozen
+	// holding, or in a graceful stop), and a standby may release 1 s later.
+	stopGrace := grace
+	if h.lease && !gate {
+		stopGrace = int64(watchdogLeaseGrace)
+	}
+	stopPassed := st.StopDeadlineBoot > 0 && now > st.StopDeadlineBoot+stopGrace
 	var why string
 	switch state := shim.State(st.State); {
-	case state.Holds():
-		if st.FenceDeadlineBoot > 0 && now > st.FenceDeadlineBoot+grace {
-			why = watchdogUnresponsive(time.Duration(now - st.FenceDeadlineBoot).Round(time.Millisecond))
-		}
-	case state == shim.StateLost || state == shim.StateStopping:
-		if st.StopDeadlineBoot > 0 && now > st.StopDeadlineBoot+grace {
-			why = watchdogStillRunning(time.Duration(now - st.StopDeadlineBoot).Round(time.Millisecond))
-		}
+	case state.Holds() && st.FenceDeadlineBoot > 0 && now > st.FenceDeadlineBoot+grace:
+		why = watchdogUnresponsive(time.Duration(now - st.FenceDeadlineBoot).Round(time.Millisecond))
+	case (state.Holds() && h.lease && !gate || state == shim.StateLost || state == shim.StateStopping) && stopPassed:
+		why = watchdogStillRunning(time.Duration(now - st.StopDeadlineBoot).Round(time.Millisecond))
 	}
 	if why == "" || (!gate && !h.workloadAlive(st.WorkloadPGID)) {
 		return
@@ -263,8 +277,12 @@ func (h *taskHandle) killTask() {
 	if h.proc != nil {
 		_ = h.proc.signal(syscall.SIGKILL)
 	}
-	if h.cgroup != nil {
+	// One cgroup kill at a time: the watchdog asks for one every tick
+	// while the workload lives, and each may take killWait (a process
+	// stuck in the kernel keeps a v1 freezer cgroup from freezing).
+	if h.cgroup != nil && h.cgroupKilling.CompareAndSwap(false, true) {
 		go func() {
+			defer h.cgroupKilling.Store(false)
 			if err := h.cgroup.KillAll(killWait); err != nil {
 				h.logger.Error("kill the task cgroup", "error", err)
 			}

@@ -19,7 +19,7 @@ import (
 // TestMain lets the test binary act as the supervisor (and its group guard)
 // that the plugin re-execs: os.Executable is the test binary here.
 func TestMain(m *testing.M) {
-	shim.MaybeRunGuard(os.Args)
+	shim.MaybeRunGuard(os.Args, OpenGuardTree)
 	MaybeRunSupervisor(os.Args)
 	os.Exit(m.Run())
 }

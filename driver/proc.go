@@ -203,39 +203,51 @@ func (d *Driver) launch(cfg *drivers.TaskConfig, dir string) (*supervisorProc, e
 	return &supervisorProc{pid: cmd.Process.Pid, cmd: cmd, pidfd: -1}, nil
 }
 
-// openLogFIFO opens the write end of a logmon FIFO (or /dev/null). Opening
-// blocks until logmon has the read end open, so it is bounded.
+// logFIFOTimeout bounds the wait for logmon to open a task log FIFO.
+var logFIFOTimeout = 30 * time.Second
+
+// openLogFIFO opens the write end of a logmon FIFO (or /dev/null). A FIFO
+// opens for writing only once a reader has it open: it is opened without
+// blocking, again every logFIFOPoll until logmon has, so that nothing is
+// left blocked in open() when the wait gives up.
+//
+// The log dir is in the shared alloc dir, which the task user can write:
+// never follow a symlink there, and write only to a FIFO (or /dev/null),
+// never to a file that root would then fill.
 func openLogFIFO(path string) (*os.File, error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// The log dir is in the shared alloc dir, which the task user can
-		// write: never follow a symlink there, and write only to a FIFO (or
-		// /dev/null), never to a file that root would then fill.
-		f, err := os.OpenFile(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err == nil {
-			if fi, serr := f.Stat(); serr != nil || !(fi.Mode()&os.ModeNamedPipe != 0 || path == os.DevNull && fi.Mode()&os.ModeCharDevice != 0) {
-				f.Close()
-				f, err = nil, fmt.Errorf("not a FIFO: refusing to write the task's log into it")
-			}
+	deadline := time.Now().Add(logFIFOTimeout)
+	for {
+		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		switch {
+		case err == nil:
+			return logFile(fd, path)
+		case errors.Is(err, unix.EINTR):
+			continue
+		case !errors.Is(err, unix.ENXIO): // ENXIO: a FIFO with no reader yet
+			return nil, fmt.Errorf("open task log %s: %w", path, err)
+		case time.Now().After(deadline):
+			return nil, fmt.Errorf("open task log %s: no reader after %s (is logmon running?)", path, logFIFOTimeout)
 		}
-		ch <- result{f, err}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return nil, fmt.Errorf("open task log %s: %w", path, r.err)
-		}
-		return r.f, nil
-	case <-time.After(30 * time.Second):
-		go func() {
-			if r := <-ch; r.f != nil {
-				r.f.Close()
-			}
-		}()
-		return nil, fmt.Errorf("open task log %s: no reader after 30s (is logmon running?)", path)
+		time.Sleep(logFIFOPoll)
 	}
+}
+
+// logFIFOPoll is the time between two tries to open a task log FIFO.
+const logFIFOPoll = 20 * time.Millisecond
+
+// logFile checks that fd, opened at path, is a FIFO (or /dev/null) and
+// returns it as a blocking file, as the supervisor's stdout and stderr.
+func logFile(fd int, path string) (*os.File, error) {
+	var st unix.Stat_t
+	err := unix.Fstat(fd, &st)
+	kind := st.Mode & unix.S_IFMT
+	if err != nil || !(kind == unix.S_IFIFO || path == os.DevNull && kind == unix.S_IFCHR) {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open task log %s: not a FIFO: refusing to write the task's log into it", path)
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open task log %s: %w", path, err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }

@@ -6,7 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -129,5 +131,37 @@ func TestOpenLogFIFORefusesFilesAndSymlinks(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(victim); string(b) != "untouched" {
 		t.Errorf("victim changed: %q", b)
+	}
+}
+
+// A log FIFO that logmon never opens fails the start after the wait, and
+// leaves nothing blocked in open() behind: a plugin that retries starts
+// must not pile up stuck goroutines (and threads).
+func TestOpenLogFIFOGivesUpCleanly(t *testing.T) {
+	defer func(d time.Duration) { logFIFOTimeout = d }(logFIFOTimeout)
+	logFIFOTimeout = 200 * time.Millisecond
+	fifo := filepath.Join(t.TempDir(), "nobody-reads.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := openLogFIFO(fifo)
+	if err == nil {
+		f.Close()
+		t.Fatal("openLogFIFO opened a FIFO that no one reads")
+	}
+	if !strings.Contains(err.Error(), "no reader") {
+		t.Errorf("error %q does not say that no reader came", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		if !strings.Contains(stacks, "openLogFIFO") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a goroutine is still in openLogFIFO after it gave up:\n%s", stacks)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

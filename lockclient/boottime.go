@@ -25,13 +25,24 @@ import (
 const bootTimerStep = time.Second
 
 // bootClock is the clock of production: times are CLOCK_BOOTTIME readings
-// laid over the wall clock at one anchor, so they print as dates, and carry
-// no monotonic reading (time.Until on them compares wall clocks, which
-// also count suspended time). Compare them with each other, or with Now.
+// laid over time.Now() at one anchor, so they print as dates. Compare them
+// with each other, or with Now, and measure to them with BootUntil.
+//
+// Where they meet the standard library all the same (time.Until, a
+// context's Deadline, net.Dialer's timeout), they must not mean a wall
+// time: a step of the wall clock after the anchor (chrony's first step
+// after a VM boot or a resume) would move every such deadline by the step,
+// for the rest of the process (a forward step: kills skipped, dials timed
+// out at once). So they carry the anchor's monotonic reading, and Go
+// compares them with time.Now() on its monotonic clock, which no step
+// moves; that clock stops in a suspend, so there a deadline looks later
+// by the time suspended, never earlier. A deadline context reports its
+// Deadline as the time left on CLOCK_BOOTTIME from the moment it is asked
+// (bootDeadlineCtx.Deadline), which is exact.
 type bootClock struct {
 	src  func() int64 // CLOCK_BOOTTIME in nanoseconds
 	step time.Duration
-	wall time.Time // the wall time when src read boot
+	wall time.Time // time.Now() when src read boot, monotonic reading kept
 	boot int64
 }
 
@@ -46,7 +57,7 @@ func readBoottime() int64 {
 }
 
 func newBootClock(src func() int64, step time.Duration) *bootClock {
-	return &bootClock{src: src, step: step, wall: time.Now().Round(0), boot: src()}
+	return &bootClock{src: src, step: step, wall: time.Now(), boot: src()}
 }
 
 // theBootClock is the process's one boottime clock: one anchor, so every
@@ -71,10 +82,7 @@ func (c *bootClock) newTimer(d time.Duration, fire func()) *bootTimer {
 
 // WithDeadline is context.WithDeadline on boottime.
 func (c *bootClock) WithDeadline(parent context.Context, at time.Time) (context.Context, context.CancelFunc) {
-	ctx := &bootDeadlineCtx{Context: parent, deadline: at, done: make(chan struct{})}
-	if d, ok := parent.Deadline(); ok && d.Before(at) {
-		ctx.deadline = d
-	}
+	ctx := &bootDeadlineCtx{Context: parent, clk: c, deadline: at, done: make(chan struct{})}
 	tm := c.newTimer(at.Sub(c.Now()), func() { ctx.end(context.DeadlineExceeded) })
 	stop := context.AfterFunc(parent, func() { ctx.end(parent.Err()) })
 	return ctx, func() { tm.Stop(); stop(); ctx.end(context.Canceled) }
@@ -84,15 +92,26 @@ func (c *bootClock) WithDeadline(parent context.Context, at time.Time) (context.
 // or it is cancelled.
 type bootDeadlineCtx struct {
 	context.Context
-	deadline time.Time
+	clk      *bootClock
+	deadline time.Time // on clk
 	done     chan struct{}
 	once     sync.Once
 	mu       sync.Mutex
 	err      error
 }
 
-func (c *bootDeadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
-func (c *bootDeadlineCtx) Done() <-chan struct{}       { return c.done }
+// Deadline is for the standard library (net.Dialer turns it into a dial
+// timeout with time.Until): the time left on boottime, from now, on
+// time.Now()'s clock; the parent's, if that is earlier.
+func (c *bootDeadlineCtx) Deadline() (time.Time, bool) {
+	d := time.Now().Add(c.deadline.Sub(c.clk.Now()))
+	if pd, ok := c.Context.Deadline(); ok && pd.Before(d) {
+		d = pd
+	}
+	return d, true
+}
+
+func (c *bootDeadlineCtx) Done() <-chan struct{} { return c.done }
 
 func (c *bootDeadlineCtx) Err() error {
 	c.mu.Lock()

@@ -140,3 +140,35 @@ func TestBootNanosIsTheKernelsBoottime(t *testing.T) {
 		t.Fatalf("BootUntil(now+1h) = %s", d)
 	}
 }
+
+// A wall-clock step after the process started (chrony's first step after
+// a VM boot or a resume) must not move boot deadlines where they meet the
+// standard library: a context on one (and net.Dialer, which turns its
+// Deadline into a dial timeout) sees the time left on CLOCK_BOOTTIME, and
+// boot times compare with time.Now on Go's monotonic clock.
+func TestBootDeadlinesIgnoreWallClockSteps(t *testing.T) {
+	f := &fakeBoot{}
+	c := newTestBootClock(f)
+	// The clock's anchor as it looks after the wall clock was stepped 5 s
+	// forward: no monotonic reading to go by, and 5 s behind the wall.
+	c.wall = c.wall.Round(0).Add(-5 * time.Second)
+	ctx, cancel := c.WithDeadline(context.Background(), c.Now().Add(2*time.Second))
+	defer cancel()
+	dl, ok := ctx.Deadline()
+	if left := time.Until(dl); !ok || left <= time.Second || left > 2*time.Second {
+		t.Fatalf("Deadline() leaves %s to time.Until, want the 2s left on boottime", left)
+	}
+	std, stdCancel := context.WithDeadline(context.Background(), dl)
+	defer stdCancel()
+	if std.Err() != nil {
+		t.Fatal("a standard context on the boot deadline is done at once")
+	}
+
+	now := BootNow()
+	if now == now.Round(0) {
+		t.Fatal("BootNow carries no monotonic reading: time.Until and the standard library compare it by the wall clock")
+	}
+	if left := time.Until(BootNow().Add(2 * time.Second)); left <= time.Second || left > 2*time.Second {
+		t.Fatalf("time.Until(BootNow()+2s) = %s", left)
+	}
+}

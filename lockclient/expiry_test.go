@@ -192,7 +192,7 @@ func TestMarkReleasedCleanLeftToExpire(t *testing.T) {
 	if err := ls.MarkReleasedClean(context.Background()); !errors.Is(err, ErrLeftToExpire) {
 		t.Fatalf("MarkReleasedClean = %v, want ErrLeftToExpire", err)
 	}
-	if err := r.l.MarkReleasedCleanID(context.Background(), testID, time.Time{}); !errors.Is(err, ErrLeftToExpire) {
+	if err := r.l.MarkReleasedCleanID(context.Background(), testID, testFence, time.Time{}); !errors.Is(err, ErrLeftToExpire) {
 		t.Fatalf("MarkReleasedCleanID with no last renew = %v, want ErrLeftToExpire", err)
 	}
 	r.api.quiet(t)

@@ -3,7 +3,9 @@ package lockclient
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
@@ -129,11 +131,23 @@ func (l *Locker) NewAllocPermissionError(id, namespace string, err error) *Alloc
 // from there with fence as its fencing token. A lock that is no longer held
 // under id wraps ErrLost.
 func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, error) {
-	sent := l.clock.Now()
 	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
+	// A record written without the lock's TTL (writeItem) is not renewed:
+	// the renew would set the server's timer from Nomad's default TTL.
+	cur, _, err := l.vars.Peek(l.cfg.Path, (&api.QueryOptions{Namespace: l.cfg.Namespace}).WithContext(rctx))
+	switch {
+	case err != nil:
+		return nil, l.classify("adopt", err)
+	case cur == nil:
+		return nil, &LostError{Reason: fmt.Sprintf("the lock variable of the previous run (fence %d) is gone", fence)}
+	case cur.Items[itemTTLUnset] == "true":
+		return nil, &LostError{Reason: fmt.Sprintf("the previous run (fence %d) rewrote the lock's record, and Nomad keeps such a lock "+
+			"without its own TTL: a renew would not keep it for that TTL, so it is left to expire", fence)}
+	}
+	sent := l.clock.Now()
 	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: id}}
-	_, _, err := l.vars.RenewLock(v, l.writeOptions(rctx))
+	_, _, err = l.vars.RenewLock(v, l.writeOptions(rctx))
 	switch code := statusCode(err); {
 	case err == nil:
 	case code == http.StatusConflict || code == http.StatusNotFound || notHeld(err):
@@ -142,6 +156,9 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 		return nil, l.classify("adopt", err)
 	}
 	lease := newLease(l, id, fence, sent, Holder{})
+	lease.mu.Lock()
+	lease.itemsIndex = cur.ModifyIndex // the previous run's record as it left it
+	lease.mu.Unlock()
 	if l.cfg.Heartbeat != nil {
 		// Lease mode: the heartbeat goes on from the previous run's, by
 		// check-and-set, unless a standby sealed it (or another holder's
@@ -197,68 +214,144 @@ func (ls *Lease) Retake(ctx context.Context) (*Lease, error) {
 // without it (by hand, with the lock ID; or the server's expiry) tells the
 // next holder that the previous holder's work may still be stopping. It ends
 // the renewing: call it only just before Release. An error only costs the
-// next holder that wait.
-//
-// Nomad takes a write to a locked variable only with the lock's ID and no
-// TTL or delay ("variable should not contain lock definition"), and keeps
-// the lock as written, without them; a renew after such a write would set
-// the server's timer to 2 × 0 and expire the lock. So the renew loop stops
-// first, and nothing renews between this write and the release. Past the
-// release cutoff nothing is written (ErrLeftToExpire), as nothing is
-// released.
+// next holder that wait. Past the release cutoff nothing is written
+// (ErrLeftToExpire), as nothing is released.
 func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
 	ls.stopRenewing()
-	return ls.locker.MarkReleasedCleanID(ctx, ls.id, ls.LastRenew())
+	return ls.writeItem(ctx, itemWrite{op: "mark released", key: itemClean, value: "true"})
 }
 
 // MarkNotGatedDirect removes, under the lease's lock ID, the holder's
 // claim that its gate kills its gated tasks itself (Holder.GatedDirect):
 // a gate that could not prove them dead makes the next holder wait for
 // Nomad's report of them instead of trusting the lock's expiry. It ends
-// the renewing, as MarkReleasedClean does (a renew after a write would
-// expire the lock at once): the lock then expires on the server, 2×TTL
-// after the last renew.
+// the renewing: the lock then expires on the server, 2×TTL after the last
+// renew. Before the lease's fence deadline the lock's TTL and delay are
+// written back after the record (writeItem), so that the lock may still be
+// adopted, and a new Nomad leader expires it on time.
 func (ls *Lease) MarkNotGatedDirect(ctx context.Context) error {
 	ls.stopRenewing()
-	return ls.locker.writeItem(ctx, "withdraw gated_direct", ls.id, itemDirect, "", ls.LastRenew())
+	return ls.writeItem(ctx, itemWrite{op: "withdraw gated_direct", key: itemDirect, restoreBy: ls.FenceDeadline()})
+}
+
+// writeItem is Locker.writeItem for this lease, by check-and-set on the
+// index of its acquire, or of its own last such write.
+func (ls *Lease) writeItem(ctx context.Context, w itemWrite) error {
+	ls.mu.Lock()
+	w.id, w.lastRenew = ls.id, ls.lastRenew
+	ls.mu.Unlock()
+	w.index = ls.lastIndex()
+	index, err := ls.locker.writeItem(ctx, w)
+	if err == nil {
+		ls.mu.Lock()
+		ls.itemsIndex = index
+		ls.mu.Unlock()
+	}
+	return err
 }
 
 // MarkReleasedCleanID is MarkReleasedClean for the lock held under lock ID
-// id by a holder that no longer renews it: the driver's plugin uses it for a
-// gate whose identity no longer authenticates (see Lease.MarkReleasedClean).
-// lastRenew is as for ReleaseID: from the release cutoff on nothing is
-// written.
-func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string, lastRenew time.Time) error {
-	return l.writeItem(ctx, "mark released", id, itemClean, "true", lastRenew)
+// id, acquired at index fence, by a holder that no longer renews it: the
+// driver's plugin uses it for a gate whose identity no longer
+// authenticates (see Lease.MarkReleasedClean). lastRenew is as for
+// ReleaseID: from the release cutoff on nothing is written.
+func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string, fence uint64, lastRenew time.Time) error {
+	_, err := l.writeItem(ctx, itemWrite{op: "mark released", id: id, index: fence, key: itemClean, value: "true", lastRenew: lastRenew})
+	return err
 }
 
-// writeItem sets (or, with value "", deletes) one item of the variable
-// held under lock ID id, unless the lease's release cutoff has passed
-// (ErrLeftToExpire): what may no longer be released is not written either.
-func (l *Locker) writeItem(ctx context.Context, op, id, key, value string, lastRenew time.Time) error {
-	if err := l.mayRelease(op, lastRenew); err != nil {
-		return err
+// itemWrite is one write of an item of the lock's record (writeItem).
+type itemWrite struct {
+	op         string // for errors: what the write is for
+	id         string // the lock ID
+	index      uint64 // the variable's ModifyIndex as the holder left it
+	key, value string // value "" deletes the item
+	lastRenew  time.Time
+	// restoreBy, if set, is the lease's fence deadline: before it, the
+	// lock's TTL and delay are written back after the record.
+	restoreBy time.Time
+}
+
+// itemTTLUnset marks a record written without the lock's TTL (writeItem),
+// until they are written back: a lease that says so is not adopted.
+const itemTTLUnset = "lock_ttl_unset"
+
+// writeItem sets (or deletes) one item of the lock's record, and returns
+// the variable's new ModifyIndex. Nothing is written from the release
+// cutoff on (ErrLeftToExpire): what may no longer be released is not
+// written either.
+//
+// Nomad takes a write of a locked variable only with the lock's ID and no
+// TTL or delay ("variable should not contain lock definition"), and then
+// stores the lock with its own defaults, TTL 15s and delay 15s
+// (VariableLock.Canonicalize), whatever the holder asked for: a renew would
+// set the server's timer to 2 × 15s, and a new leader restores it so
+// (nomad/locks.go), shorter than the holder's own bounds when its TTL is
+// longer; and the same write on a free variable creates a lock that no
+// timer expires. So:
+//
+//   - the write is a check-and-set on w.index, the ModifyIndex of the
+//     holder's acquire (or its own last write): every release, expiry and
+//     acquire moves it, so it lands only on the lock its holder left, and
+//     never creates one on a free variable (the answer then wraps ErrLost);
+//   - before w.restoreBy (the lease's fence deadline), a lock-acquire with
+//     the lock's own ID writes the record again with the lock's TTL and
+//     delay: Nomad takes an acquire by the ID that holds the lock, and the
+//     server's timer, still running (it fires 2×TTL after the last renew,
+//     long after the fence deadline), is left as it is;
+//   - until then the record says itemTTLUnset, and Adopt refuses it.
+func (l *Locker) writeItem(ctx context.Context, w itemWrite) (uint64, error) {
+	if err := l.mayRelease(w.op, w.lastRenew); err != nil {
+		return 0, err
+	}
+	if l.cas == nil {
+		return 0, fmt.Errorf("%s %s: no check-and-set write available", w.op, l.cfg.Path)
 	}
 	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
 	cur, _, err := l.vars.Peek(l.cfg.Path, (&api.QueryOptions{Namespace: l.cfg.Namespace}).WithContext(rctx))
 	if err != nil {
-		return l.classify(op, err)
+		return 0, l.classify(w.op, err)
 	}
-	items := map[string]string{}
-	if cur != nil {
-		for k, v := range cur.Items {
-			items[k] = v
-		}
+	if cur == nil || cur.ModifyIndex != w.index {
+		return 0, fmt.Errorf("%s %s: %w: the variable changed since its holder's acquire (index %d, the holder's %d)",
+			w.op, l.cfg.Path, ErrLost, modifyIndex(cur), w.index)
 	}
-	if value == "" {
-		delete(items, key)
+	items := maps.Clone(cur.Items)
+	if items == nil {
+		items = map[string]string{}
+	}
+	if w.value == "" {
+		delete(items, w.key)
 	} else {
-		items[key] = value
+		items[w.key] = w.value
 	}
-	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items, Lock: &api.VariableLock{ID: id}}
-	if _, _, err := l.vars.Update(v, l.writeOptions(rctx)); err != nil {
-		return l.classify(op, err)
+	items[itemTTLUnset] = "true"
+	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items, Lock: &api.VariableLock{ID: w.id}, ModifyIndex: w.index}
+	out, _, err := l.cas.CheckedUpdate(v, l.writeOptions(rctx))
+	var conflict api.ErrCASConflict
+	switch {
+	case errors.As(err, &conflict):
+		return 0, fmt.Errorf("%s %s: %w: the variable changed since its holder's acquire", w.op, l.cfg.Path, ErrLost)
+	case err != nil:
+		return 0, l.classify(w.op, err)
+	case out == nil:
+		return 0, fmt.Errorf("%s %s: Nomad answered without the variable", w.op, l.cfg.Path)
 	}
-	return nil
+	index := out.ModifyIndex
+	if w.restoreBy.IsZero() || !l.clock.Now().Before(w.restoreBy) {
+		return index, nil
+	}
+	delete(items, itemTTLUnset)
+	rv := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items,
+		Lock: &api.VariableLock{ID: w.id, TTL: l.cfg.TTL.String(), LockDelay: l.cfg.LockDelay.String()}}
+	actx, cancel := l.clock.WithDeadline(ctx, earliest(l.clock.Now().Add(l.cfg.RequestTimeout), w.restoreBy))
+	defer cancel()
+	back, _, err := l.vars.AcquireLock(rv, l.writeOptions(actx))
+	if err != nil || back == nil {
+		l.log.Warn("the lock's record was written, but its TTL could not be written back: it is not adopted, "+
+			"and a new Nomad leader expires it by Nomad's default TTL", "op", w.op, "error", err)
+		return index, nil
+	}
+	return back.ModifyIndex, nil
 }

@@ -113,13 +113,17 @@ type beatRecord struct {
 	Alloc, SealedBy            string
 }
 
+// items is the record in milliseconds, each rounded the safe way for the
+// standby: D, K and the renew age up (its wait stays at least D + K +
+// TakeoverMargin, its bound on the last renew below it), the TTL down (its
+// release cutoff stays early), the interval down.
 func (r beatRecord) items() map[string]string {
-	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	down := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	up := func(d time.Duration) string { return down(d + time.Millisecond - 1) }
 	it := map[string]string{
 		beatSeq: strconv.FormatUint(r.Seq, 10), beatEpoch: strconv.FormatUint(r.Epoch, 10),
-		beatInterval: ms(r.Interval), beatFence: ms(r.Fence), beatKillGrace: ms(r.KillGrace),
-		beatRenewAge: ms(r.RenewAge + time.Millisecond - 1), // rounded up: the standby's bound stays below
-		beatTTL:      ms(r.TTL), beatAlloc: r.Alloc,
+		beatInterval: down(r.Interval), beatFence: up(r.Fence), beatKillGrace: up(r.KillGrace),
+		beatRenewAge: up(r.RenewAge), beatTTL: down(r.TTL), beatAlloc: r.Alloc,
 	}
 	if r.SealedBy != "" {
 		it[beatSealed] = r.SealedBy
@@ -385,14 +389,23 @@ func (ls *Lease) LastHeartbeat() time.Time {
 
 // clearEscrow overwrites the escrowed lock ID before the lock is
 // released, within escrowClearTimeout: a release is not held up longer.
+// Only a lease still ours, before its fence deadline, does: no standby
+// may have taken it over by then (it waits D + K + TakeoverMargin after
+// the last heartbeat), so no next holder's ID can be in the escrow.
 func (ls *Lease) clearEscrow(ctx context.Context) {
-	if ls.locker.cfg.Heartbeat == nil {
+	l := ls.locker
+	if l.cfg.Heartbeat == nil {
 		return
 	}
-	ctx, cancel := withTimeout(ctx, ls.locker.clock, min(ls.locker.cfg.RequestTimeout, escrowClearTimeout))
+	fence := ls.FenceDeadline()
+	if ls.Err() != nil || ls.until(fence) <= 0 {
+		l.log.Debug("the lease is no longer ours: leaving the lock escrow as it is")
+		return
+	}
+	ctx, cancel := l.clock.WithDeadline(ctx, earliest(l.clock.Now().Add(min(l.cfg.RequestTimeout, escrowClearTimeout)), fence))
 	defer cancel()
 	if err := ls.writeEscrow(ctx, ""); err != nil {
-		ls.locker.log.Warn("could not clear the lock escrow (once the lock is released, the lock ID in it releases nothing)", "error", err)
+		l.log.Warn("could not clear the lock escrow (once the lock is released, the lock ID in it releases nothing)", "error", err)
 	}
 }
 

@@ -88,6 +88,28 @@ func (lr *leaseRig) acquire(t *testing.T) *Lease {
 	return ls
 }
 
+// sealedByStandby makes a standby seal the heartbeat: the next heartbeat
+// (at t0 + 1s, which it brings about) meets a check-and-set conflict and
+// reads back a record sealed by alloc-standby.
+func (lr *leaseRig) sealedByStandby(t *testing.T) {
+	t.Helper()
+	sealed := beatRecord{Seq: 9, Epoch: testFence, SealedBy: "alloc-standby"}
+	lr.mu.Lock()
+	lr.onCAS = func(c *call) (reply, bool) {
+		return reply{err: api.ErrCASConflict{CheckIndex: 101, Conflict: &api.Variable{}}}, true
+	}
+	lr.mu.Unlock()
+	auto := lr.api.auto
+	lr.api.auto = func(c *call) (reply, bool) {
+		if c.op == "read" && c.v.Path == testBeatPath {
+			return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 102, Items: sealed.items()}}, true
+		}
+		return auto(c)
+	}
+	lr.clock.waitTimerAt(t, t0.Add(time.Second))
+	lr.clock.advanceTo(t, t0.Add(time.Second))
+}
+
 // The holder fences itself D after the send of its last acknowledged
 // heartbeat, long before the lock's own fence, and its workload must be
 // dead K later; every heartbeat carries what the standby needs.
@@ -142,21 +164,7 @@ func TestHeartbeatFencesTheHolder(t *testing.T) {
 func TestSealedHeartbeatEndsTheLease(t *testing.T) {
 	lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
 	ls := lr.acquire(t)
-	sealed := beatRecord{Seq: 9, Epoch: testFence, SealedBy: "alloc-standby"}
-	lr.mu.Lock()
-	lr.onCAS = func(c *call) (reply, bool) {
-		return reply{err: api.ErrCASConflict{CheckIndex: 101, Conflict: &api.Variable{}}}, true
-	}
-	lr.mu.Unlock()
-	auto := lr.api.auto
-	lr.api.auto = func(c *call) (reply, bool) {
-		if c.op == "read" && c.v.Path == testBeatPath {
-			return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 102, Items: sealed.items()}}, true
-		}
-		return auto(c)
-	}
-	lr.clock.waitTimerAt(t, t0.Add(time.Second))
-	lr.clock.advanceTo(t, t0.Add(time.Second))
+	lr.sealedByStandby(t)
 	if !closedWithin(ls.Lost()) {
 		t.Fatal("a sealed heartbeat did not end the lease")
 	}
@@ -461,8 +469,11 @@ func TestAdoptInLeaseMode(t *testing.T) {
 			lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
 			auto := lr.api.auto
 			lr.api.auto = func(c *call) (reply, bool) {
-				if c.op == "read" && c.v.Path == testBeatPath {
+				switch {
+				case c.op == "read" && c.v.Path == testBeatPath:
 					return reply{v: &api.Variable{Path: testBeatPath, ModifyIndex: 90, Items: tc.rec.items()}}, true
+				case c.op == "read" && c.v.Path == testPath:
+					return reply{v: &api.Variable{Path: testPath, ModifyIndex: testFence}}, true
 				}
 				return auto(c)
 			}
@@ -520,5 +531,123 @@ func TestPreviousTakenOver(t *testing.T) {
 				t.Fatalf("PreviousTakenOver = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// The record is in milliseconds: what the standby reads back is rounded
+// the safe way, so that its wait is never below the holder's D + K +
+// TakeoverMargin, and its cutoff never later than the holder's TTL allows.
+func TestBeatRecordRoundsTowardSafety(t *testing.T) {
+	sub := 500 * time.Microsecond
+	rec := beatRecord{Seq: 1, Epoch: 9, Interval: time.Second + sub, Fence: 6*time.Second + sub,
+		KillGrace: 2*time.Second + sub, RenewAge: 300*time.Millisecond + sub, TTL: 10*time.Second + sub}
+	got, ok := parseBeat(rec.items())
+	if !ok {
+		t.Fatal("the record does not parse back")
+	}
+	if got.Fence < rec.Fence || got.KillGrace < rec.KillGrace || got.RenewAge < rec.RenewAge {
+		t.Errorf("read back D %s, K %s, renew age %s; want at least %s, %s, %s",
+			got.Fence, got.KillGrace, got.RenewAge, rec.Fence, rec.KillGrace, rec.RenewAge)
+	}
+	if got.TTL > rec.TTL || got.Interval > rec.Interval {
+		t.Errorf("read back TTL %s, interval %s; want at most %s, %s", got.TTL, got.Interval, rec.TTL, rec.Interval)
+	}
+}
+
+// A lease that is no longer ours (a standby sealed its heartbeat, or it
+// fenced itself) leaves the escrow alone on release: by then the next
+// holder may have escrowed its own lock ID there, and overwriting it would
+// turn that holder's fast takeover off.
+func TestReleaseOfALostLeaseLeavesTheEscrow(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lose func(lr *leaseRig)
+	}{
+		{"sealed by a standby", func(lr *leaseRig) { lr.sealedByStandby(t) }},
+		{"fenced: no heartbeat acknowledged for D", func(lr *leaseRig) {
+			lr.mu.Lock()
+			lr.beats = false
+			lr.mu.Unlock()
+			lr.clock.advanceTo(t, t0.Add(DefaultHeartbeat.Fence+time.Second))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lr := newLeaseRig(t, 20*time.Second, DefaultHeartbeat)
+			ls := lr.acquire(t)
+			tc.lose(lr)
+			if !closedWithin(ls.Lost()) {
+				t.Fatal("the lease was not lost")
+			}
+			var escrowWrites int
+			auto := lr.api.auto
+			lr.api.auto = func(c *call) (reply, bool) {
+				if c.op == "update" {
+					escrowWrites++
+				}
+				return auto(c)
+			}
+			_ = ls.Release(context.Background())
+			if escrowWrites != 0 || lr.escrow["lock_id"] != testID {
+				t.Fatalf("%d escrow writes on the release of a lost lease (escrow %v); want none", escrowWrites, lr.escrow)
+			}
+		})
+	}
+}
+
+// The standby's release cutoff rests on the record's renew age and, where
+// the lock's own TTL is hidden (not a management token), its TTL: both
+// are the writer's word. A record that says renew_age 0 and ttl 24h (as a
+// workload that got the holder's token could write) moves the cutoff no
+// later than the standby's own interval and TTL allow.
+func TestTakeoverDistrustsTheRecordsTimings(t *testing.T) {
+	forged := func(ms int, index uint64) beatObservation {
+		o := obs(ms, index)
+		o.rec.RenewAge, o.rec.TTL = 0, 24*time.Hour
+		return o
+	}
+	c := &takeoverCount{own: DefaultHeartbeat.Takeover(), minRenewAge: DefaultHeartbeat.Interval}
+	for _, o := range []beatObservation{forged(100, 1), forged(850, 1), forged(1100, 2), forged(1850, 2), forged(2100, 3), forged(11200, 3)} {
+		c.observe(o)
+	}
+	v := c.decide(t0.Add(11300 * time.Millisecond))
+	if !v.ready {
+		t.Fatalf("not ready: %s", v.why)
+	}
+	if want := t0.Add(850*time.Millisecond - DefaultHeartbeat.Interval); v.renewAfter.After(want) {
+		t.Errorf("renew lower bound t0%+v, want no later than t0%+v (the standby's interval before the read)", v.renewAfter.Sub(t0), want.Sub(t0))
+	}
+
+	// The lock's state hidden: the cutoff by the standby's own TTL (10s):
+	// t0 + 2×10s − 1s − 2.5s = t0 + 16.5s has passed.
+	clk := newFakeClock()
+	clk.now = t0.Add(17 * time.Second)
+	f := newFakeAPI(clk)
+	released := false
+	f.auto = func(cl *call) (reply, bool) {
+		switch {
+		case cl.op == "read" && cl.v.Path == testPath:
+			return reply{v: &api.Variable{Path: testPath, ModifyIndex: testFence}}, true
+		case cl.op == "read":
+			return reply{v: &api.Variable{Items: map[string]string{"lock_id": testID, "fence": strconv.Itoa(testFence)}}}, true
+		case cl.op == "cas":
+			return reply{v: &api.Variable{}}, true
+		case cl.op == "release":
+			released = true
+			return reply{}, true
+		}
+		return reply{err: errors.New("unexpected")}, true
+	}
+	cfg, err := Config{Path: testPath, Timing: Timing{TTL: 10 * time.Second, LockDelay: time.Second}}.prepared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLocker(cfg, nil, f, clk)
+	l.cas = f
+	hb := DefaultHeartbeat
+	hb.Path, hb.EscrowPath = testBeatPath, testEscrowPath
+	verdict := takeoverVerdict{ready: true, index: 103, rec: beatRecord{Seq: 3, Epoch: testFence, TTL: 24 * time.Hour}, renewAfter: t0}
+	err = l.takeOver(context.Background(), TakeoverOptions{Heartbeat: hb, SealedBy: "alloc-standby"}, verdict)
+	if err == nil || released || !strings.Contains(err.Error(), "left to the server's expiry") {
+		t.Fatalf("takeOver = %v (released %v), want the lock left to the server's expiry", err, released)
 	}
 }

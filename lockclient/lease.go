@@ -1,6 +1,7 @@
 package lockclient
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,6 +50,9 @@ type Lease struct {
 	// prevSealed is the allocation of the heartbeat found sealed by a
 	// standby when the heartbeat started (PreviousTakenOver).
 	prevSealed string
+	// itemsIndex is the variable's ModifyIndex after this lease's last
+	// write of its record (writeItem); 0: none since the acquire (Fence).
+	itemsIndex uint64
 
 	lost      chan struct{}
 	renewed   chan struct{}
@@ -300,9 +304,17 @@ func retryDelayBefore(backoff, left time.Duration) time.Duration {
 	return max(minRenewRetry, min(backoff, left/renewRetriesLeft))
 }
 
+// lastIndex is the variable's ModifyIndex as this lease last left it: its
+// acquire's (Fence), or its own last write of the lock's record.
+func (ls *Lease) lastIndex() uint64 {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return cmp.Or(ls.itemsIndex, ls.Fence)
+}
+
 // stillOurs reads the variable after a renew was answered 409 and reports
 // whether it proves the lock still ours: held under our lock ID with the
-// ModifyIndex of our acquire (every acquire, release, expiry or write moves
+// ModifyIndex we left it at (every acquire, release, expiry or write moves
 // it). Failed reads are retried for up to RequestTimeout, never past the
 // fence deadline; no proof by then counts as a loss.
 func (ls *Lease) stillOurs(ctx context.Context) bool {
@@ -314,7 +326,7 @@ func (ls *Lease) stillOurs(ctx context.Context) bool {
 		cur, _, err := l.read(rctx, 0)
 		if err == nil {
 			v := cur.v
-			ours := v != nil && v.Lock != nil && v.Lock.ID == ls.id && v.ModifyIndex == ls.Fence
+			ours := v != nil && v.Lock != nil && v.Lock.ID == ls.id && v.ModifyIndex == ls.lastIndex()
 			if !ours {
 				l.log.Debug("renew answered 409 and the lock is no longer ours", "modify_index", modifyIndex(v), "fence", ls.Fence)
 			}
@@ -339,7 +351,7 @@ func modifyIndex(v *api.Variable) uint64 {
 // accelerator: renews remain the authority, so errors merely pause it.
 func (ls *Lease) watchLoop(ctx context.Context, changed chan<- struct{}) {
 	l := ls.locker
-	index := ls.Fence
+	index := ls.lastIndex()
 	bo := l.newBackoff()
 	for ctx.Err() == nil {
 		_, next, err := l.read(ctx, index)
@@ -391,9 +403,10 @@ func (ls *Lease) renewOnce(ctx context.Context) error {
 // the error wraps ErrLeftToExpire and the lock expires on the server.
 func (ls *Lease) Release(ctx context.Context) error {
 	ls.stopRenewing()
-	// Lease mode: the escrowed lock ID is overwritten first, while the
-	// lock is still ours, so that it can never overwrite the next
-	// holder's.
+	// Lease mode: the escrowed lock ID is overwritten first, and only
+	// while the lease is still ours: once lost (fenced, or sealed by a
+	// standby), a standby may have released the lock and the next holder
+	// escrowed its own ID, which this write would overwrite.
 	ls.clearEscrow(ctx)
 	if err := ls.locker.ReleaseID(ctx, ls.id, ls.LastRenew()); err != nil {
 		return err

@@ -431,22 +431,24 @@ func TestAcquireEnds(t *testing.T) {
 
 // TestMarkReleasedClean: the mark is one write of the variable's Items plus
 // released_clean, under the lock ID alone (Nomad refuses a write that
-// carries the lock's TTL or delay), and nothing renews after it: a renew of
-// a lock written without its TTL would set the server's timer to zero.
+// carries the lock's TTL or delay), by check-and-set on the index of the
+// acquire (so it never lands on a lock released or taken meanwhile), and
+// nothing renews after it: Nomad keeps a lock so written with its default
+// TTL, not the holder's, and a renew would set the server's timer by it.
 func TestMarkReleasedClean(t *testing.T) {
 	r := newRig(t, Timing{})
 	ls := r.acquire(t)
 	done := make(chan error, 1)
 	go func() { done <- ls.MarkReleasedClean(context.Background()) }()
-	r.api.next(t, "read").answer(reply{v: &api.Variable{Path: testPath, Items: map[string]string{"holder_alloc_id": "a1"}}})
-	c := r.api.next(t, "update")
-	if c.v.Lock == nil || c.v.Lock.ID != testID || c.v.Lock.TTL != "" || c.v.Lock.LockDelay != "" {
-		t.Fatalf("update sent lock %+v, want the lock ID alone", c.v.Lock)
+	r.api.next(t, "read").answer(reply{v: &api.Variable{Path: testPath, ModifyIndex: testFence, Items: map[string]string{"holder_alloc_id": "a1"}}})
+	c := r.api.next(t, "cas")
+	if c.v.Lock == nil || c.v.Lock.ID != testID || c.v.Lock.TTL != "" || c.v.Lock.LockDelay != "" || c.v.ModifyIndex != testFence {
+		t.Fatalf("write sent lock %+v on index %d, want the lock ID alone, on the acquire's index %d", c.v.Lock, c.v.ModifyIndex, testFence)
 	}
 	if c.v.Items["released_clean"] != "true" || c.v.Items["holder_alloc_id"] != "a1" {
-		t.Fatalf("update sent items %v, want the holder's items and released_clean", c.v.Items)
+		t.Fatalf("write sent items %v, want the holder's items and released_clean", c.v.Items)
 	}
-	c.answer(reply{})
+	c.answer(reply{v: &api.Variable{ModifyIndex: testFence + 1}})
 	select {
 	case err := <-done:
 		if err != nil {

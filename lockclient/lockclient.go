@@ -140,7 +140,7 @@ type Locker struct {
 	cfg    Config
 	api    *api.Client  // for what is not the lease's: the token's own ACL
 	vars   lockAPI      // the variable and its lock
-	cas    casAPI       // check-and-set writes (lease mode's heartbeat); nil without one
+	cas    casAPI       // check-and-set writes (heartbeat, the lock's record); nil without one
 	slots  []*Locker    // a semaphore's, one per slot (Config.Holders)
 	allocs allocAPI     // a gate's reads of allocations; nil without one
 	jobs   jobAllocsAPI // a rolling update's reads of the job's allocations; nil without one
@@ -211,8 +211,10 @@ func (cfg Config) prepared() (Config, error) {
 // newLocker assembles a Locker from a prepared cfg and its seams.
 func newLocker(cfg Config, client *api.Client, vars lockAPI, c clock) *Locker {
 	l := &Locker{cfg: cfg, api: client, vars: vars, clock: c, log: cfg.Logger.With("path", cfg.Path)}
+	if cas, ok := vars.(casAPI); ok {
+		l.cas = cas
+	}
 	if client != nil {
-		l.cas = client.Variables()
 		l.allocs = client.Allocations()
 		l.jobs = client.Jobs()
 	}

@@ -59,6 +59,9 @@ type beatObservation struct {
 // read in order: the pure part of the decision, tested on its own.
 type takeoverCount struct {
 	own time.Duration // the standby's own L
+	// minRenewAge is the least renew age the count takes from a record:
+	// the standby's own heartbeat interval (see decide).
+	minRenewAge time.Duration
 	// versions holds the last three distinct indexes seen, oldest first,
 	// each with the send time of the last poll that returned it.
 	versions []seenVersion
@@ -126,7 +129,10 @@ func (c *takeoverCount) decide(now time.Time) takeoverVerdict {
 		v.why = "too few heartbeat changes seen to bound the holder's last renew"
 		return v
 	}
-	v.renewAfter = c.versions[0].lastSent.Add(-c.cur.rec.RenewAge)
+	// The record's renew age is its writer's word: taken no smaller than
+	// the standby's own heartbeat interval, so that a record that claims
+	// a renew at its very send (renew_age 0) moves the bound no later.
+	v.renewAfter = c.versions[0].lastSent.Add(-max(c.cur.rec.RenewAge, c.minRenewAge))
 	v.ready = true
 	return v
 }
@@ -155,7 +161,7 @@ var ErrTakenOver = errors.New("released the lock of a holder whose heartbeat sto
 // seals the heartbeat and releases the lock with the escrowed lock ID. It
 // returns ErrTakenOver after a release, or ctx's error.
 func (l *Locker) WatchTakeover(ctx context.Context, opts TakeoverOptions) error {
-	c := &takeoverCount{own: opts.Heartbeat.Takeover()}
+	c := &takeoverCount{own: opts.Heartbeat.Takeover(), minRenewAge: opts.Heartbeat.Interval}
 	skipped := uint64(0)
 	for {
 		if err := sleep(ctx, l.clock, TakeoverPoll); err != nil {
@@ -235,7 +241,9 @@ func (l *Locker) takeOver(ctx context.Context, opts TakeoverOptions, v takeoverV
 // still that holder's), and held, where the token is shown lock state
 // (Nomad shows it to management tokens only). It returns the lock's
 // timing: its own TTL and delay where shown, else the TTL the holder
-// recorded in its heartbeat (the delay does not bear on the cutoff).
+// recorded in its heartbeat, never more than the standby's own (the record
+// is its writer's word, and a longer TTL would put the release cutoff
+// later; the delay does not bear on the cutoff).
 func (l *Locker) lockInEpoch(ctx context.Context, rec beatRecord) (*api.Variable, Timing, error) {
 	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 	defer cancel()
@@ -246,7 +254,7 @@ func (l *Locker) lockInEpoch(ctx context.Context, rec beatRecord) (*api.Variable
 	if lock == nil || lock.ModifyIndex != rec.Epoch {
 		return nil, Timing{}, fmt.Errorf("the lock is no longer in the heartbeat's epoch %d (index %d)", rec.Epoch, modifyIndex(lock))
 	}
-	ttl, delay := rec.TTL, time.Second
+	ttl, delay := min(rec.TTL, l.cfg.Timing.TTL), time.Second
 	if lock.Lock != nil {
 		var err1, err2 error
 		ttl, err1 = time.ParseDuration(lock.Lock.TTL)

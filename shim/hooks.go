@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
@@ -168,15 +169,12 @@ func anyClosed(ctx context.Context, chs ...<-chan struct{}) <-chan struct{} {
 		return chs[0]
 	}
 	out := make(chan struct{})
+	var once sync.Once
 	for _, c := range chs {
 		go func() {
 			select {
 			case <-c:
-				select {
-				case <-out:
-				default:
-					close(out)
-				}
+				once.Do(func() { close(out) })
 			case <-ctx.Done():
 			}
 		}()

@@ -63,31 +63,55 @@ type group struct {
 	fence io.WriteCloser
 }
 
-// arm tells the guard to SIGKILL the whole group once d has passed without a
-// newer deadline: the fence still holds when the supervisor itself is frozen
-// (SIGSTOP, a stuck kernel call, a paused VM thread) and cannot stop the
-// workload on its own. The supervisor re-arms after every renew (see
+// arm tells the guard to SIGKILL the whole group (and the workload's tree,
+// where the guard can reach it: GuardTree) once d has passed without a
+// newer deadline: the fence still holds when the supervisor itself is
+// frozen (SIGSTOP, a stuck kernel call, a paused VM thread) and cannot stop
+// the workload on its own. The supervisor re-arms after every renew (see
 // Supervisor.guardDeadline: fence deadline + kill timeout + 1s, capped by
 // the lease's stop deadline, which is before the server can expire the
 // lock), so a standby never starts while a frozen holder's workload runs.
-// Best effort: an error only means the guard is gone.
+// d is sent as a CLOCK_BOOTTIME reading, not a duration: a supervisor
+// delayed between computing d and the write, or a guard slow to read it,
+// moves nothing later. Best effort: an error only means the guard is gone.
 func (g *group) arm(d time.Time) {
 	if g == nil || g.fence == nil {
 		return
 	}
-	_, _ = fmt.Fprintf(g.fence, "%d\n", lockclient.BootUntil(d).Nanoseconds())
+	_, _ = fmt.Fprintf(g.fence, "%d\n", lockclient.BootNanos(d))
 }
+
+// GuardTree is a Tree that the guard, a process of its own, can open
+// again from GuardArgs (with the TreeOpener its main passes to
+// MaybeRunGuard) and kill when it fires: the driver's task cgroup, which
+// also holds the daemons that left the workload's process group.
+type GuardTree interface {
+	Tree
+	GuardArgs() []string
+}
+
+// TreeOpener opens, in the guard, the Tree whose GuardArgs it was given.
+type TreeOpener func(args []string) (Tree, error)
+
+// guardTreeKillTimeout bounds the guard's kill of the workload's tree
+// before it kills its process group (and itself).
+const guardTreeKillTimeout = 2 * time.Second
 
 // startGuard starts our own binary as the guard: the leader of a fresh
 // process group that ignores every signal but its parent-death signal, on
 // which it SIGKILLs the whole group. So if the supervisor is SIGKILLed, the
-// workload and all its descendants still in the group die with it.
-func startGuard(sp *spawner) (*group, error) {
+// workload and all its descendants still in the group die with it, and
+// with tree (a GuardTree), every process of the workload's tree too.
+func startGuard(sp *spawner, tree Tree) (*group, error) {
 	self, err := os.Executable()
 	if err != nil {
 		self = "/proc/self/exe"
 	}
-	cmd := exec.Command(self, GuardCommand, strconv.Itoa(os.Getpid()))
+	args := []string{GuardCommand, strconv.Itoa(os.Getpid())}
+	if gt, ok := tree.(GuardTree); ok {
+		args = append(args, gt.GuardArgs()...)
+	}
+	cmd := exec.Command(self, args...)
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: guardSignal}
@@ -124,16 +148,24 @@ func startGuard(sp *spawner) (*group, error) {
 	return &group{pgid: cmd.Process.Pid, guard: cmd, fence: fence}, nil
 }
 
-// MaybeRunGuard runs the guard and exits if args ask for it.
-func MaybeRunGuard(args []string) {
+// MaybeRunGuard runs the guard and exits if args ask for it. open opens
+// the workload's tree the supervisor named (nil: the process group only).
+func MaybeRunGuard(args []string, open TreeOpener) {
 	if len(args) < 3 || args[1] != GuardCommand {
 		return
 	}
 	parent, _ := strconv.Atoi(args[2])
-	os.Exit(runGuard(parent))
+	var tree Tree
+	if len(args) > 3 && open != nil {
+		var err error
+		if tree, err = open(args[3:]); err != nil {
+			fmt.Fprintf(os.Stderr, "lock: process-group guard: %v; guarding the process group only\n", err)
+		}
+	}
+	os.Exit(runGuard(parent, tree))
 }
 
-func runGuard(parent int) int {
+func runGuard(parent int, tree Tree) int {
 	for sig := syscall.Signal(1); sig < 65; sig++ {
 		if sig != guardSignal && sig != syscall.SIGKILL && sig != syscall.SIGSTOP && sig != syscall.SIGCHLD && sig != syscall.SIGURG {
 			signal.Ignore(sig)
@@ -141,20 +173,31 @@ func runGuard(parent int) int {
 	}
 	died := make(chan os.Signal, 1)
 	signal.Notify(died, guardSignal)
-	if os.Getppid() != parent {
-		_ = syscall.Kill(0, syscall.SIGKILL)
+	// killAll kills the workload's tree (where the guard was given it),
+	// then the process group, the guard itself included.
+	killAll := func() int {
+		if tree != nil {
+			if err := tree.KillAll(guardTreeKillTimeout); err != nil {
+				fmt.Fprintf(os.Stderr, "lock: process-group guard: %v\n", err)
+			}
+		}
+		_ = syscall.Kill(0, syscall.SIGKILL) // pid 0: our own process group, ourselves included
 		return 1
+	}
+	if os.Getppid() != parent {
+		return killAll()
 	}
 	fmt.Fprintln(os.Stdout, "ready")
 	_ = os.Stdout.Close()
-	// Each stdin line arms the fence: the group must be gone within that
-	// many nanoseconds unless a newer line arrives. EOF keeps the last one.
-	arms := make(chan time.Duration, 1)
+	// Each stdin line arms the fence: a CLOCK_BOOTTIME reading in
+	// nanoseconds by which the group must be gone unless a newer line
+	// arrives. EOF keeps the last one.
+	arms := make(chan int64, 1)
 	go func() {
 		sc := bufio.NewScanner(os.Stdin)
 		for sc.Scan() {
 			if n, err := strconv.ParseInt(strings.TrimSpace(sc.Text()), 10, 64); err == nil {
-				arms <- time.Duration(n)
+				arms <- n
 			}
 		}
 	}()
@@ -165,18 +208,16 @@ func runGuard(parent int) int {
 	for {
 		select {
 		case <-died:
-			_ = syscall.Kill(0, syscall.SIGKILL) // pid 0: our own process group, ourselves included
-			return 1
-		case d := <-arms:
+			return killAll()
+		case n := <-arms:
 			if timer != nil {
 				timer.Stop()
 			}
-			timer = lockclient.NewBootTimer(max(d, 0))
+			timer = lockclient.NewBootTimer(max(lockclient.BootUntil(lockclient.BootTime(n)), 0))
 			fence = timer.C()
 		case <-fence:
 			fmt.Fprintln(os.Stderr, "lock: process-group guard: the supervisor missed its stop deadline; killing the workload")
-			_ = syscall.Kill(0, syscall.SIGKILL)
-			return 1
+			return killAll()
 		}
 	}
 }

@@ -329,7 +329,16 @@ func (s *Supervisor) startHeld(lease *lockclient.Lease) (r *heldRun, code int, s
 		s.emit(r.held(StateHolding, s.holdingMessage(lease)))
 		return r, 0, true
 	}
-	g, err := startGuard(s.spawner)
+	if chans.Closed(lease.Lost()) {
+		// Lost already (lease mode's first heartbeat, the hooks' work or
+		// OnAcquire can outlast the fence): the workload would only be
+		// killed again within the stop deadline.
+		log.Error("the lease was lost before the workload could start; not starting it", "why", lease.Err())
+		s.emit(Event{State: StateLost, Fence: lease.Fence, Message: lockLostMessage(lease.Err())})
+		s.finish(lease, nil, nil, endLost)
+		return nil, ExitLost, false
+	}
+	g, err := startGuard(s.spawner, s.Tree)
 	if err != nil && s.RequireGuard {
 		log.Error("cannot start the process-group guard; not starting the workload", "error", err)
 		s.finish(lease, nil, nil, endStartFailed)

@@ -461,3 +461,26 @@ func TestRunLockDeniedWaitsForPolicy(t *testing.T) {
 		}
 	})
 }
+
+// A lease lost between the acquire and the workload's start (lease mode's
+// first heartbeat, or a hook, can outlast the fence) never starts the
+// workload: Run exits ExitLost with a lost event, and nothing ran.
+func TestRunNeverStartsOnALostLease(t *testing.T) {
+	r := newRunRig(t, sleeper, ceiling)
+	r.sup.OnAcquire = func(l *lockclient.Lease) {
+		expiredUnderUs(r.srv)
+		select {
+		case <-l.Lost():
+		case <-time.After(ceiling):
+			t.Errorf("the lease was not lost within %s of the expiry", ceiling)
+		}
+	}
+	r.run()
+	if code := r.exit(); code != ExitLost {
+		t.Errorf("Run = %d, want ExitLost (%d); events:\n%s", code, ExitLost, r.eventLog())
+	}
+	r.event("lost", inState(StateLost))
+	if _, ok := r.find(inState(StateHolding)); ok || strings.Contains(r.out.String(), "started") {
+		t.Fatalf("the workload started on a lost lease; output %q, events:\n%s", r.out.String(), r.eventLog())
+	}
+}

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,9 +50,13 @@ func newUpdateHook(s *Supervisor) *updateHook {
 	if h.AllocID == "" || h.JobID == "" || h.Group == "" || h.Task == "" || s.Config.UpdateGrace < 0 {
 		return nil
 	}
-	ns := s.getenv("NOMAD_NAMESPACE")
-	if ns == "" {
-		ns = s.Config.Namespace
+	// The task's namespace: the driver's supervisor (root beside a task it
+	// does not trust: RootSecretsDir) has it from Nomad's task config, and
+	// never from the task's environment, which the job's env block can set;
+	// lock, which runs as the task, has only its environment.
+	ns := s.Config.Namespace
+	if s.Config.RootSecretsDir == "" {
+		ns = cmp.Or(s.getenv("NOMAD_NAMESPACE"), ns)
 	}
 	grace := s.Config.UpdateGrace
 	if grace == 0 {

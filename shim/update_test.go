@@ -424,3 +424,32 @@ func TestGateHasTheUpdateRule(t *testing.T) {
 		t.Error("update_grace = 0: a gate still has the update hook")
 	}
 }
+
+// The driver's supervisor reads allocations in the namespace Nomad's task
+// config names, never in one the job's env block put in NOMAD_NAMESPACE;
+// lock, which runs as the task, takes its environment's.
+func TestUpdateHookNamespaceNotFromTheTaskEnv(t *testing.T) {
+	env := func(k string) string {
+		if k == "NOMAD_NAMESPACE" {
+			return "from-env"
+		}
+		return ""
+	}
+	for _, tc := range []struct {
+		name, rootSecrets, want string
+	}{
+		{"driver", "/alloc/app/secrets", "default"},
+		{"lock", "", "from-env"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := locktest.New()
+			cfg := lockclient.Config{Path: "locks/web", Timing: locktest.Timing(),
+				Holder: lockclient.Holder{AllocID: "standby", JobID: "web", Group: "web", Task: "app"}}
+			s := &Supervisor{Config: Config{Namespace: "default", RootSecretsDir: tc.rootSecrets}, Locker: srv.Locker(t, cfg),
+				Logger: hclog.NewNullLogger(), Getenv: env}
+			if h := newUpdateHook(s); h == nil || h.namespace != tc.want {
+				t.Fatalf("update hook %+v, want namespace %q", h, tc.want)
+			}
+		})
+	}
+}

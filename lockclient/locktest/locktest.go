@@ -13,6 +13,7 @@
 package locktest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -60,7 +61,8 @@ const (
 // concurrent use.
 type Server struct {
 	mu         sync.Mutex
-	index      uint64            // the last write's Raft index
+	index      uint64            // the last write's Raft index (the variable's, or an allocation's)
+	varIndex   uint64            // the variable's ModifyIndex: the index of its last write
 	exists     bool              // the variable has been written
 	items      map[string]string // the variable's items
 	lock       *api.VariableLock // nil while unlocked
@@ -257,11 +259,19 @@ func (s *Server) newLockID() string {
 	return "locktest-lock-" + strconv.Itoa(s.lockIDs)
 }
 
-// write records a change of the variable: a new index, and blocking reads
-// woken. Called with mu held.
+// write records a change of the variable: a new index, which is now its
+// ModifyIndex, and blocking reads woken. Called with mu held.
 func (s *Server) write() {
-	s.index++
+	s.bump()
 	s.exists = true
+	s.varIndex = s.index
+}
+
+// bump records a change of something else (an allocation): a new index,
+// and blocking reads woken; the variable's ModifyIndex stays. Called with
+// mu held.
+func (s *Server) bump() {
+	s.index++
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
@@ -271,7 +281,7 @@ func (s *Server) variable(path string) *api.Variable {
 	if !s.exists {
 		return nil
 	}
-	v := &api.Variable{Path: path, ModifyIndex: s.index, Items: maps.Clone(s.items)}
+	v := &api.Variable{Path: path, ModifyIndex: s.varIndex, Items: maps.Clone(s.items)}
 	if s.lock != nil && !s.hideLock {
 		l := *s.lock
 		v.Lock = &l
@@ -348,14 +358,22 @@ func (s *Server) AcquireLock(v *api.Variable, w *api.WriteOptions) (*api.Variabl
 	if s.acquireErr != nil {
 		return nil, nil, s.acquireErr
 	}
+	if v.Lock == nil {
+		return nil, nil, Error(400, "lock-acquire without a lock")
+	}
+	if v.Lock.ID != "" && s.holds(v) {
+		// Nomad takes an acquire by the ID that holds the lock: it writes
+		// the variable again, with the lock's TTL and delay as sent.
+		s.lock = &api.VariableLock{ID: v.Lock.ID, TTL: v.Lock.TTL, LockDelay: v.Lock.LockDelay}
+		s.items = maps.Clone(v.Items)
+		s.write()
+		return s.variable(v.Path), nil, nil
+	}
 	if s.lock != nil || time.Now().Before(s.delayUntil) {
 		s.calls[OpRefused]++
 		return nil, nil, Error(409, "variable is already locked")
 	}
-	if v.Lock == nil {
-		return nil, nil, Error(400, "lock-acquire without a lock")
-	}
-	s.lock = &api.VariableLock{ID: s.newLockID(), TTL: v.Lock.TTL, LockDelay: v.Lock.LockDelay}
+	s.lock = &api.VariableLock{ID: cmp.Or(v.Lock.ID, s.newLockID()), TTL: v.Lock.TTL, LockDelay: v.Lock.LockDelay}
 	s.items = maps.Clone(v.Items)
 	s.write()
 	s.lastGrant, s.grantedAt = s.index, time.Now()
@@ -376,7 +394,7 @@ func (s *Server) RenewLock(v *api.Variable, w *api.WriteOptions) (*api.VariableM
 	case !s.holds(v):
 		return nil, nil, errNotHolder
 	}
-	return &api.VariableMetadata{Path: v.Path, ModifyIndex: s.index}, nil, nil
+	return &api.VariableMetadata{Path: v.Path, ModifyIndex: s.varIndex}, nil, nil
 }
 
 // ReleaseLock runs the OnRelease hook, then answers FailRelease's error if
@@ -404,8 +422,10 @@ func (s *Server) ReleaseLock(v *api.Variable, w *api.WriteOptions) (*api.Variabl
 	return s.variable(v.Path), nil, nil
 }
 
-// Update writes the variable's items; a locked variable only with its lock
-// ID (409 otherwise).
+// Update writes the variable's items as Nomad does: a locked variable only
+// with its lock ID (409 otherwise), never with a lock TTL or delay (400);
+// the lock is then kept with Nomad's default TTL and delay (15s), not its
+// own, and a lock ID written to a free variable makes a lock of it (Held).
 func (s *Server) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -413,8 +433,38 @@ func (s *Server) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *a
 	if err := w.Context().Err(); err != nil {
 		return nil, nil, err
 	}
-	if s.lock != nil && !s.holds(v) {
+	return s.update(v)
+}
+
+// CheckedUpdate is Update by check-and-set on v.ModifyIndex (0: only if
+// the variable does not exist): otherwise api.ErrCASConflict with the
+// variable as it is.
+func (s *Server) CheckedUpdate(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpUpdate]++
+	if err := w.Context().Err(); err != nil {
+		return nil, nil, err
+	}
+	if cur := s.variable(v.Path); (cur == nil) != (v.ModifyIndex == 0) || cur != nil && cur.ModifyIndex != v.ModifyIndex {
+		if cur == nil {
+			cur = &api.Variable{Path: v.Path}
+		}
+		return nil, nil, api.ErrCASConflict{CheckIndex: v.ModifyIndex, Conflict: cur}
+	}
+	return s.update(v)
+}
+
+// update is Update's write. Called with mu held.
+func (s *Server) update(v *api.Variable) (*api.Variable, *api.WriteMeta, error) {
+	switch {
+	case v.Lock != nil && (v.Lock.TTL != "" || v.Lock.LockDelay != ""):
+		return nil, nil, Error(400, "variable should not contain lock definition")
+	case s.lock != nil && !s.holds(v):
 		return nil, nil, errNotHolder
+	}
+	if v.Lock != nil {
+		s.lock = &api.VariableLock{ID: v.Lock.ID, TTL: "15s", LockDelay: "15s"} // Nomad's defaults
 	}
 	s.items = maps.Clone(v.Items)
 	s.write()
@@ -453,7 +503,7 @@ func (s *Server) SetAllocation(alloc *api.Allocation) {
 	}
 	a := *alloc
 	s.allocs[a.ID] = &a
-	s.write()
+	s.bump()
 	a.ModifyIndex = s.index
 }
 
@@ -463,7 +513,7 @@ func (s *Server) RemoveAllocation(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.allocs, id)
-	s.write()
+	s.bump()
 }
 
 // Info is the Allocations API's read of one allocation, as Nomad answers

@@ -89,3 +89,8 @@ func (vs *Vars) CheckedCreate(v *api.Variable, w *api.WriteOptions) (*api.Variab
 func (vs *Vars) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
 	return vs.Server(v.Path).Update(v, w)
 }
+
+// CheckedUpdate is Server.CheckedUpdate on v.Path's Server.
+func (vs *Vars) CheckedUpdate(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
+	return vs.Server(v.Path).CheckedUpdate(v, w)
+}

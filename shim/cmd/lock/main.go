@@ -20,7 +20,7 @@ import (
 )
 
 func main() {
-	shim.MaybeRunGuard(os.Args)
+	shim.MaybeRunGuard(os.Args, nil)
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
