@@ -146,6 +146,7 @@ type Agent struct {
 // if that does not happen within opts.StartTimeout per process.
 func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	t.Helper()
+	SkipOutsideSmoke(t)
 	if opts.Dev && (opts.ACLs || len(opts.ServerConfig) > 0 || opts.Clients > 1 || opts.Netns || opts.HeartbeatTTL > 0 || opts.Servers > 1) {
 		t.Fatalf("harness: ACLs, ServerConfig, Clients, Servers, Netns and HeartbeatTTL need a non-dev agent (AgentOptions.Dev=false)")
 	}

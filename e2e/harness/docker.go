@@ -106,6 +106,7 @@ var (
 // gets SIGTERM through Pdeathsig).
 func StartDocker(t testing.TB) *Docker {
 	t.Helper()
+	SkipOutsideSmoke(t)
 	lockBin := LockBin(t)
 	workload := BuildTestWorkload(t)
 	dockerOnce.Do(func() {
