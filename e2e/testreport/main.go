@@ -44,6 +44,7 @@ import (
 
 // event is one line of `go test -json` (cmd/test2json).
 type event struct {
+	Time    time.Time
 	Action  string
 	Package string
 	Test    string
@@ -56,8 +57,11 @@ type key struct{ pkg, test string }
 
 type result struct {
 	key
-	action  string // pass, fail, skip
-	elapsed time.Duration
+	action string // pass, fail, skip
+	// took is from the test's start (or, for a parallel test, its resumption)
+	// to its end, its parallel subtests included: go test's own Elapsed
+	// leaves out the time a test waits for its parallel subtests.
+	took time.Duration
 }
 
 type report struct {
@@ -66,11 +70,15 @@ type report struct {
 	out      io.Writer
 	began    time.Time
 	buffered map[key][]string // output of tests still running (without -v)
-	results  []result
-	stray    int    // lines that were not JSON
-	failed   bool   // a test, a package or the build failed
-	cmdErr   string // the command's failure
-	cmdRan   bool   // a command was run (rather than stdin read)
+	started  map[key]time.Time
+	// first and last are the times of the first and last events: a stream
+	// replayed from a file is timed by them.
+	first, last time.Time
+	results     []result
+	stray       int    // lines that were not JSON
+	failed      bool   // a test, a package or the build failed
+	cmdErr      string // the command's failure
+	cmdRan      bool   // a command was run (rather than stdin read)
 }
 
 func main() {
@@ -81,7 +89,7 @@ func main() {
 	summaryFile := flag.String("summary", "", "also append the summary to this file")
 	flag.Parse()
 
-	r := &report{tier: *tier, top: *top, v: *verbose, out: os.Stdout, began: time.Now(), buffered: map[key][]string{}}
+	r := &report{tier: *tier, top: *top, v: *verbose, out: os.Stdout, began: time.Now(), buffered: map[key][]string{}, started: map[key]time.Time{}}
 	var raw io.Writer = io.Discard
 	if *jsonFile != "" {
 		f, err := os.Create(*jsonFile)
@@ -127,7 +135,7 @@ func main() {
 			r.cmdErr = fmt.Sprintf("%s: %v", strings.Join(cmd.Args, " "), err)
 		}
 	}
-	summary := r.summary(time.Since(r.began), loadavg())
+	summary := r.summary(max(time.Since(r.began), r.last.Sub(r.first)), loadavg())
 	fmt.Fprint(r.out, summary)
 	if *summaryFile != "" {
 		if err := appendFile(*summaryFile, summary); err != nil {
@@ -146,6 +154,12 @@ func (r *report) line(line []byte) {
 		fmt.Fprintf(r.out, "%s\n", line)
 		return
 	}
+	if !e.Time.IsZero() {
+		if r.first.IsZero() {
+			r.first = e.Time
+		}
+		r.last = e.Time
+	}
 	k := key{e.Package, e.Test}
 	switch e.Action {
 	case "output", "build-output":
@@ -157,8 +171,14 @@ func (r *report) line(line []byte) {
 		case packageLine(e.Output):
 			fmt.Fprint(r.out, e.Output)
 		}
+	case "run", "cont":
+		r.started[k] = e.Time
 	case "pass", "fail", "skip":
-		r.results = append(r.results, result{k, e.Action, time.Duration(e.Elapsed * float64(time.Second))})
+		took := time.Duration(e.Elapsed * float64(time.Second))
+		if began, ok := r.started[k]; ok && !e.Time.IsZero() {
+			took = max(took, e.Time.Sub(began))
+		}
+		r.results = append(r.results, result{k, e.Action, took})
 		if e.Action == "fail" {
 			r.failed = true
 		}
@@ -170,7 +190,7 @@ func (r *report) line(line []byte) {
 		}
 		delete(r.buffered, k)
 		if r.top && !r.v && !strings.Contains(e.Test, "/") && e.Action != "fail" {
-			fmt.Fprintf(r.out, "--- %s: %s (%.2fs)\n", strings.ToUpper(e.Action), e.Test, e.Elapsed)
+			fmt.Fprintf(r.out, "--- %s: %s (%s)\n", strings.ToUpper(e.Action), e.Test, round(took))
 		}
 	case "build-fail":
 		r.failed = true
@@ -240,11 +260,11 @@ func (r *report) summary(wall time.Duration, load string) string {
 		counts = fmt.Sprintf("%d tests, %d skipped; ", tests, skipped)
 	}
 	fmt.Fprintf(&b, "== %s: %s in %s (%sload %s)\n", r.tier, status, round(wall), counts, load)
-	slices.SortStableFunc(top, func(x, y result) int { return cmp.Compare(y.elapsed, x.elapsed) })
+	slices.SortStableFunc(top, func(x, y result) int { return cmp.Compare(y.took, x.took) })
 	if len(top) > 0 {
 		var slow []string
 		for _, x := range top[:min(5, len(top))] {
-			slow = append(slow, fmt.Sprintf("%s %s", r.name(x.key), round(x.elapsed)))
+			slow = append(slow, fmt.Sprintf("%s %s", r.name(x.key), round(x.took)))
 		}
 		fmt.Fprintf(&b, "   slowest: %s\n", strings.Join(slow, ", "))
 	}
