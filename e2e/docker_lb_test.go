@@ -44,6 +44,7 @@ const (
 )
 
 func TestDockerLockLBHooks(t *testing.T) {
+	t.Parallel()
 	d := harness.StartDocker(t)
 	a := harness.StartAgent(t, harness.AgentOptions{Dev: true, Docker: d})
 	testDockerLBFollow(t, a, d, dockerLBKills)
@@ -55,6 +56,7 @@ func TestDockerLockLBHooks(t *testing.T) {
 // sidecar's workload identity then reads the holder record and nothing else
 // (not even the Lock field), and still follows every tenure.
 func TestDockerLockLBHooksUnderACLs(t *testing.T) {
+	t.Parallel()
 	d := harness.StartDocker(t)
 	a := harness.StartAgent(t, harness.AgentOptions{ACLs: true, Docker: d})
 	applyTaskPolicy(t, a, "singleton-lock.policy.hcl", "api", "nomad/jobs/api/lock")

@@ -25,6 +25,7 @@ import (
 const dockerTTL = 10 * time.Second
 
 func TestDockerLockEntrypoint(t *testing.T) {
+	t.Parallel()
 	d := harness.StartDocker(t)
 	image := exampleEntrypointImage(t, d, "lock-docker-entrypoint.nomad.hcl")
 	a := harness.StartAgent(t, harness.AgentOptions{Dev: true, Docker: d})
