@@ -193,6 +193,7 @@ func chaosDaemonOverlaps(t *testing.T, recs []harness.Record, sum harness.Sample
 // rows share one, one after another.
 func TestChaos(t *testing.T) {
 	t.Parallel()
+	harness.SkipOutsideSmoke(t) // its agents start in its subtests
 	trials := chaosTrials(t)
 	harness.BuildTestWorkload(t)
 	began := time.Now()

@@ -29,6 +29,7 @@ import (
 // concurrently, each with its own job, lock and marker.
 func TestDriverDev(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t, "singleton_and_handover")
 	harness.BuildTestWorkload(t)
 	began := time.Now()
 	a := harness.StartAgent(t, drvAgentOptions(t, true))

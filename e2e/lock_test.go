@@ -34,6 +34,7 @@ import (
 // the agent's HTTP API.
 func TestLockDev(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t, "stop_hands_over_without_overlap")
 	workload := harness.BuildTestWorkload(t)
 	// The exec scenario mounts a copy of bin/lock, alone in its directory,
 	// the way a user would ship it on a host volume.
@@ -771,6 +772,7 @@ func testPlainCrash(t *testing.T, a *harness.Agent) {
 // and the command to apply it. The token is never in argv or the logs.
 func TestLockACL(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t)
 	began := time.Now()
 	a := harness.StartAgent(t, harness.AgentOptions{ACLs: true})
 	t.Logf("MEASURE acl_agent_ready=%s", harness.Millis(time.Since(began)))

@@ -270,6 +270,7 @@ func allocIndex(t *testing.T, a *harness.Agent, allocID string) int {
 // supervisor, whose slot the plugin releases once the task is proven dead.
 func TestDriverSemaphore(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t)
 	harness.BuildTestWorkload(t)
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
 	const n = 2

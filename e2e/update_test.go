@@ -192,6 +192,7 @@ func TestDriverBrokenNewVersionFallsBackToOldStandby(t *testing.T) {
 // replaces through the servers (client/allocwatcher, remotePrevAlloc).
 func TestDriverHolderWaitsForItsSuccessor(t *testing.T) {
 	t.Parallel()
+	harness.SkipOutsideSmoke(t) // its agents start in its subtests
 	harness.BuildTestWorkload(t)
 	runConcurrently(t, []subtest{
 		{"one_node", func(t *testing.T) {

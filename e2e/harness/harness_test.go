@@ -329,6 +329,7 @@ func procState(t *testing.T, pid int) string {
 // TestCleanupLeavesNothing ends tests in awkward states and checks that the
 // harness's cleanup still stops every task and removes every file.
 func TestCleanupLeavesNothing(t *testing.T) {
+	harness.SkipOutsideSmoke(t) // its agents start in its subtests
 	tests := []struct {
 		name  string
 		opts  harness.AgentOptions

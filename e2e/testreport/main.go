@@ -10,8 +10,8 @@
 //
 // While the tier runs it prints, as `go test` without -v would, each
 // package's result line and the whole output of every test that fails;
-// -top adds a line for every top-level test that ends (so a long tier shows
-// its progress), -v prints every line of output as it comes (as `go test
+// -top adds a line for every top-level test that passes (so a long tier
+// shows its progress; skips are counted in the summary), -v prints every line of output as it comes (as `go test
 // -v`). Lines on stdin that are not JSON (a build error) pass through.
 //
 // At the end it prints the tier's summary: its result, wall time (from the
@@ -83,7 +83,7 @@ type report struct {
 
 func main() {
 	tier := flag.String("tier", "tests", "the tier's name, for the summary and every failure line")
-	top := flag.Bool("top", false, "print a line for every top-level test that ends")
+	top := flag.Bool("top", false, "print a line for every top-level test that passes")
 	verbose := flag.Bool("v", false, "print every line of output as it comes")
 	jsonFile := flag.String("json", "", "also write the raw events to this file")
 	summaryFile := flag.String("summary", "", "also append the summary to this file")
@@ -189,8 +189,8 @@ func (r *report) line(line []byte) {
 			fmt.Fprint(r.out, strings.Join(r.buffered[k], ""))
 		}
 		delete(r.buffered, k)
-		if r.top && !r.v && !strings.Contains(e.Test, "/") && e.Action != "fail" {
-			fmt.Fprintf(r.out, "--- %s: %s (%s)\n", strings.ToUpper(e.Action), e.Test, round(took))
+		if r.top && !r.v && !strings.Contains(e.Test, "/") && e.Action == "pass" {
+			fmt.Fprintf(r.out, "--- PASS: %s (%s)\n", e.Test, round(took))
 		}
 	case "build-fail":
 		r.failed = true
