@@ -43,6 +43,9 @@ const (
 	dockerLBKills = 4
 )
 
+// Slow on purpose (about 2 minutes): each of the dockerLBKills kills leaves
+// the lock to the server's expiry (2×TTL + delay, 21 s) before the other
+// allocation can take it.
 func TestDockerLockLBHooks(t *testing.T) {
 	t.Parallel()
 	d := harness.StartDocker(t)
