@@ -7,7 +7,7 @@ package e2e
 // holder), the takeover time, and any load balancer state lost. Every trial
 // goes through harness.CheckNoOverlap (records + sampler + fences).
 //
-// `go -C e2e test .` runs each row once (the reduced set of `make test`);
+// `go -C e2e test .` runs each row once (the reduced set of `make e2e`);
 // `make chaos` runs CHAOS_TRIALS (default 3) trials per row and writes the
 // matrix to CHAOS_REPORT (docs/reliability.md).
 
