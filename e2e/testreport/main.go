@@ -40,6 +40,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/internal/loadavg"
 )
 
 // event is one line of `go test -json` (cmd/test2json).
@@ -135,7 +137,7 @@ func main() {
 			r.cmdErr = fmt.Sprintf("%s: %v", strings.Join(cmd.Args, " "), err)
 		}
 	}
-	summary := r.summary(max(time.Since(r.began), r.last.Sub(r.first)), loadavg())
+	summary := r.summary(max(time.Since(r.began), r.last.Sub(r.first)), loadavg.Read())
 	fmt.Fprint(r.out, summary)
 	if *summaryFile != "" {
 		if err := appendFile(*summaryFile, summary); err != nil {
@@ -299,18 +301,6 @@ func round(d time.Duration) time.Duration {
 		return d.Round(time.Second)
 	}
 	return d.Round(100 * time.Millisecond)
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 func appendFile(path, s string) error {
