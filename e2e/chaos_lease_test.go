@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -91,7 +92,12 @@ type leaseFrozen struct {
 	stopped       []int
 }
 
-var leaseFrozenTasks = map[string]*leaseFrozen{}
+// leaseFrozenTasks maps a frozen holder's allocation ID to its freeze.
+// Guarded: trials of tests that run side by side share it.
+var leaseFrozenTasks = struct {
+	sync.Mutex
+	m map[string]*leaseFrozen
+}{m: map[string]*leaseFrozen{}}
 
 // leaseFreezeTask freezes the holder's whole task at once: the workload in
 // its cgroup (the freezer) and the supervisor and its process-group guard
@@ -115,7 +121,9 @@ func leaseFreezeTask(t *testing.T, holder harness.Record, tr *chaosTrial) (at, g
 		}
 	}
 	f := &leaseFrozen{state: state, thawed: thawed, stopped: stop}
-	leaseFrozenTasks[holder.AllocID] = f
+	leaseFrozenTasks.Lock()
+	leaseFrozenTasks.m[holder.AllocID] = f
+	leaseFrozenTasks.Unlock()
 	t.Cleanup(func() { leaseThawNow(f) })
 
 	at = harness.MonoNow()
@@ -159,8 +167,10 @@ func leaseThawNow(f *leaseFrozen) {
 // gone within a bound.
 func leaseThaw(t *testing.T, s *chaosSubject, holder harness.Record, at int64, next harness.Record) {
 	t.Helper()
-	f := leaseFrozenTasks[holder.AllocID]
-	delete(leaseFrozenTasks, holder.AllocID)
+	leaseFrozenTasks.Lock()
+	f := leaseFrozenTasks.m[holder.AllocID]
+	delete(leaseFrozenTasks.m, holder.AllocID)
+	leaseFrozenTasks.Unlock()
 	for time.Duration(harness.MonoNow()-at) < leaseFreezeFor {
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -7,7 +7,7 @@ package e2e
 // holder), the takeover time, and any load balancer state lost. Every trial
 // goes through harness.CheckNoOverlap (records + sampler + fences).
 //
-// `go -C e2e test .` runs each row once (the reduced set of `make test`);
+// `go -C e2e test .` runs each row once (the reduced set of `make e2e`);
 // `make chaos` runs CHAOS_TRIALS (default 3) trials per row and writes the
 // matrix to CHAOS_REPORT (docs/reliability.md).
 
@@ -105,6 +105,24 @@ func chaosRunRow(t *testing.T, row chaosRow, trials int, trial func(t *testing.T
 	t.Run(row.ID, func(t *testing.T) { chaosRunTrials(t, row, trials, trial) })
 }
 
+// chaosRunRowsApart runs each row as a parallel subtest on a cluster of its
+// own (newAgent), its trials one after another. For rows whose fault hits a
+// whole client (its plugin, its agent) or the servers: they cannot share
+// one, and side by side they take the time of the longest row, not the sum
+// of them all (TestChaos/cluster took six minutes one row after another).
+func chaosRunRowsApart(t *testing.T, rows []chaosRowTrial, trials int, newAgent func(t *testing.T) *harness.Agent) {
+	for _, r := range rows {
+		t.Run(r.row.ID, func(t *testing.T) {
+			t.Parallel()
+			var a *harness.Agent
+			if r.row.Skip == "" {
+				a = newAgent(t)
+			}
+			chaosRunTrials(t, r.row, trials, func(t *testing.T, n int, tr *chaosTrial) { r.trial(t, a, n, tr) })
+		})
+	}
+}
+
 // chaosRunTrials runs trials of row one after another, each as a subtest,
 // and records their outcomes. A row with Skip set is recorded and skipped.
 func chaosRunTrials(t *testing.T, row chaosRow, trials int, trial func(t *testing.T, n int, tr *chaosTrial)) {
@@ -170,9 +188,12 @@ func chaosDaemonOverlaps(t *testing.T, recs []harness.Record, sum harness.Sample
 
 // TestChaos runs the fault matrix. Rows that only disturb their own job
 // share a dev agent; rows that disturb the client itself (plugin kill,
-// agent restart, agent pause) run one after another on a non-dev cluster.
+// agent restart, agent pause), cut it off or elect leaders run side by
+// side, each on a cluster of its own (chaosRunRowsApart); the node-death
+// rows share one, one after another.
 func TestChaos(t *testing.T) {
 	t.Parallel()
+	harness.SkipOutsideSmoke(t) // its agents start in its subtests
 	trials := chaosTrials(t)
 	harness.BuildTestWorkload(t)
 	began := time.Now()
@@ -247,7 +268,6 @@ func TestChaos(t *testing.T) {
 
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
-		a := harness.StartAgent(t, drvAgentOptions(t, false))
 		var rows []chaosRowTrial
 		for _, spec := range []chaosRowSpec{
 			{ID: "3-plugin-kill", Variant: chaosDriverOf,
@@ -255,22 +275,30 @@ func TestChaos(t *testing.T) {
 				Proves: "Nomad relaunches the plugin, which recovers the task: same workload, same lock ID and fence, no failover",
 				DaemonProves: "the workload's daemon (its own session, SIGTERM ignored) runs on in the task cgroup, untouched by the plugin's " +
 					"recovery, and no process of another allocation starts",
-				Trial: func(t *testing.T, p [2]string, n int, tr *chaosTrial) { chaosPluginKillTrial(t, a, p[0], n, tr) }},
+				Trial: func(t *testing.T, a *harness.Agent, p [2]string, n int, tr *chaosTrial) {
+					chaosPluginKillTrial(t, a, p[0], n, tr)
+				}},
 			{ID: "4-agent-restart-driver", Variant: chaosDriverOf,
 				Fault:        "client agent stopped right after a renew and started again after the renew interval, within the fence deadline (TTL 20s, non-dev, data dir)",
 				Proves:       "the supervisor rides out a failed renew and the plugin recovers the task: same workload, same lock ID, no failover",
 				DaemonProves: "the workload's daemon runs on untouched, and no process of another allocation starts",
-				Trial:        func(t *testing.T, p [2]string, n int, tr *chaosTrial) { chaosAgentRestartTrial(t, a, p[0], n, tr) }},
+				Trial: func(t *testing.T, a *harness.Agent, p [2]string, n int, tr *chaosTrial) {
+					chaosAgentRestartTrial(t, a, p[0], n, tr)
+				}},
 			{ID: "4-agent-restart-lock", Variant: chaosLockOf,
 				Fault:        "client agent stopped and started again at once (non-dev, data dir)",
 				Proves:       "`lock` rides out the Task API outage: same workload, no failover (asserted when the outage is under TTL/2 - margin)",
 				DaemonProves: "the workload's daemon, re-parented to `lock` (a child subreaper), runs on untouched",
-				Trial:        func(t *testing.T, p [2]string, n int, tr *chaosTrial) { chaosLockRestartTrial(t, a, p[1], n, tr) }},
+				Trial: func(t *testing.T, a *harness.Agent, p [2]string, n int, tr *chaosTrial) {
+					chaosLockRestartTrial(t, a, p[1], n, tr)
+				}},
 			{ID: "5-agent-pause", Variant: chaosBothOf,
 				Fault:        "client agent SIGSTOPped past TTL (Task API hangs), then SIGCONT",
 				Proves:       "each holder self-fences by its deadline while the agent is frozen; after SIGCONT exactly one holder per job",
 				DaemonProves: chaosSelfFenceDaemons + ", before the server can expire the lock",
-				Trial:        func(t *testing.T, p [2]string, n int, tr *chaosTrial) { chaosAgentPauseTrial(t, a, p, n, tr) }},
+				Trial: func(t *testing.T, a *harness.Agent, p [2]string, n int, tr *chaosTrial) {
+					chaosAgentPauseTrial(t, a, p, n, tr)
+				}},
 		} {
 			rows = append(rows, spec.rows()...)
 		}
@@ -281,7 +309,7 @@ func TestChaos(t *testing.T) {
 			Proves: "the plugin's watchdog kills the frozen supervisor, and its crash release, judging by the last renew the supervisor recorded, " +
 				"leaves the lock to expire (a release would let the pending expiry clear the next holder's lock: 2.9s of overlap measured without the rule); " +
 				"the next holder takes over at the expiry (docs/expiry.md)"},
-			func(t *testing.T, n int, tr *chaosTrial) {
+			func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 				expiryFrozenTrial(t, a, "driver", chaosName("exp", "driver", n), tr)
 			}})
 		rows = append(rows, chaosRowTrial{chaosRow{ID: "2-sigstop-in-delay-driver-plugin-restart",
@@ -291,7 +319,7 @@ func TestChaos(t *testing.T) {
 			Proves: "the relaunched plugin recovers the task from its state dir, its watchdog kills the frozen supervisor, and its crash release, " +
 				"judging by the last renew recorded there (CLOCK_BOOTTIME, shared by every process), leaves the lock to expire; " +
 				"the next holder takes over at the expiry (docs/expiry.md)"},
-			func(t *testing.T, n int, tr *chaosTrial) {
+			func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 				expiryFrozenTrial(t, a, "driver-restart", chaosName("exr", "driver", n), tr)
 			}})
 		gateRecords := chaosGateRecords(t)
@@ -301,19 +329,18 @@ func TestChaos(t *testing.T) {
 				"after it, while the server's expiry is pending; the supervisor once the plugin's watchdog has killed it",
 			Proves: "the plugin's watchdog kills the gated app and the frozen gate, and its crash release, judging by the last renew the gate " +
 				"recorded, leaves the lock to expire instead of releasing it; the next gate's app starts at the expiry, never beside another (docs/expiry.md)"},
-			func(t *testing.T, n int, tr *chaosTrial) {
+			func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 				expiryFrozenGateTrial(t, a, gateRecords, chaosName("exg", "gate", n), tr)
 			}})
-		for _, r := range rows {
-			chaosRunRow(t, r.row, trials, r.trial)
-		}
+		chaosRunRowsApart(t, rows, trials, func(t *testing.T) *harness.Agent {
+			return harness.StartAgent(t, drvAgentOptions(t, false))
+		})
 	})
 
 	t.Run("partition", func(t *testing.T) {
 		t.Parallel()
 		fault := "client cut off from the server (its veth link down; server and two clients as separate agents, clients in network namespaces), count = 1, "
 		proves := "each holder self-fences by its deadline while cut off; the replacement on the second client takes over only after that; "
-		var a *harness.Agent
 		var d *harness.Docker
 		records := ""
 		daemonProves := chaosSelfFenceDaemons + ", so no process of the cut-off allocation runs beside the replacement"
@@ -324,7 +351,7 @@ func TestChaos(t *testing.T) {
 				Proves: proves + "the cut-off client stops its allocations on its own; after the heal exactly one holder per job, the replacement. " +
 					"Takeover is bound by Nomad: it places the replacement only at lost + stop_on_client_after + kill_timeout",
 				DaemonProves: daemonProves,
-				Trial: func(t *testing.T, p [2]string, n int, tr *chaosTrial) {
+				Trial: func(t *testing.T, a *harness.Agent, p [2]string, n int, tr *chaosTrial) {
 					chaosPartitionTrial(t, a, chaosPartitionStopAfter, p, n, tr)
 				}},
 			{ID: "6-partition-lost", Variant: chaosBothOf,
@@ -332,7 +359,9 @@ func TestChaos(t *testing.T) {
 				Proves: proves + "only the lock keeps the old allocation (still running, cut off, waiting for the lock) and the replacement apart; " +
 					"after the heal the old allocation is stopped and the replacement stays the one holder",
 				DaemonProves: daemonProves,
-				Trial:        func(t *testing.T, p [2]string, n int, tr *chaosTrial) { chaosPartitionTrial(t, a, 0, p, n, tr) }},
+				Trial: func(t *testing.T, a *harness.Agent, p [2]string, n int, tr *chaosTrial) {
+					chaosPartitionTrial(t, a, 0, p, n, tr)
+				}},
 		} {
 			rows = append(rows, spec.rows()...)
 		}
@@ -344,13 +373,17 @@ func TestChaos(t *testing.T) {
 					"before the server can expire the lock; the replacement on the second client starts its app once the lock has " +
 					"expired and the servers have lost the first client, without waiting for Nomad's report of the old app; " +
 					"after the heal the replacement stays the one holder"},
-				func(t *testing.T, n int, tr *chaosTrial) { chaosGatePartitionTrial(t, a, d, records, false, n, tr) }},
+				func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
+					chaosGatePartitionTrial(t, a, d, records, false, n, tr)
+				}},
 			{chaosRow{ID: "8-gate-partition-docker-nomad-service", Variant: chaosGateKindName("docker") + ", with a Nomad service (provider \"nomad\")",
 				Fault: fault + "no disconnect block; as 8-gate-partition-docker, but the gated app registers a Nomad service; healed once the replacement holds",
 				Proves: "the same as 8-gate-partition-docker, as fast: Nomad runs a task's pre-kill hooks before it kills it, and the " +
 					"Nomad service deregistration there is an RPC to the servers that the cut-off client cannot reach (it blocks until " +
 					"the connection fails), but the gate kills the app itself, without Nomad's client"},
-				func(t *testing.T, n int, tr *chaosTrial) { chaosGatePartitionTrial(t, a, d, records, true, n, tr) }},
+				func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
+					chaosGatePartitionTrial(t, a, d, records, true, n, tr)
+				}},
 		}...)
 		if skip := chaosPartitionSkip(); skip != "" {
 			for _, r := range rows {
@@ -360,12 +393,11 @@ func TestChaos(t *testing.T) {
 			return
 		}
 		d, records = harness.StartDocker(t), chaosGateRecords(t)
-		opts := chaosPartitionAgentOptions(t)
-		opts.Docker = d
-		a = harness.StartAgent(t, opts)
-		for _, r := range rows {
-			chaosRunRow(t, r.row, trials, r.trial)
-		}
+		chaosRunRowsApart(t, rows, trials, func(t *testing.T) *harness.Agent {
+			opts := chaosPartitionAgentOptions(t)
+			opts.Docker = d
+			return harness.StartAgent(t, opts)
+		})
 	})
 
 	// Row 10: the holder's node dies, with and without lease mode
@@ -374,20 +406,19 @@ func TestChaos(t *testing.T) {
 		t.Parallel()
 		fault := "every process of the holder's client (agent, plugin, supervisors, guards, workloads) SIGSTOPped at once, then SIGKILLed; " +
 			"a driver job of count = 2, one allocation on each client (distinct_hosts), TTL 10s, delay 1s"
-		var a *harness.Agent
 		var gateRecords string
 		rows := []chaosRowTrial{
 			{chaosRow{ID: "10-node-death-lease", Variant: "driver, lock { mode = \"lease\" } (default profile, L = 9s)",
 				Fault: fault,
 				Proves: "the standby's plugin sees the holder's heartbeat unchanged for L, seals it and releases the lock with the escrowed lock ID " +
 					"while the server's expiry cannot have begun; the standby's workload starts in about L, no overlap (docs/lease.md)"},
-				func(t *testing.T, n int, tr *chaosTrial) {
+				func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 					leaseNodeDeathTrial(t, a, leaseLockBlock, chaosName("ndl", "driver", n), tr)
 				}},
 			{chaosRow{ID: "10-node-death-lease-aggressive", Variant: "driver, lock { mode = \"lease\", lease_profile = \"aggressive\" } (L = 4s)",
 				Fault:  fault,
 				Proves: "as 10-node-death-lease, with R 500ms, D 2s, K 1s: the standby's workload starts in about 4 s, no overlap"},
-				func(t *testing.T, n int, tr *chaosTrial) {
+				func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 					leaseNodeDeathTrial(t, a, aggressiveLockBlock, chaosName("nda", "driver", n), tr)
 				}},
 			{chaosRow{ID: "10-partition-lease", Variant: "driver, lock { mode = \"lease\" } (default profile, L = 9s)",
@@ -395,14 +426,14 @@ func TestChaos(t *testing.T) {
 					"a driver job of count = 2, one allocation on each client (distinct_hosts), TTL 10s, delay 1s",
 				Proves: "the cut-off holder, alive, cannot write its heartbeat, fences itself D after the last acknowledged one and has " +
 					"its workload dead by D + K; the standby takes over after L, never beside it"},
-				func(t *testing.T, n int, tr *chaosTrial) {
+				func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 					leaseTrial(t, a, leasePartition, leaseLockBlock, chaosName("npl", "driver", n), tr)
 				}},
 			{chaosRow{ID: "10-node-death-lease-gate", Variant: "gate + raw_exec app, lock { mode = \"lease\" } (default profile, L = 9s)",
 				Fault: strings.Replace(fault, "a driver job", "a gate job", 1),
 				Proves: "as 10-node-death-lease for a gate: the standby gate's plugin takes the lock over after L, and the new gate, finding " +
 					"the old heartbeat sealed, starts its app at once; no overlap on the apps' own records (docs/gate.md#lease-mode)"},
-				func(t *testing.T, n int, tr *chaosTrial) {
+				func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 					leaseGateTrial(t, a, leaseNodeDeath, gateRecords, "raw_exec", chaosName("ndg", "gate", n), tr)
 				}},
 			{chaosRow{ID: "10-partition-lease-gate", Variant: "gate + raw_exec app, lock { mode = \"lease\" } (default profile, L = 9s)",
@@ -410,7 +441,7 @@ func TestChaos(t *testing.T) {
 					"a gate job of count = 2, one allocation on each client (distinct_hosts), TTL 10s, delay 1s",
 				Proves: "the cut-off gate fences itself D after its last acknowledged heartbeat and kills its app itself by D + K; the standby " +
 					"gate takes over after L, its app never beside the old one"},
-				func(t *testing.T, n int, tr *chaosTrial) {
+				func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 					leaseGateTrial(t, a, leasePartition, gateRecords, "raw_exec", chaosName("npg", "gate", n), tr)
 				}},
 			{chaosRow{ID: "10-freeze-lease", Variant: "driver, lock { mode = \"lease\" } (default profile, L = 9s)",
@@ -420,12 +451,12 @@ func TestChaos(t *testing.T) {
 					"once the published fence deadline (D after the last heartbeat) has passed, before the standby takes over; after the thaw " +
 					"nothing of the old holder runs again. A freeze of every process of the node, the plugin included, is a pause of the whole " +
 					"host: not covered, see docs/lease.md"},
-				func(t *testing.T, n int, tr *chaosTrial) {
+				func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 					leaseTrial(t, a, leaseFreeze, leaseLockBlock, chaosName("nfz", "driver", n), tr)
 				}},
 			{chaosRow{ID: "10-node-death-lock", Variant: "driver, the plain lock", Fault: fault,
 				Proves: "the baseline: the standby waits for the server to expire the lock (2×TTL + delay after the last renew); no overlap"},
-				func(t *testing.T, n int, tr *chaosTrial) {
+				func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 					leaseNodeDeathTrial(t, a, plainLockBlock, chaosName("ndp", "driver", n), tr)
 				}},
 		}
@@ -436,9 +467,13 @@ func TestChaos(t *testing.T) {
 			}
 			return
 		}
-		a, gateRecords = harness.StartAgent(t, leaseAgentOptions(t)), chaosGateRecords(t)
+		// The rows share one cluster, one after another: each brings the
+		// dead node back (its recovery is measured), and side by side they
+		// would not shorten the suite (the longest chain is elsewhere).
+		a := harness.StartAgent(t, leaseAgentOptions(t))
+		gateRecords = chaosGateRecords(t)
 		for _, r := range rows {
-			chaosRunRow(t, r.row, trials, r.trial)
+			chaosRunRow(t, r.row, trials, func(t *testing.T, n int, tr *chaosTrial) { r.trial(t, a, n, tr) })
 		}
 	})
 
@@ -457,9 +492,9 @@ func TestChaos(t *testing.T) {
 	// Row 10, leader elections during a lease: three servers, one client.
 	t.Run("lease-election", func(t *testing.T) {
 		t.Parallel()
-		a := harness.StartAgent(t, leaseElectionAgentOptions(t))
 		fault := fmt.Sprintf("the Raft leader of three servers SIGKILLed and started again with its data dir, %d times (the next once a "+
 			"heartbeat has been written since), while a lease-mode driver job of count = 2 on one client holds (TTL 10s, delay 1s)", leaseElections)
+		var rows []chaosRowTrial
 		for _, r := range []struct{ id, variant, block, proves string }{
 			{"10-leader-election-lease", "driver, lock { mode = \"lease\" } (default profile, D = 6s, L = 9s)", leaseLockBlock,
 				"an election shorter than D leaves the holder alone; one longer may fence it (a spurious fence, counted), and then the standby " +
@@ -467,11 +502,14 @@ func TestChaos(t *testing.T) {
 			{"10-leader-election-lease-aggressive", "driver, lock { mode = \"lease\", lease_profile = \"aggressive\" } (D = 2s, L = 4s)", aggressiveLockBlock,
 				"as 10-leader-election-lease; with D = 2s most elections fence the holder (the profile's stated cost): every handover clean, no overlap"},
 		} {
-			chaosRunRow(t, chaosRow{ID: r.id, Variant: r.variant, Fault: fault, Proves: r.proves}, trials,
-				func(t *testing.T, n int, tr *chaosTrial) {
+			rows = append(rows, chaosRowTrial{chaosRow{ID: r.id, Variant: r.variant, Fault: fault, Proves: r.proves},
+				func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) {
 					leaseElectionTrial(t, a, r.block, chaosName(map[bool]string{true: "lea", false: "led"}[r.block == aggressiveLockBlock], "driver", n), tr)
-				})
+				}})
 		}
+		chaosRunRowsApart(t, rows, trials, func(t *testing.T) *harness.Agent {
+			return harness.StartAgent(t, leaseElectionAgentOptions(t))
+		})
 	})
 
 	// Row 8: the gate, with a docker gated app (and raw_exec where the
@@ -522,10 +560,10 @@ const chaosSelfFenceDaemons = "the self-fence kills the daemons too, the driver'
 	"subreaper tree: they ignore SIGTERM, so they get SIGKILL when the grace (kill_timeout, cut short by the stop deadline) runs out " +
 	"(the self-fence measured is the holder's last process gone)"
 
-// chaosRowTrial is a row and its trial.
+// chaosRowTrial is a row and its trial, which runs on the agent a.
 type chaosRowTrial struct {
 	row   chaosRow
-	trial func(t *testing.T, n int, tr *chaosTrial)
+	trial func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial)
 }
 
 // chaosRowSpec is a row whose fault hits the driver, `lock` or both, and
@@ -537,9 +575,9 @@ type chaosRowSpec struct {
 	DaemonProves string
 	// Variant names the variant(s) the trial runs of its pair.
 	Variant func(pair [2]string) string
-	// Trial runs one trial with the driver variant pair[0] and the lock
-	// variant pair[1] (each as the row needs).
-	Trial func(t *testing.T, pair [2]string, n int, tr *chaosTrial)
+	// Trial runs one trial on a with the driver variant pair[0] and the
+	// lock variant pair[1] (each as the row needs).
+	Trial func(t *testing.T, a *harness.Agent, pair [2]string, n int, tr *chaosTrial)
 }
 
 // chaosPlain and chaosDaemons are the (driver, lock) variant pairs.
@@ -557,7 +595,7 @@ func (r chaosRowSpec) rows() []chaosRowTrial {
 			row.ID += "-daemon"
 			row.Proves += "; " + r.DaemonProves
 		}
-		out = append(out, chaosRowTrial{row, func(t *testing.T, n int, tr *chaosTrial) { r.Trial(t, pair, n, tr) }})
+		out = append(out, chaosRowTrial{row, func(t *testing.T, a *harness.Agent, n int, tr *chaosTrial) { r.Trial(t, a, pair, n, tr) }})
 	}
 	return out
 }

@@ -26,6 +26,7 @@ const crashTakeoverBound = drvTTL
 // TestDriverCrashTakeover SIGKILLs the holder's supervisor on a live node.
 func TestDriverCrashTakeover(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t)
 	harness.BuildTestWorkload(t)
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
 	runConcurrently(t, []subtest{

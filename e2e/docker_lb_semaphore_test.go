@@ -21,6 +21,7 @@ import (
 )
 
 func TestDockerLockLBFollowSemaphore(t *testing.T) {
+	t.Parallel()
 	d := harness.StartDocker(t)
 	a := harness.StartAgent(t, harness.AgentOptions{Dev: true, Docker: d})
 	const key, n = "e2e-docker-lb-key", 2

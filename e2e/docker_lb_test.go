@@ -43,7 +43,11 @@ const (
 	dockerLBKills = 4
 )
 
+// Slow on purpose (about 2 minutes): each of the dockerLBKills kills leaves
+// the lock to the server's expiry (2×TTL + delay, 21 s) before the other
+// allocation can take it.
 func TestDockerLockLBHooks(t *testing.T) {
+	t.Parallel()
 	d := harness.StartDocker(t)
 	a := harness.StartAgent(t, harness.AgentOptions{Dev: true, Docker: d})
 	testDockerLBFollow(t, a, d, dockerLBKills)
@@ -55,6 +59,7 @@ func TestDockerLockLBHooks(t *testing.T) {
 // sidecar's workload identity then reads the holder record and nothing else
 // (not even the Lock field), and still follows every tenure.
 func TestDockerLockLBHooksUnderACLs(t *testing.T) {
+	t.Parallel()
 	d := harness.StartDocker(t)
 	a := harness.StartAgent(t, harness.AgentOptions{ACLs: true, Docker: d})
 	applyTaskPolicy(t, a, "singleton-lock.policy.hcl", "api", "nomad/jobs/api/lock")

@@ -24,7 +24,12 @@ import (
 // expires a dead holder's lock 2×TTL after its last renew, plus the delay.
 const dockerTTL = 10 * time.Second
 
+// Slow on purpose (about a minute): a docker kill leaves the lock to the
+// server's expiry (2×dockerTTL + delay), an app that ignores SIGTERM holds
+// its lock through the example's 25 s -kill-timeout, and the daemon
+// scenario hands the lock over many times.
 func TestDockerLockEntrypoint(t *testing.T) {
+	t.Parallel()
 	d := harness.StartDocker(t)
 	image := exampleEntrypointImage(t, d, "lock-docker-entrypoint.nomad.hcl")
 	a := harness.StartAgent(t, harness.AgentOptions{Dev: true, Docker: d})

@@ -13,6 +13,7 @@ import (
 // a real dev agent from the test image; its container is visible while it
 // runs, and gone once the job is stopped.
 func TestDockerSmoke(t *testing.T) {
+	t.Parallel()
 	d := harness.StartDocker(t)
 	a := harness.StartAgent(t, harness.AgentOptions{Dev: true, Docker: d})
 

@@ -279,6 +279,8 @@ func TestDriverServicesACL(t *testing.T) {
 // standby.
 const drvOnLockRestartTTL = 60 * time.Second
 
+// Slow on purpose (over a minute): the client agent cannot stop while a
+// StartTask waits, so the harness kills it after its StopTimeout (30s).
 func TestDriverServicesClientRestart(t *testing.T) {
 	t.Parallel()
 	harness.BuildTestWorkload(t)

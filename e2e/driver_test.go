@@ -29,6 +29,7 @@ import (
 // concurrently, each with its own job, lock and marker.
 func TestDriverDev(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t, "singleton_and_handover")
 	harness.BuildTestWorkload(t)
 	began := time.Now()
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
@@ -48,6 +49,10 @@ func TestDriverDev(t *testing.T) {
 // non-dev cluster (a server and a client with data dirs): the plugin
 // process is killed, then the client agent is restarted. The jobs of both
 // run from the start, so each fault hits both.
+//
+// Slow on purpose (about a minute): the client stays stopped past the
+// renew interval of a 20 s TTL (drvRestartDown), so that a renew fails and
+// must succeed on retry.
 func TestDriverRecovery(t *testing.T) {
 	t.Parallel()
 	harness.BuildTestWorkload(t)

@@ -26,6 +26,7 @@ var gateKinds = []string{"docker", "raw_exec", "exec"}
 
 func TestGate(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t, "docker_never_twice", "raw_exec_never_twice")
 	workload := harness.BuildTestWorkload(t)
 	records := t.TempDir()
 	if err := os.Chmod(records, 0o777); err != nil {

@@ -31,6 +31,7 @@ import (
 // each has its own HAProxy and LB API, since one of them restarts HAProxy.
 func TestHAProxy(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t, "graceful_handover", "crash_swaps_upstream")
 	haproxytest.Binary(t) // fails here, before an agent starts, if haproxy is missing
 	harness.BuildTestWorkload(t)
 	a := harness.StartAgent(t, drvAgentOptions(t, true))

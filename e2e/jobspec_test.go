@@ -10,6 +10,7 @@ import (
 // in its plain and its fullest configuration and checks that the result is
 // HCL with one job block of the builder's ID. It needs no agent.
 func TestJobspecTemplates(t *testing.T) {
+	t.Parallel()
 	records := t.TempDir()
 	lb := &harness.LB{URI: "http://127.0.0.1:1"}
 	full := func(j *drvJob) *drvJob {

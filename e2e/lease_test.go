@@ -35,6 +35,7 @@ const leaseTakeoverBound = 15 * time.Second
 // the lock's expiry; never two workloads at once.
 func TestLeaseNodeDeath(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t)
 	if why := chaosPartitionSkip(); why != "" {
 		t.Skip(why)
 	}

@@ -259,15 +259,20 @@ func runLock(t *testing.T, a *harness.Agent, args ...string) (int, string, strin
 }
 
 // runConcurrently runs each subtest in its own goroutine and waits for all.
-// Unlike t.Parallel, this is not limited by -parallel (GOMAXPROCS, 2 here):
-// the scenarios spend nearly all their time waiting on TTLs and samplers.
+// Unlike t.Parallel, this is not limited by -parallel: the scenarios share
+// their parent's agent and spend nearly all their time waiting on TTLs and
+// samplers. With -short, the subtests outside the smoke tier are skipped
+// (harness.Smoke).
 func runConcurrently(t *testing.T, subtests []subtest) {
 	var wg sync.WaitGroup
 	for _, st := range subtests {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t.Run(st.name, st.fn)
+			t.Run(st.name, func(t *testing.T) {
+				harness.SkipOutsideSmoke(t)
+				st.fn(t)
+			})
 		}()
 	}
 	wg.Wait()

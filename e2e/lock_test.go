@@ -34,6 +34,7 @@ import (
 // the agent's HTTP API.
 func TestLockDev(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t, "stop_hands_over_without_overlap")
 	workload := harness.BuildTestWorkload(t)
 	// The exec scenario mounts a copy of bin/lock, alone in its directory,
 	// the way a user would ship it on a host volume.
@@ -72,8 +73,9 @@ func TestLockDev(t *testing.T) {
 }
 
 // testOneWorkloadAmongThree: three allocations run `lock` around the
-// workload. For 30 s exactly one workload runs at every sample, the variable
-// names its allocation, and the two others run, waiting, saying for whom.
+// workload. For 30 s, and at least 100 samples, exactly one workload runs at
+// every sample, the variable names its allocation, and the two others run,
+// waiting, saying for whom.
 func testOneWorkloadAmongThree(t *testing.T, a *harness.Agent) {
 	s := newScenario(t, "singleton")
 	a.RunJobHCL(t, jobHCL(s.job, "service", s.lockGroup(t, 3, nil, nil)))
@@ -83,9 +85,9 @@ func testOneWorkloadAmongThree(t *testing.T, a *harness.Agent) {
 	first := waitMainStart(t, s.record, 60*time.Second, nil)
 	holder := first.AllocID
 
-	sum := harness.SampleFor(t, harness.SamplerOptions{
+	sum := harness.SampleForAtLeast(t, harness.SamplerOptions{
 		Marker: s.marker, Filter: harness.Proc.IsMainWorkload, Interval: 25 * time.Millisecond,
-	}, 30*time.Second)
+	}, 30*time.Second, 100, 3*time.Minute)
 	t.Logf("sampler: %s", sum)
 	t.Logf("MEASURE singleton_samples=%d singleton_max_allocs=%d", len(sum.Samples), sum.MaxAllocs)
 	bad := 0
@@ -772,6 +774,7 @@ func testPlainCrash(t *testing.T, a *harness.Agent) {
 // and the command to apply it. The token is never in argv or the logs.
 func TestLockACL(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t)
 	began := time.Now()
 	a := harness.StartAgent(t, harness.AgentOptions{ACLs: true})
 	t.Logf("MEASURE acl_agent_ready=%s", harness.Millis(time.Since(began)))

@@ -235,6 +235,10 @@ func testSemaphoreFrozenHolder(t *testing.T, a *harness.Agent, driver bool, n in
 // the second client take every slot (each its own where it is free); after
 // the heal the replacements stay the holders and the old allocations'
 // workloads never run again.
+//
+// Slow on purpose (over a minute): the replacements can take the slots only
+// once the servers have marked the client down and expired its slots
+// (2×TTL + delay after the last renew).
 func TestSemaphorePartition(t *testing.T) {
 	t.Parallel()
 	if skip := chaosPartitionSkip(); skip != "" {

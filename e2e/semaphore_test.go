@@ -270,6 +270,7 @@ func allocIndex(t *testing.T, a *harness.Agent, allocID string) int {
 // supervisor, whose slot the plugin releases once the task is proven dead.
 func TestDriverSemaphore(t *testing.T) {
 	t.Parallel()
+	harness.Smoke(t)
 	harness.BuildTestWorkload(t)
 	a := harness.StartAgent(t, drvAgentOptions(t, true))
 	const n = 2
@@ -335,6 +336,9 @@ func TestDriverSemaphore(t *testing.T) {
 // TestLockSemaphoreWaitCost: three `lock -n 3` holders and twenty waiters
 // against one agent. Parked waiters send nothing until a slot changes: the
 // agent's CPU while they wait is about what the holders' renews cost alone.
+//
+// Slow on purpose (a minute): the agent's and the waiters' CPU is measured
+// over three windows of 20 s, long enough for renews every TTL/2 to show.
 func TestLockSemaphoreWaitCost(t *testing.T) {
 	t.Parallel()
 	a := harness.StartAgent(t, harness.AgentOptions{Dev: true})

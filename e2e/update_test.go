@@ -19,6 +19,10 @@ import (
 // exactly once, to an allocation of the new version, and no two workloads
 // ever overlap: with count = 2 and count = 3 and max_parallel = 1, and with
 // count = 3 and a canary that is promoted automatically.
+//
+// Slow on purpose (a minute and a half): every update is a deployment that
+// waits for each new allocation's min_healthy_time, one allocation at a
+// time, five updates per job.
 func TestDriverRollingUpdateHandsOverOnce(t *testing.T) {
 	t.Parallel()
 	harness.BuildTestWorkload(t)
@@ -192,6 +196,7 @@ func TestDriverBrokenNewVersionFallsBackToOldStandby(t *testing.T) {
 // replaces through the servers (client/allocwatcher, remotePrevAlloc).
 func TestDriverHolderWaitsForItsSuccessor(t *testing.T) {
 	t.Parallel()
+	harness.SkipOutsideSmoke(t) // its agents start in its subtests
 	harness.BuildTestWorkload(t)
 	runConcurrently(t, []subtest{
 		{"one_node", func(t *testing.T) {

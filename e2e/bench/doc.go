@@ -31,9 +31,9 @@
 // Reusing it means running as a test. `make bench` compiles the test binary
 // (go test -c) and runs it without -test.v, so stdout shows progress lines and
 // the table and nothing else; harness logs appear only for a failed run.
-// TestBench skips unless BENCH=1, so `go test ./...` in e2e/ (make test)
-// compiles it but does not run it; `make test` then runs the short smoke
-// mode, `make bench QUICK=1`. gonum.org/v1/plot is a requirement of the e2e
+// TestBench skips unless BENCH=1, so `go test ./...` in e2e/ (make test,
+// make e2e) compiles it but does not run it; CI (.ci/run) then runs the
+// short smoke mode, `make bench QUICK=1`. gonum.org/v1/plot is a requirement of the e2e
 // module (e2e/go.mod) alone: the product does not link it.
 //
 // Configuration comes from the environment, which the GNUmakefile fills in

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/internal/loadavg"
 )
 
 // Machine describes where the numbers were taken.
@@ -32,17 +34,7 @@ type Machine struct {
 }
 
 // LoadAvg returns the 1, 5 and 15 minute load averages.
-func LoadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
+func LoadAvg() string { return loadavg.Read() }
 
 // ReadMachine reads the host's description and the versions of the binaries
 // under test. Anything it cannot read is reported as "unknown".

@@ -142,6 +142,8 @@ type Agent struct {
 
 	mu    sync.Mutex
 	token string
+
+	releases []func() // of reservations held for the agent's life
 }
 
 // StartAgent starts a Nomad cluster configured by opts and waits until it is
@@ -150,6 +152,7 @@ type Agent struct {
 // if that does not happen within opts.StartTimeout per process.
 func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 	t.Helper()
+	SkipOutsideSmoke(t)
 	if opts.Dev && (opts.ACLs || len(opts.ServerConfig) > 0 || opts.Clients > 1 || opts.Netns || opts.HeartbeatTTL > 0 || opts.Servers > 1) {
 		t.Fatalf("harness: ACLs, ServerConfig, Clients, Servers, Netns and HeartbeatTTL need a non-dev agent (AgentOptions.Dev=false)")
 	}
@@ -265,6 +268,16 @@ func StartAgent(t testing.TB, opts AgentOptions) *Agent {
 		case a.net != nil:
 			m.link = a.net.links[index-1]
 			m.ip, m.iface = m.link.ip, m.link.nsVeth
+		case role != roleServer:
+			// On the loopback address every client hands out task ports:
+			// one block of the range each (a client in a network
+			// namespace has an address of its own).
+			if low, high, release, ok := dynamicBlock(); ok {
+				m.dynamicPorts = [2]int{low, high}
+				a.releases = append(a.releases, release)
+			} else {
+				a.log.Warn("every block of the dynamic port range is held: this client shares the whole range", "low", dynamicPortsLow, "high", dynamicPortsHigh)
+			}
 		}
 		return m
 	}

@@ -25,6 +25,11 @@ import (
 func (a *Agent) cleanup() {
 	t := a.t
 	defer func() {
+		for _, release := range a.releases {
+			release()
+		}
+	}()
+	defer func() {
 		if !t.Failed() {
 			return
 		}

@@ -77,6 +77,9 @@ func (m *Member) renderConfig() string {
 	}
 	// Task ports are then allocated on the client's own address as well.
 	line("  network_interface = %s", q(m.iface))
+	if m.dynamicPorts[0] > 0 {
+		line("  min_dynamic_port  = %d\n  max_dynamic_port  = %d", m.dynamicPorts[0], m.dynamicPorts[1])
+	}
 	line("  options = {")
 	opts := a.clientOptions()
 	for _, k := range slices.Sorted(maps.Keys(opts)) {

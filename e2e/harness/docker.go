@@ -69,7 +69,7 @@ const (
 
 // dockerFix is what a failure message tells the user to do.
 const dockerFix = "install Docker and a static busybox (as root: scripts/ensure-docker.sh, " +
-	"or apt-get install -y docker.io busybox-static; make test does it)"
+	"or apt-get install -y docker.io busybox-static; make test and make e2e do it)"
 
 // Docker is the test binary's private Docker engine with the test image
 // built. Get it with StartDocker; Main stops it when the tests are done.
@@ -106,6 +106,7 @@ var (
 // gets SIGTERM through Pdeathsig).
 func StartDocker(t testing.TB) *Docker {
 	t.Helper()
+	SkipOutsideSmoke(t)
 	lockBin := LockBin(t)
 	workload := BuildTestWorkload(t)
 	dockerOnce.Do(func() {

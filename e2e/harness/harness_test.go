@@ -20,6 +20,7 @@ import (
 // agent. It proves that the agent, the Task API socket, workload identity,
 // the record file, FindProcs and the job helpers all work together.
 func TestSmokeDevAgentVarLock(t *testing.T) {
+	t.Parallel()
 	began := time.Now()
 	a := harness.StartAgent(t, harness.AgentOptions{Dev: true})
 	t.Logf("dev agent ready in %s", time.Since(began).Round(time.Millisecond))
@@ -140,6 +141,7 @@ job %q {
 // the workload under raw_exec, restarts the agent and checks that the same
 // process is still running, still under Nomad's control, on the same node.
 func TestSmokeAgentRestart(t *testing.T) {
+	t.Parallel()
 	began := time.Now()
 	a := harness.StartAgent(t, harness.AgentOptions{ACLs: true})
 	t.Logf("non-dev agent ready in %s (exec healthy: %t)", time.Since(began).Round(time.Millisecond), a.DriverHealthy("exec"))
@@ -239,6 +241,7 @@ job %q {
 // (chroot and PID namespace), reaching it and its record file through host
 // volumes. It is skipped where the exec driver is not healthy.
 func TestSmokeExecDriver(t *testing.T) {
+	t.Parallel()
 	workload := harness.BuildTestWorkload(t)
 	records := t.TempDir()
 	a := harness.StartAgent(t, harness.AgentOptions{
@@ -329,6 +332,8 @@ func procState(t *testing.T, pid int) string {
 // TestCleanupLeavesNothing ends tests in awkward states and checks that the
 // harness's cleanup still stops every task and removes every file.
 func TestCleanupLeavesNothing(t *testing.T) {
+	t.Parallel()
+	harness.SkipOutsideSmoke(t) // its agents start in its subtests
 	tests := []struct {
 		name  string
 		opts  harness.AgentOptions
@@ -411,6 +416,7 @@ job "left-running" {
 // nodes; a partitioned client can no longer be reached and is marked down
 // by the server; healed, it is ready again.
 func TestNetnsPartition(t *testing.T) {
+	t.Parallel()
 	a := harness.StartAgent(t, harness.AgentOptions{Clients: 2, Netns: true, HeartbeatTTL: 5 * time.Second})
 	cs := a.Clients()
 	if len(cs) != 2 || cs[0].NodeID() == cs[1].NodeID() || cs[0].Addr() == cs[1].Addr() {

@@ -40,7 +40,10 @@ type Member struct {
 	httpPort int
 	rpcPort  int
 	serfPort int
-	api      *api.Client
+	// dynamicPorts is a client's block of Nomad's dynamic port range
+	// (dynamicBlock); zero: the whole range.
+	dynamicPorts [2]int
+	api          *api.Client
 
 	mu     sync.Mutex
 	nodeID string     // a client's node, once registered

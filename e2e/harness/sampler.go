@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,6 +79,53 @@ type Sampler struct {
 	summary SampleSummary
 	mu      sync.Mutex         // guards watches' keys against Seen
 	watches map[int]*ExitWatch // every matching PID seen, from its first scan on
+	taken   atomic.Int64       // samples so far
+	// notBefore: the next sample's scan starts at this CLOCK_MONOTONIC ns
+	// or later (after the sampler's start, after its previous sample's).
+	notBefore int64
+}
+
+// procScan is one scan of every process on the machine, which every
+// Sampler that asks for a sample while it runs shares (sharedScan).
+type procScan struct {
+	mono, done int64     // CLOCK_MONOTONIC ns at its start and end
+	wall       time.Time // wall time at its start
+	procs      []Proc
+	err        error
+	ready      chan struct{} // closed once procs, done and err are set
+}
+
+// procScans holds the scan in progress, if any.
+var procScans struct {
+	sync.Mutex
+	running *procScan
+}
+
+// sharedScan returns a scan of /proc that started at notBefore or later:
+// the one in progress if it did, else a new one. With many tests side by
+// side (make e2e), a scan per Sampler every 20 ms would take every core of
+// the machine (a scan reads four files of each of hundreds of processes);
+// shared, the samplers of one test binary cost one scanner.
+func sharedScan(notBefore int64) *procScan {
+	procScans.Lock()
+	if r := procScans.running; r != nil && r.mono >= notBefore {
+		procScans.Unlock()
+		<-r.ready
+		return r
+	}
+	r := &procScan{mono: MonoNow(), wall: time.Now(), ready: make(chan struct{})}
+	procScans.running = r
+	procScans.Unlock()
+
+	r.procs, r.err = scanProcs(func(Proc) bool { return true })
+	r.done = MonoNow()
+	procScans.Lock()
+	if procScans.running == r {
+		procScans.running = nil
+	}
+	procScans.Unlock()
+	close(r.ready)
+	return r
 }
 
 // StartSampler starts sampling at once. t.Cleanup stops it if the test did not.
@@ -89,7 +137,7 @@ func StartSampler(t testing.TB, opts SamplerOptions) *Sampler {
 	if opts.Interval <= 0 {
 		opts.Interval = 20 * time.Millisecond
 	}
-	s := &Sampler{opts: opts, stop: make(chan struct{}), done: make(chan struct{}), watches: map[int]*ExitWatch{}}
+	s := &Sampler{opts: opts, stop: make(chan struct{}), done: make(chan struct{}), watches: map[int]*ExitWatch{}, notBefore: MonoNow()}
 	go s.run()
 	t.Cleanup(func() { s.Stop() })
 	return s
@@ -100,6 +148,26 @@ func SampleFor(t testing.TB, opts SamplerOptions, d time.Duration) SampleSummary
 	t.Helper()
 	s := StartSampler(t, opts)
 	time.Sleep(d)
+	return s.Stop()
+}
+
+// SampleForAtLeast samples for duration d and on until at least n samples
+// were taken, and returns the summary; the test fails if that takes longer
+// than limit. On a loaded machine a scan of /proc may take a second, so a
+// test that asserts over n samples waits longer there rather than fail.
+func SampleForAtLeast(t testing.TB, opts SamplerOptions, d time.Duration, n int, limit time.Duration) SampleSummary {
+	t.Helper()
+	s := StartSampler(t, opts)
+	began := time.Now()
+	time.Sleep(d)
+	for s.taken.Load() < int64(n) {
+		if time.Since(began) > limit {
+			sum := s.Stop()
+			t.Fatalf("harness: the sampler (marker %s) took %d samples in %s, want %d: /proc scans this slow prove little",
+				opts.Marker, len(sum.Samples), limit, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	return s.Stop()
 }
 
@@ -161,6 +229,7 @@ func (s *Sampler) run() {
 		sum.MaxProcs = max(sum.MaxProcs, len(smp.PIDs))
 		sum.MaxAllocs = max(sum.MaxAllocs, len(smp.Allocs))
 		sum.Samples = append(sum.Samples, smp)
+		s.taken.Add(1)
 		for _, pid := range smp.PIDs {
 			if _, ok := s.watches[pid]; !ok {
 				w, err := WatchExit(pid)
@@ -190,23 +259,26 @@ func (s *Sampler) run() {
 		}
 		select {
 		case <-s.stop:
-			stopping = true // take one last sample: the state at Stop
+			// Take one last sample: the state at Stop, by a scan that
+			// started after it.
+			stopping = true
+			s.notBefore = max(s.notBefore, MonoNow())
 		case <-tick.C:
 		}
 	}
 }
 
 func (s *Sampler) take() Sample {
-	smp := Sample{Mono: MonoNow(), Wall: time.Now()}
-	procs, err := FindProcs(s.opts.Marker)
-	smp.Done = MonoNow()
-	if err != nil {
-		smp.Err = err
+	scan := sharedScan(s.notBefore)
+	s.notBefore = scan.mono + 1
+	smp := Sample{Mono: scan.mono, Done: scan.done, Wall: scan.wall}
+	if scan.err != nil {
+		smp.Err = scan.err
 		return smp
 	}
 	owners := map[string]bool{}
-	for _, p := range procs {
-		if s.opts.Filter != nil && !s.opts.Filter(p) {
+	for _, p := range scan.procs {
+		if !p.contains(s.opts.Marker) || (s.opts.Filter != nil && !s.opts.Filter(p)) {
 			continue
 		}
 		smp.PIDs = append(smp.PIDs, p.PID)

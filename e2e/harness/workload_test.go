@@ -216,7 +216,8 @@ func TestTestWorkload(t *testing.T) {
 }
 
 // TestTestWorkloadArgvAndEnv checks that arguments and the lock environment
-// are recorded verbatim.
+// are recorded verbatim. Not parallel: t.Setenv changes the environment of
+// the whole test binary.
 func TestTestWorkloadArgvAndEnv(t *testing.T) {
 	args := []string{"--", "plain", "with space", "ünïcode", `"quoted"`, "", "-notaflag"}
 	t.Setenv("NOMAD_ALLOC_ID", "11111111-2222-3333-4444-555555555555")
