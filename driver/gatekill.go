@@ -55,6 +55,7 @@ func gatedTasksFunc(dir *securefs.Dir, spec supervisorSpec, locker *lockclient.L
 			alloc = nil
 		}
 		env := gatedEnvOf(spec)
+		checkEngine(context.Background(), &env)
 		rec := planGated(allocID, tasks, alloc, env)
 		if err := writeJSON(dir, gatedFile, rec); err != nil {
 			log.Warn("gate: record the gated tasks for the plugin", "error", err)
@@ -88,6 +89,7 @@ func (d *Driver) gatedKillerOf(h *taskHandle, spec supervisorSpec) (*gatedKiller
 	if err != nil {
 		return nil, fmt.Errorf("read the gate's allocation to find its gated tasks: %w", err)
 	}
+	checkEngine(ctx, &env)
 	rec = planGated(spec.Gate.AllocID, shim.GatedTasksOf(alloc, spec.Gate.Task), alloc, env)
 	if err := writeJSON(h.dir, gatedFile, rec); err != nil {
 		h.logger.Warn("record the gated tasks", "error", err)

@@ -80,6 +80,7 @@ var (
 	evGateLost          = events.New("gate-lost", "Gate lost the lock: it fails now")
 	evGateIdentity      = events.New("gate-identity-rejected", "Gate's workload identity no longer authenticates ")
 	evGateLockKept      = events.New("gate-lock-kept", "Lock kept: ")
+	evGateKeptRestart   = events.New("gate-kept-for-restart", "Lock kept for the restarted gate: ")
 	evGateAwaitPrevious = events.New("gate-await-previous", "Holding lock ")
 	evGateStillAwaiting = events.New("gate-still-awaiting", "Still waiting: the previous holder ")
 )
@@ -349,6 +350,10 @@ func (g *Gate) killerMessage(t lockclient.Timing) string {
 	if left := g.leftToNomad(); len(left) > 0 {
 		var names []string
 		for _, n := range left {
+			if why := g.whyLeft(n); why != "" {
+				names = append(names, strings.TrimSuffix(driver(n), ")")+": "+why+")")
+				continue
+			}
 			names = append(names, driver(n))
 		}
 		why := "no driver kill for them"
@@ -395,6 +400,14 @@ func gateIdentityRejectedMessage(expiry time.Duration) string {
 func gateLockKeptMessage(why string, gated []string, expiry time.Duration) string {
 	return evGateLockKept.Text("%s, so the gated tasks (%s) may still run. A restarted gate takes the lease over; "+
 		"otherwise Nomad kills them, and the lock expires on the server within 2×TTL + delay (%s)", why, strings.Join(gated, ", "), expiry)
+}
+
+// gateKeptForRestartMessage: Nomad stopped the gate while its allocation
+// runs on; fence is the time left to the lease's fence deadline.
+func gateKeptForRestartMessage(gated []string, fence time.Duration) string {
+	return evGateKeptRestart.Text("Nomad stopped the gate while its allocation keeps running (a restart); the gated tasks (%s) "+
+		"run on under the lease, which the restarted gate takes over within %s (its fence deadline); past it, the plugin kills "+
+		"them and keeps them dead until the gate holds again", strings.Join(gated, ", "), fence.Round(100*time.Millisecond))
 }
 
 func gateAwaitPreviousMessage(path string, prev lockclient.Holder, alive []string, atMost time.Duration) string {

@@ -55,9 +55,11 @@ type Gate struct {
 	// dead, by the gate itself, those of its gated tasks that it can (the
 	// driver's docker containers and task cgroups).
 	Killer GatedTasksFunc
-	// killer and direct are what Killer built: nil and empty without one.
-	killer GatedTasks
-	direct []string
+	// killer and direct are what Killer built: nil and empty without one,
+	// or when it kills none of the gated tasks; planned is what it built
+	// in any case, which says why a task is left to Nomad.
+	killer, planned GatedTasks
+	direct          []string
 	// tasks are the gated tasks with their drivers; killerErr why Killer
 	// failed, if it did.
 	tasks     []GatedTask
@@ -199,7 +201,7 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 				`only after the group's shutdown_delay (and, on a client cut off from the servers, its services' deregistration): `+
 				`lease mode cannot bound its death by lease_fence + lease_kill_grace. Run it with docker (and the plugin config's `+
 				`docker_endpoint), exec or raw_exec without a cgroup override, or use config.lock.mode = "lock" for this gate`,
-				task.Name, gatedDriver(gate, task), gate.notDirectWhy()))
+				task.Name, gatedDriver(gate, task), gate.notDirectWhy(task.Name)))
 		default:
 			gated = append(gated, task.Name)
 			kill := nomadKillTimeout
@@ -255,13 +257,15 @@ func gatedDriver(g *Gate, task *api.Task) string {
 	return task.Driver
 }
 
-// notDirectWhy says why the gate does not kill a gated task itself.
-func (g *Gate) notDirectWhy() string {
+// notDirectWhy says why the gate does not kill gated task task itself.
+func (g *Gate) notDirectWhy(task string) string {
 	switch {
 	case g.killerErr != nil:
 		return g.killerErr.Error()
 	case g.Killer == nil:
 		return "no direct kill on this client"
+	case g.whyLeft(task) != "":
+		return g.whyLeft(task)
 	}
 	return "see the gate's start event for why"
 }
@@ -368,34 +372,53 @@ func (s *Supervisor) readAtStop() stopArrival {
 	return stopArrival{alloc: alloc, err: err}
 }
 
-// gateMayRelease reports whether the gate may release, and so mark the
-// release clean; it first kills the gated tasks itself where the ending
-// asks for it (gatekill.go).
+// gateMayRelease reports whether the gate may release, and whether it may
+// mark the release clean; it first kills the gated tasks itself where the
+// ending asks for it (gatekill.go).
 //
-// Nomad's own stop of the allocation proves the gated tasks dead: the
-// client kills the group's main tasks and waits for each to be dead before
-// it stops its sidecars, the gate among them (allocrunner.killTasks, Nomad
-// v1.11). The gate knows it is such a stop when its watch had seen the
-// allocation's desired status turn stop or evict (or the allocation gone)
-// before the stop arrived. A read made only once the stop has arrived is
-// no proof (a restart of the gate may have raced a stop of the
-// allocation): the gate then releases only if the servers already report
-// every gated task dead, or it has killed them all itself.
+// The lock passes from the gate's allocation only when its gated tasks are
+// proven dead and Nomad cannot run them again beside the next holder: a
+// gated task killed from outside is a task exit to Nomad, which restarts
+// it in place after its restart delay until its own kill of the
+// allocation has begun (docs/gate-nomad.md). Two things keep it dead
+// until then: the static rule checked at start (checkDirectRestart: the
+// delay outlasts the group's shutdown_delay and the kill, so a task killed
+// now is restarted only after Nomad's kill, which follows the gate's
+// failure, has begun), and the plugin's warden, which kills whatever gated
+// task of the allocation starts while no run of this gate holds. Neither
+// covers a restart that was already pending when the gate killed (a task
+// that crashed on its own, or is still starting): the release is then not
+// marked clean (noneRestartable), and the next gate waits for Nomad's
+// report that those tasks are dead for good.
 //
-// A restart of the gate (the allocation runs on) keeps the lock and the
-// gated tasks: the restarted gate adopts the lease. Every other ending (the
-// lock lost, a signal, a failed LB ADD, the gate's command ended) kills the
-// gated tasks the gate can kill itself; the lock is then released, clean,
-// only if the lease is still ours and every gated task is proven dead;
-// otherwise it expires on the server, after Nomad has killed the rest.
-func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stopArrival) bool {
+// Nomad's own stop of the allocation: the client kills the group's main
+// tasks and waits for each to be dead before it stops its sidecars, the
+// gate among them (allocrunner.killTasks, Nomad v1.11). The gate knows it
+// is such a stop when its watch had seen the allocation's desired status
+// turn stop or evict (or the allocation gone) before the stop arrived; it
+// still proves what it can kill itself dead (a restart of the gate that
+// raced the allocation's stop comes while they run, in the group's
+// shutdown_delay), and marks the release clean only if it kills every
+// gated task itself. A stop the watch had not yet seen is decided by a
+// read made as it arrives.
+//
+// A restart of the gate (Nomad stopped it while the allocation runs on),
+// in lock and lease mode alike: the gate keeps the lease and kills
+// nothing, the plugin keeps the lease for the restarted run to take over
+// before its fence deadline (driver gateLeases), and past it kills the
+// gated tasks itself. Every other ending (the lock lost, a signal, a
+// failed LB ADD, the gate's command ended) kills the gated tasks the gate
+// can kill itself; the lock is then released only if the lease is still
+// ours and every gated task is proven dead; otherwise it expires on the
+// server, after Nomad has killed the rest.
+func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stopArrival) (release, clean bool) {
 	g := s.Config.Gate
 	cfg := s.Locker.Config()
 	expiry := 2*cfg.TTL + cfg.LockDelay
 	if chans.Closed(lease.Lost()) {
 		// Never released while the gated tasks may run, even if the
 		// server still holds it for us.
-		killed := s.killDirect(lease, lease.StopDeadline(), "the lock was lost")
+		killed := s.killDirect(lease, "the lock was lost")
 		var direct []string
 		if g.killer != nil && killed {
 			direct = g.direct
@@ -404,62 +427,110 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 		if !killed {
 			left = g.gated
 		}
-		s.emit(Event{State: StateLost, Fence: lease.Fence, Message: gateLostMessage(direct, left)})
-		return false
+		s.emit(leaseEvent(StateLost, lease, gateLostMessage(direct, left)))
+		return false, false
+	}
+	provenDead := func(why string) bool {
+		return s.killDirectHeld(lease, why) && g.allDirect() && !chans.Closed(lease.Lost())
 	}
 	var why string
 	switch {
 	case end == endStopRequest && at.seen:
-		return true
+		// Released in any case (the next gate waits for Nomad's report
+		// unless it is marked clean): Nomad's kill of the allocation is
+		// under way.
+		killed := s.killDirectHeld(lease, "")
+		if chans.Closed(lease.Lost()) {
+			why = "the lock was lost while the allocation was being stopped"
+			break
+		}
+		return true, killed && g.allDirect() && s.noneRestartable()
 	case end == endStopRequest:
 		alloc, err := at.alloc, at.err
 		switch {
 		case errors.Is(err, lockclient.ErrAllocGone):
-			return true
+			return true, true
 		case errors.Is(err, lockclient.ErrIdentityRejected) && s.PluginReleases && s.OnReleaseTried != nil:
 			// A purged job's identity no longer authenticates: the
 			// plugin asks Nomad with the operator's token whether the
 			// allocation is stopped or gone before it releases.
 			s.Logger.Warn("gate: the allocation's identity no longer authenticates; leaving the release to the plugin", "error", err)
-			s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: gateIdentityRejectedMessage(expiry)})
+			s.emit(stoppingEvent(lease, gateIdentityRejectedMessage(expiry)))
 			s.OnReleaseTried(err)
-			return false
+			return false, false
 		case err != nil:
 			why = fmt.Sprintf("cannot read whether the allocation is being stopped (%v)", err)
 		case alloc.DesiredStatus == api.AllocDesiredStatusStop || alloc.DesiredStatus == api.AllocDesiredStatusEvict:
 			if len(previousGatedAlive(alloc, g.Task)) == 0 {
-				return true
+				// Reported dead, not pending: Nomad's kill ended them.
+				return true, true
 			}
 			// Being stopped, so Nomad kills them anyway: a kill of our
-			// own loses them nothing but their grace, and proves them dead.
-			if s.killDirectHeld(lease, "the allocation turned stop as the gate was stopped") && g.allDirect() &&
-				!chans.Closed(lease.Lost()) {
-				return true
+			// own loses them nothing but their shutdown_delay, and proves
+			// them dead.
+			if provenDead("the allocation turned stop as the gate was stopped") {
+				return true, s.noneRestartable()
 			}
 			why = "the allocation was seen being stopped only after the gate's stop arrived (a restart of the gate may have raced it), " +
 				"and Nomad does not yet report the gated tasks dead"
 		default:
-			why = "Nomad stopped the gate while its allocation keeps running (a restart, or a gated task that failed for good)"
+			s.Logger.Info("gate: stopped while its allocation runs on (a restart): keeping the lease for the restarted gate")
+			s.emit(stoppingEvent(lease, gateKeptForRestartMessage(g.gated, lockclient.BootUntil(lease.FenceDeadline()))))
+			return false, false
 		}
 	default:
-		if s.killDirectHeld(lease, "the gate stopped: "+end.String()) && g.allDirect() && !chans.Closed(lease.Lost()) {
-			return true
+		if provenDead("the gate stopped: " + end.String()) {
+			return true, s.noneRestartable()
 		}
 		why = "the gate stopped by itself (" + end.String() + ")"
 	}
-	if g.lease && end == endStopRequest {
-		// Lease mode: the heartbeat ends with this run, so no gated task
-		// may run on for a restarted gate to adopt (a standby takes the
-		// lock over lease_fence + lease_kill_grace + 1s after the last
-		// heartbeat): they are killed, and the lock released.
-		if s.killDirectHeld(lease, "the gate was stopped in lease mode ("+why+")") && g.allDirect() && !chans.Closed(lease.Lost()) {
-			return true
-		}
-		why += "; in lease mode the gated tasks are killed, and they are not proven dead"
-	}
 	s.Logger.Warn("gate: not releasing the lock", "why", why)
-	s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: gateLockKeptMessage(why, g.gated, expiry)})
-	return false
+	s.emit(stoppingEvent(lease, gateLockKeptMessage(why, g.gated, expiry)))
+	return false, false
+}
+
+// noneRestartable reports whether the servers show no gated task of the
+// gate's allocation that Nomad may still start: none pending (a restart
+// under way, or a first start still to come: image pull, prestart hooks).
+// Such a task's start is not held back by the gate's kill, nor by the
+// static restart rule, whose delay counts from the kill; the release is
+// then not marked clean, and the next gate waits for Nomad to report it
+// dead for good. A task that died since the servers last heard (a second
+// or so) shows running: its restart comes no sooner than the static rule
+// allows. A failed read says nothing, so no.
+func (s *Supervisor) noneRestartable() bool {
+	g := s.Config.Gate
+	ctx, cancel := context.WithTimeout(context.Background(), 2*s.Locker.Config().RequestTimeout)
+	defer cancel()
+	alloc, _, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
+	if err != nil {
+		s.Logger.Warn("gate: cannot read whether a gated task is about to start again; not marking the release clean", "error", err)
+		return false
+	}
+	if pending := gatedPending(alloc, g.Task); len(pending) > 0 {
+		s.Logger.Warn("gate: Nomad may start these gated tasks again; not marking the release clean, so the next gate waits for Nomad to report them dead",
+			"tasks", strings.Join(pending, ","))
+		return false
+	}
+	return true
+}
+
+// gatedPending lists the tasks of alloc, other than its gate and its
+// poststop tasks, that Nomad reports pending: waiting to start, or to be
+// restarted. An allocation its client reported complete or failed has
+// none.
+func gatedPending(alloc *api.Allocation, gate string) []string {
+	if alloc.ClientStatus == api.AllocClientStatusComplete || alloc.ClientStatus == api.AllocClientStatusFailed {
+		return nil
+	}
+	var out []string
+	for name, st := range alloc.TaskStates {
+		if name != gate && st != nil && st.State == "pending" && !isPoststop(alloc, name) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // markReleasedClean tells the next holder that the gated tasks are dead, so
