@@ -318,11 +318,12 @@ func (k *gatedKiller) Stop(ctx context.Context, grace time.Duration) error {
 // containers and waits, until ctx ends, for them to stop. Errors are left
 // to the KillAll that follows.
 func (k *gatedKiller) stopContainers(ctx context.Context, t gatedTaskRecord) {
-	ids, err := k.containersOf(ctx, t.Name)
+	cs, err := k.containersOf(ctx, t.Name)
 	if err != nil {
 		return
 	}
-	for _, id := range ids {
+	for _, c := range cs {
+		id := c.ID
 		in, err := k.docker.Inspect(ctx, id)
 		if err != nil || !in.State.Running || in.State.Paused {
 			continue
@@ -368,9 +369,9 @@ func containerName(task, allocID string) string {
 	return "/" + strings.ReplaceAll(task, "/", "_") + "-" + allocID
 }
 
-// containersOf lists the IDs of the task's containers: those that carry
-// the allocation's label and the task's name.
-func (k *gatedKiller) containersOf(ctx context.Context, task string) ([]string, error) {
+// containersOf lists the task's containers: those that carry the
+// allocation's label and the task's name.
+func (k *gatedKiller) containersOf(ctx context.Context, task string) ([]dockerengine.Container, error) {
 	if k.docker == nil {
 		return nil, errors.New("no docker endpoint")
 	}
@@ -379,25 +380,53 @@ func (k *gatedKiller) containersOf(ctx context.Context, task string) ([]string, 
 		return nil, err
 	}
 	want := containerName(task, k.rec.AllocID)
-	var ids []string
+	var out []dockerengine.Container
 	for _, c := range list {
 		if c.Labels[nomadAllocLabel] == k.rec.AllocID && slices.Contains(c.Names, want) {
-			ids = append(ids, c.ID)
+			out = append(out, c)
 		}
 	}
-	return ids, nil
+	return out, nil
+}
+
+// Running names the Direct tasks that have a process, or a container
+// that runs (or is paused).
+func (k *gatedKiller) Running(ctx context.Context) ([]string, error) {
+	var out []string
+	var errs []error
+	for _, t := range k.rec.Tasks {
+		if !t.Direct {
+			continue
+		}
+		alive := false
+		if t.Driver == "docker" {
+			cs, err := k.containersOf(ctx, t.Name)
+			errs = append(errs, err)
+			alive = slices.ContainsFunc(cs, func(c dockerengine.Container) bool { return c.State == "running" || c.State == "paused" })
+		} else {
+			for _, cg := range k.taskCgroupOf(t.Name) {
+				a, err := cg.Alive()
+				errs = append(errs, err)
+				alive = alive || a
+			}
+		}
+		if alive {
+			out = append(out, t.Name)
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
 // killContainer pauses, SIGKILLs and waits out the task's container, if
 // there is one.
 func (k *gatedKiller) killContainer(ctx context.Context, task string) error {
-	ids, err := k.containersOf(ctx, task)
+	cs, err := k.containersOf(ctx, task)
 	if err != nil {
 		return err
 	}
 	want := containerName(task, k.rec.AllocID)
-	for _, id := range ids {
-		if err := k.killOneContainer(ctx, id, want); err != nil {
+	for _, c := range cs {
+		if err := k.killOneContainer(ctx, c.ID, want); err != nil {
 			return err
 		}
 	}

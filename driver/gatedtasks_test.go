@@ -109,7 +109,8 @@ func cgroupRunning(t *testing.T, script string, procs int) (allocID string, cg *
 	if cgroupslib.GetMode() != cgroupslib.CG1 || os.Geteuid() != 0 {
 		t.Skip("needs root and cgroups v1 (this test creates a freezer cgroup)")
 	}
-	allocID = "gatedkill-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	// Hexadecimal, as an allocation ID: the plugin checks it (allocIDPattern).
+	allocID = "feed-" + strconv.FormatInt(int64(os.Getpid()), 16) + "-" + strconv.FormatInt(time.Now().UnixNano(), 16)
 	dir := cgroupslib.PathCG1(allocID, "app", "freezer")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Skipf("cannot create a freezer cgroup: %v", err)
@@ -282,6 +283,7 @@ func TestKeptGateLeaseOutlivesThePlugin(t *testing.T) {
 		{specFile, supervisorSpec{Gate: &gateSpec{AllocID: cfg.AllocID, Task: cfg.Name}}},
 		{leaseFile, heldLease{LockID: "lock-1", Fence: 7, TTL: 10 * time.Second, LockDelay: time.Second,
 			LastRenewBoot: lockclient.BootNanos(lockclient.BootNow())}},
+		{exitFile, exitStatus{}}, // a restart: stopped while its allocation runs on
 	} {
 		if err := writeJSON(dir, f.name, f.v); err != nil {
 			t.Fatal(err)

@@ -38,13 +38,15 @@ func newRestartRig(t *testing.T) *restartRig {
 		pub: &publisher{dir: dir, path: "nomad/jobs/j/g/gate/lock", log: hclog.NewNullLogger()}}
 }
 
-// held writes the gate's spec and the lease it acquired ago.
+// held writes the gate's spec, the lease it acquired ago, and its exit
+// 0 (a restart).
+
 func (r *restartRig) held(t *testing.T, mode string, ago time.Duration) {
 	t.Helper()
 	spec := supervisorSpec{Mode: mode, Gate: &gateSpec{AllocID: r.cfg.AllocID, Task: r.cfg.Name}}
 	lease := heldLease{LockID: "lock-1", Fence: 7, TTL: 10 * time.Second, LockDelay: time.Second,
 		LastRenewBoot: lockclient.BootNanos(lockclient.BootNow().Add(-ago))}
-	for name, v := range map[string]any{specFile: spec, leaseFile: lease} {
+	for name, v := range map[string]any{specFile: spec, leaseFile: lease, exitFile: exitStatus{}} {
 		if err := writeJSON(r.h.dir, name, v); err != nil {
 			t.Fatal(err)
 		}
@@ -102,5 +104,60 @@ func TestPublisherKeepsDeadlinesOnlyForTheSameLease(t *testing.T) {
 		if st.FenceDeadlineBoot != 0 || st.StopDeadlineBoot != 0 || st.LastRenewBoot != 0 {
 			t.Errorf("%s (fence %d) kept the deadlines of fence 7: %+v", ev.State, ev.Fence, st)
 		}
+	}
+}
+
+// R3: a gate's kept lease may be taken over until its fence deadline, in
+// lock and lease mode (a lease-mode gate kept none before: C1); a run that
+// failed keeps none (Nomad does not restart it); without a published
+// deadline a lease-mode lease is not kept (its last heartbeat is unknown).
+func TestKeptLeaseUntilItsFenceDeadline(t *testing.T) {
+	now := lockclient.BootNow()
+	for _, tc := range []struct {
+		name    string
+		mode    string
+		fence   time.Duration // the status's fence deadline from now (0: none published)
+		exit    *exitStatus   // nil: crashed
+		planned bool          // the plugin killed it (stop, destroy, supersede)
+		kept    bool
+	}{
+		{"lock mode, restart", "", 3 * time.Second, &exitStatus{}, false, true},
+		{"lease mode, restart", shim.ModeLease, 3 * time.Second, &exitStatus{}, false, true},
+		{"lease mode, no deadline published", shim.ModeLease, 0, &exitStatus{}, false, false},
+		{"lock mode, no deadline published: from the last renew", "", 0, &exitStatus{}, false, true},
+		{"past its fence deadline", shim.ModeLease, -time.Millisecond, &exitStatus{}, false, false},
+		{"failed (lost, signal)", "", 3 * time.Second, &exitStatus{ExitCode: 76}, false, false},
+		{"killed by the plugin to stop it", shim.ModeLease, 3 * time.Second, nil, true, true},
+		{"crashed", "", 3 * time.Second, nil, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRestartRig(t)
+			r.held(t, tc.mode, time.Second)
+			_ = r.h.dir.Remove(exitFile)
+			if tc.exit != nil {
+				if err := writeJSON(r.h.dir, exitFile, *tc.exit); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r.h.killedByPlugin = tc.planned
+			st := supervisorStatus{State: "stopping", Fence: 7, LastRenewBoot: lockclient.BootNanos(now.Add(-time.Second))}
+			if tc.fence != 0 {
+				st.FenceDeadlineBoot = lockclient.BootNanos(now.Add(tc.fence))
+				st.StopDeadlineBoot = lockclient.BootNanos(now.Add(tc.fence + 2*time.Second))
+			}
+			if err := writeJSON(r.h.dir, statusFile, st); err != nil {
+				t.Fatal(err)
+			}
+			var g gateLeases
+			g.keep(r.h, r.root)
+			got := g.take(r.cfg, r.root)
+			if (got != nil) != tc.kept {
+				t.Fatalf("take = %+v, want kept %v", got, tc.kept)
+			}
+			if got != nil && tc.fence > 0 && (got.FenceBoot != st.FenceDeadlineBoot || got.StopBoot != st.StopDeadlineBoot) {
+				t.Errorf("kept until %d, kill by %d; want the published fence deadline %d and stop deadline %d",
+					got.FenceBoot, got.StopBoot, st.FenceDeadlineBoot, st.StopDeadlineBoot)
+			}
+		})
 	}
 }

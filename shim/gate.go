@@ -77,6 +77,14 @@ type AdoptLease struct {
 	LockID string
 	Fence  uint64
 	Path   string `json:",omitempty"`
+	// FenceBoot and StopBoot, when set, are the previous run's fence and
+	// stop deadlines (CLOCK_BOOTTIME ns, lockclient.BootNanos). The lease
+	// may be taken over only before FenceBoot (lease mode: D after its last
+	// acknowledged heartbeat): past it the gated tasks, which ran on under
+	// it, have no one to stop them should the lock be lost, and the plugin
+	// kills them, gracefully where StopBoot leaves the time.
+	FenceBoot int64 `json:",omitempty"`
+	StopBoot  int64 `json:",omitempty"`
 }
 
 // Timings of a gate.
@@ -507,7 +515,7 @@ func (s *Supervisor) noneRestartable() bool {
 		s.Logger.Warn("gate: cannot read whether a gated task is about to start again; not marking the release clean", "error", err)
 		return false
 	}
-	if pending := gatedPending(alloc, g.Task); len(pending) > 0 {
+	if pending := GatedPending(alloc, g.Task); len(pending) > 0 {
 		s.Logger.Warn("gate: Nomad may start these gated tasks again; not marking the release clean, so the next gate waits for Nomad to report them dead",
 			"tasks", strings.Join(pending, ","))
 		return false
@@ -515,11 +523,11 @@ func (s *Supervisor) noneRestartable() bool {
 	return true
 }
 
-// gatedPending lists the tasks of alloc, other than its gate and its
+// GatedPending lists the tasks of alloc, other than its gate and its
 // poststop tasks, that Nomad reports pending: waiting to start, or to be
 // restarted. An allocation its client reported complete or failed has
-// none.
-func gatedPending(alloc *api.Allocation, gate string) []string {
+// none. A release after which one of them may start is not marked clean.
+func GatedPending(alloc *api.Allocation, gate string) []string {
 	if alloc.ClientStatus == api.AllocClientStatusComplete || alloc.ClientStatus == api.AllocClientStatusFailed {
 		return nil
 	}
@@ -779,12 +787,20 @@ func isPoststop(alloc *api.Allocation, task string) bool {
 }
 
 // gateAdopt takes over the lease of the gate's previous run (see
-// Gate.Adopt). Transport errors are retried for half a TTL; a lease that is
-// gone ends the gate, which then fails, so that Nomad kills its gated tasks.
+// Gate.Adopt). Transport errors are retried for half a TTL, and never past
+// the lease's fence deadline; a lease that is gone ends the gate, which
+// then fails, so that Nomad kills its gated tasks (and the plugin's warden
+// kills them meanwhile).
 func (s *Supervisor) gateAdopt(ctx context.Context) (*lockclient.Lease, error) {
 	a := s.Config.Gate.Adopt
-	ttl := s.Locker.Config().TTL
-	ctx, cancel := context.WithTimeout(ctx, ttl/2)
+	within := s.Locker.Config().TTL / 2
+	if a.FenceBoot != 0 {
+		within = min(within, lockclient.BootUntil(lockclient.BootTime(a.FenceBoot)))
+	}
+	if within <= 0 {
+		return nil, &lockclient.LostError{Reason: fmt.Sprintf("the previous run's lease (fence %d) passed its fence deadline before this run could take it over", a.Fence)}
+	}
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	for {
 		lease, err := s.Locker.AdoptPath(ctx, a.Path, a.LockID, a.Fence)
