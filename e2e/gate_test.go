@@ -457,7 +457,7 @@ func testGateRefusesUnsafeJobs(t *testing.T, a *harness.Agent, records string) {
 	j.gateRestart = "attempts = 1\n        mode     = \"fail\""
 	a.RunJobHCL(t, j.hcl(t))
 	t.Cleanup(func() { _ = a.Purge(j.id) })
-	ev := gateWaitEvent(t, a, j.id, 60*time.Second, `restart { attempts = 0  mode = "fail" }`)
+	ev := gateWaitEvent(t, a, j.id, 60*time.Second, "restart {", "attempts = 0", `mode     = "fail"`)
 	t.Logf("refused: %s", drvEventText(ev))
 	if recs, _ := harness.ReadRecords(j.record); len(recs) > 0 {
 		t.Fatalf("the gated app of a refused gate ran: %v", recs)

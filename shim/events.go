@@ -82,7 +82,6 @@ var (
 	evGateLockKept      = events.New("gate-lock-kept", "Lock kept: ")
 	evGateKeptRestart   = events.New("gate-kept-for-restart", "Lock kept for the restarted gate: ")
 	evGateAwaitPrevious = events.New("gate-await-previous", "Holding lock ")
-	evGateStillAwaiting = events.New("gate-still-awaiting", "Still waiting: the previous holder ")
 )
 
 // LostReason is why a lease was lost, as its *lockclient.LostError says.
@@ -410,15 +409,11 @@ func gateKeptForRestartMessage(gated []string, fence time.Duration) string {
 		"them and keeps them dead until the gate holds again", strings.Join(gated, ", "), fence.Round(100*time.Millisecond))
 }
 
-func gateAwaitPreviousMessage(path string, prev lockclient.Holder, alive []string, atMost time.Duration) string {
-	return evGateAwaitPrevious.Text("%s, but the previous holder %s still runs %s as far as Nomad knows (its lock was released "+
-		"behind its back, or it expired while its node was cut off): waiting until Nomad reports them dead, at most %s",
-		path, prev, strings.Join(alive, ", "), atMost)
-}
-
-func gateStillAwaitingMessage(prev lockclient.Holder) string {
-	return evGateStillAwaiting.Text("%s's gate task is reported running by a client the servers reach (a gate frozen or stuck?), "+
-		"so its gated tasks may run; the wait ends when Nomad reports them or that gate dead", prev)
+func gateAwaitPreviousMessage(path string, prev lockclient.Holder, alive []string) string {
+	return evGateAwaitPrevious.Text("%s, but the previous holder %s still runs %s as far as Nomad knows (its lock was not released "+
+		"clean: released behind its back, expired, or taken over): waiting until Nomad reports them dead for good (a task pending a "+
+		"restart counts as running), for as long as the servers are in touch with its client",
+		path, prev, strings.Join(alive, ", "))
 }
 
 func updateGivingWayMessage(grace time.Duration, allocID string, version uint64) string {

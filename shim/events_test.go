@@ -142,8 +142,7 @@ func eventExamples() map[string][]string {
 		"gate-identity-rejected":   {gateIdentityRejectedMessage(35 * time.Second)},
 		"gate-lock-kept":           {gateLockKeptMessage("the gate stopped by itself (its command exited)", []string{"app"}, 35*time.Second)},
 		"gate-kept-for-restart":    {gateKeptForRestartMessage([]string{"app"}, 5700*time.Millisecond)},
-		"gate-await-previous":      {gateAwaitPreviousMessage("nomad/jobs/web/lock", holder, []string{"app"}, time.Minute)},
-		"gate-still-awaiting":      {gateStillAwaitingMessage(holder)},
+		"gate-await-previous":      {gateAwaitPreviousMessage("nomad/jobs/web/lock", holder, []string{"app"})},
 	}
 }
 

@@ -203,6 +203,12 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 			if err := checkDirectRestart(task, tg, groupDelay); err != nil {
 				errs = append(errs, bad("%s", err))
 			}
+			// Whenever the gate's own kill fails (the engine hung, a
+			// process stuck in the kernel), Nomad's kill is what ends it.
+			if err := checkNomadKill(task, groupDelay, t, "the gate kills it itself, but whenever that kill fails "+
+				"Nomad's kill, after the gate has failed, is what ends it"); err != nil {
+				errs = append(errs, bad("%s", err))
+			}
 		case gate.lease:
 			gated = append(gated, task.Name)
 			errs = append(errs, bad(`task %q (driver %q): the gate cannot kill it and prove it dead itself (%s), and Nomad kills it `+
@@ -212,17 +218,9 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 				task.Name, gatedDriver(gate, task), gate.notDirectWhy(task.Name)))
 		default:
 			gated = append(gated, task.Name)
-			kill := nomadKillTimeout
-			if task.KillTimeout != nil {
-				kill = *task.KillTimeout
-			}
-			gate.killBound = max(gate.killBound, groupDelay+kill+task.ShutdownDelay)
-			if need, have := groupDelay+kill+task.ShutdownDelay+gateKillSlack, t.TTL+t.LockDelay; need > have {
-				errs = append(errs, bad("task %q: the group's shutdown_delay (%s) + the task's kill_timeout (%s) + its shutdown_delay (%s) "+
-					"is too long for lock ttl %s and delay %s. If the gate loses the lock, Nomad kills the gated tasks only then, "+
-					"first waiting the group's shutdown_delay, and they must be dead before the server can expire the lock: "+
-					"ttl + delay (%s) must exceed the three + %s. Lower them or raise the gate's lock ttl",
-					task.Name, groupDelay, kill, task.ShutdownDelay, t.TTL, t.LockDelay, have, gateKillSlack))
+			gate.killBound = max(gate.killBound, groupDelay+taskKillTimeout(task)+task.ShutdownDelay)
+			if err := checkNomadKill(task, groupDelay, t, "the gate leaves it to Nomad"); err != nil {
+				errs = append(errs, bad("%s", err))
 			}
 		}
 	}
@@ -230,8 +228,9 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 		return nil, fmt.Errorf("allocation %s: task %q is not in group %q", alloc.ID, gate.Task, alloc.TaskGroup)
 	}
 	if lc := self.Lifecycle; lc == nil || lc.Hook != api.TaskLifecycleHookPrestart || !lc.Sidecar {
-		errs = append(errs, bad(`add lifecycle { hook = "prestart"  sidecar = true } to the gate: Nomad then starts the group's `+
-			`other tasks only once the gate runs (holds the lock), and stops them before the gate`))
+		errs = append(errs, bad("add to the gate\n\n"+
+			"lifecycle {\n  hook    = \"prestart\"\n  sidecar = true\n}\n\n"+
+			"Nomad then starts the group's other tasks only once the gate runs (holds the lock), and stops them before the gate"))
 	}
 	if self.Leader {
 		errs = append(errs, bad("remove leader = true from the gate: Nomad stops a leader before the other tasks, "+
@@ -242,9 +241,10 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 		rp = tg.RestartPolicy
 	}
 	if rp == nil || rp.Attempts == nil || *rp.Attempts != 0 || rp.Mode == nil || *rp.Mode != api.RestartPolicyModeFail {
-		errs = append(errs, bad(`add restart { attempts = 0  mode = "fail" } to the gate: a gate that stops (its lock lost, `+
-			`its supervisor killed) must fail for good, so that Nomad kills its gated tasks; a gate that Nomad restarted `+
-			`would wait for the lock again while its gated tasks ran on beside the next holder`))
+		errs = append(errs, bad("add to the gate\n\n"+
+			"restart {\n  attempts = 0\n  mode     = \"fail\"\n}\n\n"+
+			"a gate that stops (its lock lost, its supervisor killed) must fail for good, so that Nomad kills its gated tasks; "+
+			"a gate that Nomad restarted would wait for the lock again while its gated tasks ran on beside the next holder"))
 	}
 	if len(gated) == 0 && len(errs) == 0 {
 		errs = append(errs, bad("group %q has no other task to gate: put the tasks that must run once in the gate's group", alloc.TaskGroup))
@@ -253,6 +253,32 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 		return nil, err
 	}
 	return gated, nil
+}
+
+// taskKillTimeout is the task's kill_timeout, or Nomad's default.
+func taskKillTimeout(task *api.Task) time.Duration {
+	if task.KillTimeout != nil {
+		return *task.KillTimeout
+	}
+	return nomadKillTimeout
+}
+
+// checkNomadKill refuses a gated task that Nomad's kill, once the gate has
+// failed, would not have dead before the server can expire the lock: Nomad
+// first waits the group's shutdown_delay, then the task's shutdown_delay,
+// then gives it its kill_timeout. whose says why Nomad's kill counts.
+func checkNomadKill(task *api.Task, groupDelay time.Duration, t lockclient.Timing, whose string) error {
+	kill := taskKillTimeout(task)
+	need, have := groupDelay+kill+task.ShutdownDelay+gateKillSlack, t.TTL+t.LockDelay
+	if need <= have {
+		return nil
+	}
+	return fmt.Errorf("task %q: the group's shutdown_delay (%s) + the task's kill_timeout (%s) + its shutdown_delay (%s) "+
+		"is too long for lock ttl %s and delay %s. %s; if the gate loses the lock, Nomad kills the gated tasks only then, "+
+		"first waiting the group's shutdown_delay, and they must be dead before the server can expire the lock: "+
+		"ttl + delay (%s) must exceed the three + %s. Lower them, or raise the gate's lock ttl (config { lock { ttl = \"%s\" } })",
+		task.Name, groupDelay, kill, task.ShutdownDelay, t.TTL, t.LockDelay, whose, have, gateKillSlack,
+		(need - t.LockDelay + time.Second).Round(time.Second))
 }
 
 // gatedDriver is the driver of a task of the gate's group.
@@ -552,66 +578,54 @@ func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
 }
 
 // gateAwaitPrevious runs once the gate holds the lock, before its gated
-// tasks may start: unless the previous holder released cleanly (it marks
-// that in the lock), it waits until the previous holder's gated tasks are
-// dead, or as long as they may live.
+// tasks may start: unless the previous holder released clean (it marks
+// that in the lock only once its gated tasks are proven dead and none can
+// start again, see gateMayRelease), it waits until Nomad reports them dead
+// for good, or as long as they may live.
 //
-// A previous gate that killed its gated tasks itself (Holder.GatedDirect)
-// had them dead by its fence deadline, a TTL before the server could
-// expire its lock (a frozen one's are killed by the plugin's watchdog), so
-// the lock's expiry is safe to trust. Nomad's variables do not tell an
-// expiry from a release (both are VarLockRelease, and the lock delay keeps
-// the lock held), and a lock released behind that gate's back (by hand,
-// with its lock ID) may be free before the gate has noticed. So the gate
-// starts at once when Nomad reports that gate or its gated tasks dead, its
-// allocation finished or gone, or its client out of reach (lost or
-// unknown: cut off, it fences itself and kills its gated tasks by its fence
-// deadline); otherwise, while the servers still report that gate running
-// on a client they reach, it waits until that gate's fence deadline and
-// kill are surely past (its TTL + gateKillAllTimeout + gateKillSlack), and
-// on past that for as long as they report that gate running (see
-// keepAwaiting): a frozen gate's plugin may be down, or its kill may have
-// failed, and then nothing but Nomad's own kill, once that gate is dead,
-// ends its gated tasks.
+// "Dead for good" is the servers' word: each gated task of that
+// allocation dead (a task runner reports dead once it will not restart the
+// task), or the allocation complete, failed or gone. A pending task counts
+// as alive: a restart may be due (a gated task that a gate or the plugin
+// killed is restarted by Nomad until its own kill of the allocation has
+// begun), or a start still to come (an image pull, prestart hooks), or it
+// may have started already (the client reports a start up to a second
+// later). A gate that was killed, or whose kill failed, is no proof either.
+// So while the servers are in touch with the previous holder's client the
+// wait lasts until they say so, however long.
 //
-// A previous gate that left its gated tasks to Nomad: the wait is for
-// Nomad's client to report them dead (or their allocation complete or
-// failed). A lock that expired because that holder's node was cut off may
-// be free while Nomad there still kills them: before it kills a task Nomad
-// deregisters the task's Nomad services, by an RPC to the servers it
-// cannot reach. The wait is bounded by what the previous gate's rule allows
-// them (its fence deadline, at most a TTL away, then the group's
-// shutdown_delay and their kill_timeout, checked at its start to fit TTL +
-// delay): 2×TTL + delay, and gateNomadServiceWait more when its group
-// registers Nomad services; but it never gives up while the servers,
-// still in touch with that client, report the previous gate itself
-// running (a frozen gate, whose gated tasks Nomad kills only once the
-// plugin's watchdog has killed it). The servers' "lost" or "unknown" is
-// no proof: they cannot reach the node. It returns false if the lease
-// ended meanwhile.
+// Two records end it sooner:
+//
+//   - Lease mode: a standby sealed the previous gate's last heartbeat after
+//     seeing it unchanged for L (lockclient.PreviousTakenOver), and that
+//     gate recorded that it kills every gated task itself (GatedDirect):
+//     it fenced itself and killed them by D + K before the seal, and its
+//     node's plugin warden kills whatever Nomad starts again until its
+//     kill of the allocation. The servers have often not noticed a dead
+//     node yet (that is what lease mode is for), so the seal is trusted
+//     unless they report a gated task pending.
+//   - A client out of the servers' reach (lost, unknown): a previous gate
+//     with GatedDirect fenced itself at its fence deadline, a TTL before
+//     the lock could expire, and killed its gated tasks (a frozen one's,
+//     the plugin's watchdog killed), and its warden keeps them dead. One
+//     that left gated tasks to Nomad: Nomad there kills them once that
+//     gate has failed, within the bound the gate checked at start (its
+//     fence deadline, then the group's shutdown_delay and their
+//     kill_timeout: 2×TTL + delay), and gateNomadServiceWait more when its
+//     group registers Nomad services (their deregistration, an RPC the
+//     cut-off client cannot make, comes first).
+//
+// Reads that keep failing end it at that same bound. It returns false if
+// the lease ended meanwhile.
 func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 	g := s.Config.Gate
 	prev := lease.Previous
 	if prev.AllocID == "" || prev.AllocID == g.AllocID || prev.ReleasedClean {
 		return true
 	}
-	if prev.GatedDirect && lease.PreviousTakenOver() {
-		// Lease mode: a standby sealed that gate's last heartbeat after
-		// seeing it unchanged for L, so that gate fenced itself and
-		// killed its gated tasks before (lockclient.PreviousTakenOver).
-		s.Logger.Info("gate: the previous holder's heartbeat was sealed by a standby: its gated tasks are dead", "previous_alloc", prev.AllocID)
-		return true
-	}
+	sealed := prev.GatedDirect && lease.PreviousTakenOver()
 	t := s.Locker.Config().Timing
 	until := time.Now().Add(t.TTL + t.TTL + t.LockDelay)
-	if prev.GatedDirect {
-		prevTTL := t.TTL
-		if prev.TTL > 0 {
-			prevTTL = prev.TTL
-		}
-		until = time.Now().Add(prevTTL + gateKillAllTimeout + gateKillSlack)
-	}
-	extended := false
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -622,25 +636,23 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 		}
 	}()
 	var index uint64
-	announced, holdOn := false, false
-	var last *api.Allocation
+	announced, extended, outOfReach := false, false, false
 	for {
-		rctx, rcancel := context.WithDeadline(ctx, until)
-		if holdOn {
-			rctx, rcancel = context.WithCancel(ctx)
+		rctx, rcancel := context.WithCancel(ctx)
+		if outOfReach {
+			// Its allocation may not change on the servers before the
+			// bound: read again then at the latest.
+			rctx, rcancel = context.WithDeadline(ctx, until)
 		}
 		alloc, next, err := s.Locker.Allocation(rctx, prev.AllocID, g.Namespace, index)
-		expired := rctx.Err() != nil
 		rcancel()
 		switch {
 		case chans.Closed(lease.Lost()):
 			return false
-		case errors.Is(err, lockclient.ErrAllocGone):
+		case errors.Is(err, lockclient.ErrAllocGone) && !errors.Is(err, lockclient.ErrAllocHidden):
 			return true
-		case err != nil && expired && !holdOn:
-			if s.keepAwaiting(last, prev, g.Task, &holdOn) {
-				continue
-			}
+		case err != nil && (sealed || !time.Now().Before(until)):
+			s.Logger.Warn("gate: cannot read the previous holder's allocation; its time is up", "previous_alloc", prev.AllocID, "error", err)
 			return true
 		case err != nil:
 			s.Logger.Debug("gate: read the previous holder's allocation", "error", err)
@@ -651,7 +663,6 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			}
 			continue
 		}
-		last = alloc
 		if !extended && !prev.GatedDirect && hasNomadService(alloc) {
 			// Nomad deregisters a task's Nomad services before it kills
 			// it, by RPC to the servers: on a client cut off from them
@@ -661,62 +672,34 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			until = until.Add(gateNomadServiceWait)
 		}
 		alive := previousGatedAlive(alloc, g.Task)
-		if len(alive) == 0 || prev.GatedDirect && (!taskRunning(alloc, g.Task) || clientOutOfReach(alloc)) {
+		switch {
+		case len(alive) == 0:
 			if announced {
 				s.Logger.Info("gate: the previous holder's gated tasks are dead", "previous_alloc", prev.AllocID)
 			}
 			return true
+		case sealed && len(GatedPending(alloc, g.Task)) == 0:
+			s.Logger.Info("gate: the previous holder's heartbeat was sealed by a standby: its gated tasks are dead", "previous_alloc", prev.AllocID)
+			return true
+		case clientOutOfReach(alloc) && (prev.GatedDirect || !time.Now().Before(until)):
+			s.Logger.Info("gate: the previous holder's client is out of the servers' reach; it fenced itself, and its gated tasks are dead by now",
+				"previous_alloc", prev.AllocID, "client_status", alloc.ClientStatus)
+			return true
 		}
 		if !announced {
 			announced = true
-			s.Logger.Warn("gate: the lock was free while the previous holder's gated tasks may still run; waiting for them",
+			s.Logger.Warn("gate: the lock was free while the previous holder's gated tasks may still run; waiting for Nomad to report them dead",
 				"previous_alloc", prev.AllocID, "tasks", strings.Join(alive, ","))
-			s.emit(Event{State: StateWaiting, Fence: lease.Fence, Holder: prev, Message: gateAwaitPreviousMessage(
-				s.Config.Path, prev, alive, time.Until(until).Round(time.Second))})
+			s.emit(Event{State: StateWaiting, Fence: lease.Fence, Holder: prev, Message: gateAwaitPreviousMessage(s.Config.Path, prev, alive)})
 		}
-		if (holdOn || !time.Now().Before(until)) && !s.keepAwaiting(alloc, prev, g.Task, &holdOn) {
-			return true
-		}
-		index = next
+		index, outOfReach = next, clientOutOfReach(alloc)
 	}
-}
-
-// keepAwaiting is asked when the wait for a previous holder's gated tasks
-// is up: it reports whether to wait on, because Nomad, still in touch with
-// that holder's client, reports its gate running (a gate frozen or stuck,
-// whose plugin did not kill it and its gated tasks: they die once it is
-// killed). This holds for a gate that kills its gated tasks itself too:
-// its record says it can, not that it did.
-// holdOn is set once it says so.
-func (s *Supervisor) keepAwaiting(alloc *api.Allocation, prev lockclient.Holder, gate string, holdOn *bool) bool {
-	if alloc == nil || alloc.ClientStatus != api.AllocClientStatusRunning || !taskRunning(alloc, gate) {
-		s.Logger.Warn("gate: the previous holder's gated tasks are not reported dead; their time is up", "previous_alloc", prev.AllocID)
-		return false
-	}
-	if !*holdOn {
-		s.Logger.Warn("gate: the previous holder's gate still runs on a client the servers reach; waiting until Nomad reports it or its gated tasks dead",
-			"previous_alloc", prev.AllocID)
-		s.emit(Event{State: StateWaiting, Holder: prev, Message: gateStillAwaitingMessage(prev)})
-	}
-	*holdOn = true
-	return true
 }
 
 // clientOutOfReach reports whether the servers have lost touch with the
 // allocation's client (lost, or unknown under a disconnect block).
 func clientOutOfReach(alloc *api.Allocation) bool {
 	return alloc.ClientStatus == api.AllocClientStatusLost || alloc.ClientStatus == api.AllocClientStatusUnknown
-}
-
-// taskRunning reports whether Nomad reports task of alloc anything but
-// dead (an allocation whose client reported it complete or failed has no
-// task running).
-func taskRunning(alloc *api.Allocation, task string) bool {
-	if alloc.ClientStatus == api.AllocClientStatusComplete || alloc.ClientStatus == api.AllocClientStatusFailed {
-		return false
-	}
-	st := alloc.TaskStates[task]
-	return st != nil && st.State != "dead"
 }
 
 // hasNomadService reports whether the allocation's group registers a

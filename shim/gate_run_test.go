@@ -588,15 +588,15 @@ func TestGateStopRacingAllocationStop(t *testing.T) {
 	}
 }
 
-// The next holder trusts the lock's expiry when the previous gate killed
-// its gated tasks itself: it starts at once when that gate's client is out
-// of the servers' reach (cut off, it fenced itself and killed them); while
-// the servers report that gate running on a client they reach (a release
-// behind its back), it waits for Nomad to report that gate or its tasks
-// dead.
+// The next holder trusts a previous gate that killed its gated tasks
+// itself (gated_direct) only for a client out of the servers' reach (cut
+// off, it fenced itself and killed them, and its node's warden keeps them
+// dead). While the servers report that client in touch, it waits until
+// they report the gated tasks dead for good: neither that gate's death
+// (its kill may have failed, H1(c)) nor a pending task (a restart due,
+// H1(d)) is proof. (Before: the previous gate reported dead sufficed.)
 func TestGateAwaitPreviousDirect(t *testing.T) {
 	items := map[string]string{"holder_alloc_id": locktest.OtherAlloc, "holder_node": locktest.OtherNode, "gated_direct": "true"}
-	running := gateJob{id: locktest.OtherAlloc, gatedState: "running", gateRunning: true}.alloc()
 	for _, cs := range []string{api.AllocClientStatusLost, api.AllocClientStatusUnknown} {
 		t.Run("its client out of reach ("+cs+"): at once", func(t *testing.T) {
 			r := newGateRig(t, gateJob{})
@@ -612,51 +612,38 @@ func TestGateAwaitPreviousDirect(t *testing.T) {
 			}
 		})
 	}
-	t.Run("released behind its back: until that gate is reported dead", func(t *testing.T) {
-		r := newGateRig(t, gateJob{})
-		r.srv.SetAllocation(running)
-		r.srv.SetItems(items)
-		r.run()
-		r.event("waiting for the previous holder", func(ev Event) bool {
-			return ev.State == StateWaiting && strings.Contains(ev.Message, "waiting until Nomad reports them dead")
-		})
-		if _, held := r.find(inState(StateHolding)); held {
-			t.Fatalf("the gate let its tasks start while the previous gate runs; events:\n%s", r.eventLog())
-		}
-		gateDead := gateJob{id: locktest.OtherAlloc, gatedState: "running"}.alloc() // its gate's state: dead (absent)
-		gateDead.TaskStates[gateTask] = &api.TaskState{State: "dead"}
-		r.srv.SetAllocation(gateDead)
-		r.holding()
-	})
-}
-
-// keepAwaiting: past its bound, the wait for a previous gate goes on only
-// while the servers, in touch with its client, report that gate running;
-// also for a gate that kills its gated tasks itself (its plugin may be
-// down, or its kill may have failed).
-func TestKeepAwaiting(t *testing.T) {
-	prev := lockclient.Holder{AllocID: locktest.OtherAlloc}
-	s := &Supervisor{Logger: nil}
-	s.setUp()
 	for _, tc := range []struct {
-		name  string
-		alloc *api.Allocation
-		prev  lockclient.Holder
-		keep  bool
+		name string
+		// prev is the previous holder's allocation while the gate waits;
+		// then lets the wait end.
+		prev, then *api.Allocation
 	}{
-		{"gate running on a reachable client", gateJob{id: "p", gateRunning: true, gatedState: "running"}.alloc(), prev, true},
-		{"client lost", gateJob{id: "p", gateRunning: true, gatedState: "running", clientStatus: api.AllocClientStatusLost}.alloc(), prev, false},
-		{"client unknown", gateJob{id: "p", gateRunning: true, gatedState: "running", clientStatus: "unknown"}.alloc(), prev, false},
-		{"gate dead", gateJob{id: "p", gatedState: "running"}.alloc(), prev, false},
-		{"previous gate kills directly, still running", gateJob{id: "p", gateRunning: true}.alloc(), lockclient.Holder{AllocID: "p", GatedDirect: true}, true},
-		{"previous gate kills directly, dead", gateJob{id: "p"}.alloc(), lockclient.Holder{AllocID: "p", GatedDirect: true}, false},
-		{"no answer", nil, prev, false},
+		{"released behind its back, its gate dead, its gated task running",
+			gateJob{id: locktest.OtherAlloc, gatedState: "running"}.alloc(), gateJob{id: locktest.OtherAlloc, gatedState: "dead"}.alloc()},
+		{"its gate dead, its gated task pending a restart",
+			gateJob{id: locktest.OtherAlloc, gatedState: "pending"}.alloc(), gateJob{id: locktest.OtherAlloc, gatedState: "dead"}.alloc()},
+		{"its gate running, its gated task pending, until the allocation failed",
+			gateJob{id: locktest.OtherAlloc, gatedState: "pending", gateRunning: true}.alloc(),
+			gateJob{id: locktest.OtherAlloc, gatedState: "pending", clientStatus: api.AllocClientStatusFailed}.alloc()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var holdOn bool
-			if got := s.keepAwaiting(tc.alloc, tc.prev, gateTask, &holdOn); got != tc.keep || holdOn != tc.keep {
-				t.Errorf("keep %v (holdOn %v), want %v", got, holdOn, tc.keep)
+			r := newGateRig(t, gateJob{})
+			gateDead := tc.prev
+			if gateDead.TaskStates[gateTask] == nil {
+				gateDead.TaskStates[gateTask] = &api.TaskState{State: "dead"}
 			}
+			r.srv.SetAllocation(gateDead)
+			r.srv.SetItems(items)
+			r.run()
+			r.event("waiting for the previous holder", func(ev Event) bool {
+				return ev.State == StateWaiting && strings.Contains(ev.Message, "waiting until Nomad reports them dead for good")
+			})
+			time.Sleep(300 * time.Millisecond) // a while for a wrong start
+			if _, held := r.find(inState(StateHolding)); held {
+				t.Fatalf("the gate let its tasks start before the previous gated tasks were reported dead for good; events:\n%s", r.eventLog())
+			}
+			r.srv.SetAllocation(tc.then)
+			r.holding()
 		})
 	}
 }
