@@ -331,9 +331,10 @@ func (d *Driver) gateHolds(w wardenState) (held bool, killBy int64) {
 // its lease, or may still: its supervisor runs in a holding, stopping or
 // lost state (it, and the watchdog should it hang, stop the gated tasks
 // themselves); or it is to take over a kept lease (not yet started, or
-// still adopting) before that lease's fence deadline; or it exited 0
-// holding its lease (a restart: the lease is kept for the next run) before
-// its fence deadline. by is a kept lease's stop deadline.
+// still adopting) before that lease's fence deadline; or, before its fence
+// deadline, it exited 0 holding its lease (a restart: the lease is kept
+// for the next run) or died holding it (the plugin's crash clean-up is
+// under way). by is a kept lease's stop deadline.
 func runHolds(dir *securefs.Dir, now int64) (held bool, by int64) {
 	var spec supervisorSpec
 	if readJSON(dir, specFile, &spec) != nil || spec.Gate == nil {
@@ -358,10 +359,17 @@ func runHolds(dir *securefs.Dir, now int64) (held bool, by int64) {
 		return false, 0
 	}
 	var held0 heldLease
+	if readJSON(dir, leaseFile, &held0) != nil || held0.Fence != st.Fence || now >= st.FenceDeadlineBoot {
+		return false, 0
+	}
 	var es exitStatus
-	if readJSON(dir, exitFile, &es) == nil && es.ExitCode == 0 && readJSON(dir, leaseFile, &held0) == nil &&
-		held0.Fence == st.Fence && now < st.FenceDeadlineBoot {
+	switch err := readJSON(dir, exitFile, &es); {
+	case err == nil && es.ExitCode == 0:
 		return true, st.StopDeadlineBoot
+	case err != nil:
+		// Crashed holding: the plugin's crash clean-up kills the gated
+		// tasks (after their LB REMOVE) and releases, or keeps the lease.
+		return true, 0
 	}
 	return false, 0
 }

@@ -83,7 +83,9 @@ func TestRunHolds(t *testing.T) {
 		{"exited 0 holding, past its fence deadline", nil, dead(past), &exitStatus{}, true, false, 0},
 		{"exited 0 after a release", nil, dead(soon), &exitStatus{}, false, false, 0},
 		{"failed holding (lost, signal)", nil, dead(soon), &exitStatus{ExitCode: 76}, true, false, 0},
-		{"crashed holding", nil, dead(soon), nil, true, false, 0},
+		{"crashed holding: the crash clean-up is under way", nil, dead(soon), nil, true, true, 0},
+		{"crashed holding, past its fence deadline", nil, dead(past), nil, true, false, 0},
+		{"crashed after a release", nil, dead(soon), nil, false, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root, err := securefs.OpenPrivate(filepath.Join(t.TempDir(), "state"), true)

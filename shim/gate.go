@@ -472,13 +472,18 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 	case end == endStopRequest && at.seen:
 		// Released in any case (the next gate waits for Nomad's report
 		// unless it is marked clean): Nomad's kill of the allocation is
-		// under way.
+		// under way. Not asked whether one is pending: the servers lag
+		// (a task Nomad restarted a moment ago shows pending), and Nomad's
+		// kill of the main tasks, which comes before it stops the gate,
+		// cancels their restarts; should this stop be a restart of the
+		// gate racing it (L3), a restart already due in the group's
+		// shutdown_delay is the warden's.
 		killed := s.killDirectHeld(lease, "")
 		if chans.Closed(lease.Lost()) {
 			why = "the lock was lost while the allocation was being stopped"
 			break
 		}
-		return true, killed && g.allDirect() && s.noneRestartable()
+		return true, killed && g.allDirect()
 	case end == endStopRequest:
 		alloc, err := at.alloc, at.err
 		switch {

@@ -550,7 +550,7 @@ func TestGateStopRacingAllocationStop(t *testing.T) {
 		// prove dead itself, the next gate learns from Nomad.
 		{"seen by the watch before the stop, no killer", nil, stopArrival{seen: true}, true, false, false, ""},
 		{"seen by the watch before the stop, all killed directly", []string{"app", "db"}, stopArrival{seen: true}, true, true, true, ""},
-		{"seen, all killed directly, one pending a restart", []string{"app", "db"}, stopArrival{seen: true}, true, false, true, "pending"},
+		{"seen, all killed directly, one shown pending (Nomad's kill cancels its restart)", []string{"app", "db"}, stopArrival{seen: true}, true, true, true, "pending"},
 		{"read after: gated tasks reported dead", nil, stopped("dead"), true, true, false, ""},
 		{"read after: gated tasks running, no killer", nil, stopped("running"), false, false, false, ""},
 		{"read after: gated tasks running, one left to Nomad", []string{"app"}, stopped("running"), false, false, true, ""},
