@@ -1,0 +1,185 @@
+package e2e
+
+// A gate's kill proves its gated tasks dead now; the next gate must not
+// take that for dead for good (issue 35, H1). Two faults where it was
+// not: a gated app that crashed on its own, its restart pending, when the
+// gate loses its lock (H1(d): Nomad restarts it before its own kill of the
+// allocation begins, after the group's shutdown_delay); and a Docker
+// engine that hangs while the gate kills (H1(c): the kill fails, and was
+// retried by no one). In both the next gate waits for Nomad to report the
+// old app dead for good, and the plugin's warden kills whatever of it runs
+// while its gate does not hold.
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
+)
+
+// TestGatePendingRestart: H1(d), for a raw_exec and a docker app.
+func TestGatePendingRestart(t *testing.T) {
+	t.Parallel()
+	harness.BuildTestWorkload(t)
+	d := harness.StartDocker(t)
+	opts := drvAgentOptions(t, true)
+	opts.Docker = d
+	a := harness.StartAgent(t, opts)
+	records := chaosGateRecords(t)
+	var subs []subtest
+	for _, kind := range []string{"raw_exec", "docker"} {
+		subs = append(subs, subtest{strings.ReplaceAll(kind, "_", "-"), func(t *testing.T) {
+			tr := &chaosTrial{Takeover: -1, Recovery: -1}
+			gatePendingRestartTrial(t, a, d, records, kind, 1, tr)
+			t.Logf("overlaps=%d fences=%d takeover=%s %s", tr.Overlaps, tr.Fences, tr.Takeover, tr.Note)
+			if tr.Overlaps > 0 || tr.Fences > 0 {
+				t.Errorf("%d overlapping app lifetimes, %d fence violations", tr.Overlaps, tr.Fences)
+			}
+		}})
+	}
+	runConcurrently(t, subs)
+}
+
+// TestGateDockerdFrozen: H1(c). Not parallel: it freezes the Docker
+// engine that every docker test of the binary shares.
+func TestGateDockerdFrozen(t *testing.T) {
+	harness.BuildTestWorkload(t)
+	d := harness.StartDocker(t)
+	opts := drvAgentOptions(t, true)
+	opts.Docker = d
+	a := harness.StartAgent(t, opts)
+	tr := &chaosTrial{Takeover: -1, Recovery: -1}
+	gateDockerdFrozenTrial(t, a, d, chaosGateRecords(t), 1, tr)
+	t.Logf("overlaps=%d fences=%d takeover=%s %s", tr.Overlaps, tr.Fences, tr.Takeover, tr.Note)
+	if tr.Overlaps > 0 || tr.Fences > 0 {
+		t.Errorf("%d overlapping app lifetimes, %d fence violations", tr.Overlaps, tr.Fences)
+	}
+}
+
+// Timings of the pending-restart trial: the group's shutdown_delay (as
+// long as the lock's bound allows with kill_timeout 3s), the app's restart
+// delay (as short as the gate allows: above the group's delay + 7s), and
+// the moment after the crash at which the lock is lost, so that the app's
+// restart (14 to 17.5 s after its crash) comes before Nomad's kill of the
+// allocation (the group's delay after the gate fails, 18 s at the
+// earliest).
+const (
+	gatePendingGroupDelay = 6 * time.Second
+	gatePendingRestart    = 14 * time.Second
+	gatePendingLossAfter  = 12 * time.Second
+)
+
+// gatePendingRestartTrial: the holder's app crashes on its own (SIGKILL,
+// as an OOM kill would); its restart is due 14-17.5 s later. 12 s after
+// the crash the lock is released behind the holder's back: its gate kills
+// what runs (nothing) and fails, and Nomad kills the allocation only after
+// the group's shutdown_delay, so the app restarts first, while nobody
+// holds for it. The next gate holds the lock at once but starts its app
+// only once Nomad reports the old one dead for good; the warden kills the
+// restarted one meanwhile.
+func gatePendingRestartTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records, kind string, n int, tr *chaosTrial) {
+	j := newChaosGateJob(t, kind, records, fmt.Sprintf("gpr-%s%d", kind[:1], n), d)
+	j.groupExtra = fmt.Sprintf("\n    shutdown_delay = %q", gatePendingGroupDelay)
+	j.appRestart = fmt.Sprintf("delay = %q", gatePendingRestart)
+	j.appKill = "3s"
+	j.noService = true
+	smp, first := chaosGateRun(t, a, j)
+	holder := first.AllocID
+	standby := j.standby(t, a, holder)
+	app := j.appProc(t, holder)
+	smp.WaitSeen(t, 30*time.Second, app.PID)
+	v := drvLock(t, a, j.lockPath())
+	if v.Lock == nil || v.Items["holder_alloc_id"] != holder {
+		t.Fatalf("lock %s: %+v, want held by %s", j.lockPath(), v.Lock, drvShort(holder))
+	}
+
+	crash := harness.MonoNow()
+	if kind == "docker" {
+		cs := d.TaskContainers(t, holder, j.app)
+		if len(cs) == 0 || cs[0].State != "running" {
+			t.Fatalf("no running app container in %s: %+v", drvShort(holder), cs)
+		}
+		d.CLI(t, "kill", cs[0].ID)
+	} else if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	gone := drvWaitGone(t, app.PID, 30*time.Second)
+	known := []harness.KnownEnd{{PID: first.PID, Mono: gone}}
+	time.Sleep(gatePendingLossAfter - time.Duration(harness.MonoNow()-crash)) // the fault's schedule
+	at := harness.MonoNow()
+	if _, _, err := a.API().Variables().ReleaseLock(&api.Variable{Path: j.lockPath(), Lock: &api.VariableLock{ID: v.Lock.ID}}, nil); err != nil {
+		t.Fatalf("release %s behind the holder's back: %v", j.lockPath(), err)
+	}
+	next := j.start(t, holder, at, chaosTakeoverBound+30*time.Second)
+	tr.Takeover = time.Duration(next.Mono - at)
+	restarted := ""
+	for _, r := range drvStarts(j.records(t)) {
+		if r.AllocID == holder && r.Mono > crash {
+			restarted = fmt.Sprintf(", the old app restarted %s after its crash", harness.Millis(time.Duration(r.Mono-crash)))
+		}
+	}
+	if restarted != "" && gateEventsSaying(t, a, holder, "Gate's warden killed") == 0 {
+		t.Errorf("the old app restarted while its gate did not hold, and no event says the warden killed it")
+	}
+	// Past any restart of the old app that could still come.
+	time.Sleep(gateRestartWatch - time.Duration(harness.MonoNow()-crash))
+	if next.AllocID != standby {
+		t.Logf("the app started in %s, not the standby %s (a replacement)", drvShort(next.AllocID), drvShort(standby))
+	}
+	tr.Note = fmt.Sprintf("%s app crashed, lock lost %s later%s, next app %s after the loss", kind,
+		harness.Millis(gatePendingLossAfter), restarted, harness.Millis(tr.Takeover))
+	chaosGateFinish(t, a, j, smp, tr, known...)
+}
+
+// gateDockerdFrozenFor is how long the trial keeps the engine frozen:
+// longer than the gate's retries of its kill (gateKillRetryFor, 10s).
+const gateDockerdFrozenFor = 15 * time.Second
+
+// gateDockerdFrozenTrial: the Docker engine is frozen (SIGSTOP of dockerd)
+// and the lock released behind the holder's back: the gate's kill of its
+// app (whose container runs on) hangs, is retried, and given up; the gate
+// fails. The next gate holds the lock but waits for Nomad to report the
+// old app dead; once the engine is thawed, the plugin's warden (or
+// Nomad's kill) ends it, and only then does the next app start.
+func gateDockerdFrozenTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records string, n int, tr *chaosTrial) {
+	j := newChaosGateJob(t, "docker", records, fmt.Sprintf("gdf-d%d", n), d)
+	j.noService = true
+	smp, first := chaosGateRun(t, a, j)
+	holder := first.AllocID
+	j.standby(t, a, holder)
+	app := j.appProc(t, holder)
+	smp.WaitSeen(t, 30*time.Second, app.PID)
+	v := drvLock(t, a, j.lockPath())
+	if v.Lock == nil || v.Items["holder_alloc_id"] != holder {
+		t.Fatalf("lock %s: %+v, want held by %s", j.lockPath(), v.Lock, drvShort(holder))
+	}
+
+	thaw := d.Freeze(t)
+	at := harness.MonoNow()
+	if _, _, err := a.API().Variables().ReleaseLock(&api.Variable{Path: j.lockPath(), Lock: &api.VariableLock{ID: v.Lock.ID}}, nil); err != nil {
+		thaw()
+		t.Fatalf("release %s behind the holder's back: %v", j.lockPath(), err)
+	}
+	time.Sleep(gateDockerdFrozenFor) // the fault
+	frozenAlive := drvAlive(app.PID)
+	thaw()
+	thawed := harness.MonoNow()
+	gone := drvWaitGone(t, app.PID, 90*time.Second)
+	known := []harness.KnownEnd{{PID: first.PID, Mono: gone}}
+	next := j.start(t, holder, at, chaosTakeoverBound+60*time.Second)
+	tr.Takeover = time.Duration(next.Mono - at)
+	if next.Mono < gone {
+		t.Errorf("the next app started %s before the old one was gone", time.Duration(gone-next.Mono))
+	}
+	if gateEventsSaying(t, a, holder, "Gate could not prove") == 0 {
+		t.Errorf("no event says the gate could not prove its app dead while the engine was frozen")
+	}
+	tr.Note = fmt.Sprintf("engine frozen %s (old app alive then: %v), old app gone %s after the thaw, next app %s after the loss",
+		harness.Millis(gateDockerdFrozenFor), frozenAlive, harness.Millis(time.Duration(gone-thawed)), harness.Millis(tr.Takeover))
+	chaosGateFinish(t, a, j, smp, tr, known...)
+}
