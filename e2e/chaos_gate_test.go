@@ -57,8 +57,8 @@ var chaosGateFaults = []chaosGateFault{
 		fault:  "the lock released behind the holder's back (by hand, with its lock ID)",
 		proves: "the holder's gate sees the loss, kills its app itself (docker: paused, then SIGKILLed; raw_exec: its cgroup killed), proves it dead and fails; the next gate holds the lock but starts its app only once Nomad reports the old gate or app dead (the release was by hand, not an expiry)"},
 	{name: "group-delay-lock-lost", abbrev: "gd", kinds: []string{"raw_exec"}, failover: true,
-		fault: "the lock released behind the holder's back, in a group with `shutdown_delay = \"40s\"` (4×TTL) and the app's " +
-			"`restart { attempts = 0 }`",
+		fault: "the lock released behind the holder's back, in a group with `shutdown_delay = \"40s\"`, the app's " +
+			"`restart { attempts = 0 }` and the gate's lock ttl 45s (a failed kill falls back to Nomad's, which the lock must outlast)",
 		proves: "Nomad sleeps the group's shutdown_delay before it kills any task, also after the gate failed; the gate kills its app " +
 			"itself at once instead, so the next gate's app never runs beside it (before: 31.9 s of two apps)"},
 	{name: "app-restart", abbrev: "ar", kinds: []string{"docker"},
@@ -270,6 +270,7 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 	if f.name == "group-delay-lock-lost" {
 		j.groupExtra = "\n    shutdown_delay = \"40s\""
 		j.appRestart = "attempts = 0\n        mode     = \"fail\""
+		j.ttl = "45s"
 	}
 	smp, first := chaosGateRun(t, a, j)
 	holder := first.AllocID
