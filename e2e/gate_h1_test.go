@@ -45,6 +45,93 @@ func TestGatePendingRestart(t *testing.T) {
 	runConcurrently(t, subs)
 }
 
+// TestLeaseGatePendingRestart: H1(d) where the next gate used to trust a
+// record at once: a lease-mode takeover's seal. The holder's client (a
+// server and two clients in network namespaces) is cut off while its app's
+// restart is pending; the cut-off gate fences and kills nothing (nothing
+// runs), Nomad there restarts the app before its own kill of the
+// allocation, and the standby seals the old heartbeat after L.
+func TestLeaseGatePendingRestart(t *testing.T) {
+	t.Parallel()
+	if why := chaosPartitionSkip(); why != "" {
+		t.Skip(why)
+	}
+	a := harness.StartAgent(t, leaseAgentOptions(t))
+	tr := &chaosTrial{Takeover: -1, Recovery: -1}
+	leaseGatePendingTrial(t, a, chaosGateRecords(t), 1, tr)
+	t.Logf("overlaps=%d fences=%d takeover=%s %s", tr.Overlaps, tr.Fences, tr.Takeover, tr.Note)
+	if tr.Overlaps > 0 || tr.Fences > 0 {
+		t.Errorf("%d overlapping app lifetimes, %d fence violations", tr.Overlaps, tr.Fences)
+	}
+}
+
+// gateCutAfterCrash is when, after the holder's app crashed, its client is
+// cut off in leaseGatePendingTrial: its gate fences D = 6 s later and
+// fails, Nomad there kills the allocation the group's shutdown_delay
+// (6 s) after that, and the app's restart (14 to 17.5 s after its crash)
+// comes first; the standby seals L = 9 s after the cut.
+const gateCutAfterCrash = 6 * time.Second
+
+// leaseGatePendingTrial: see TestLeaseGatePendingRestart. The next gate,
+// which finds the old heartbeat sealed but the servers showing the old app
+// pending, waits until the servers lose the cut-off client; the warden
+// there kills the restarted app meanwhile.
+func leaseGatePendingTrial(t *testing.T, a *harness.Agent, records string, n int, tr *chaosTrial) {
+	j := newGateJobID(t, fmt.Sprintf("lgpr-r%d", n), "raw_exec", records)
+	j.lockExtra = "\n          mode = \"lease\""
+	j.noService = true
+	j.groupExtra = fmt.Sprintf("\n    shutdown_delay = %q\n    constraint {\n      operator = \"distinct_hosts\"\n      value    = \"true\"\n    }",
+		gatePendingGroupDelay)
+	j.appRestart = fmt.Sprintf("delay = %q", gatePendingRestart)
+	j.appKill = "3s"
+	smp, first := chaosGateRun(t, a, j)
+	holder := first.AllocID
+	standby := j.standby(t, a, holder)
+	cut := a.ClientOf(chaosAllocNode(t, a, holder))
+	if cut == nil || chaosAllocNode(t, a, standby) == cut.NodeID() {
+		t.Fatalf("the holder %s and the standby %s are not on two clients", drvShort(holder), drvShort(standby))
+	}
+	leaseGateWaitEvent(t, a, standby, 30*time.Second, "Lease mode: ", "L = 9s")
+	time.Sleep(4 * time.Second) // the standby counts a few heartbeat changes
+	app := j.appProc(t, holder)
+	smp.WaitSeen(t, 30*time.Second, app.PID)
+
+	crash := harness.MonoNow()
+	if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	gone := drvWaitGone(t, app.PID, 30*time.Second)
+	known := []harness.KnownEnd{{PID: first.PID, Mono: gone}}
+	for deadline := time.Now().Add(gateCutAfterCrash); ; time.Sleep(100 * time.Millisecond) {
+		al, _, err := a.API().Allocations().Info(holder, nil)
+		if err == nil && al.TaskStates["app"] != nil && al.TaskStates["app"].State == "pending" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the servers do not report the crashed app pending within %s (err %v)", gateCutAfterCrash, err)
+		}
+	}
+	time.Sleep(gateCutAfterCrash - time.Duration(harness.MonoNow()-crash)) // the fault's schedule
+	at := chaosCut(t, cut)
+	next := j.start(t, holder, at, chaosTakeoverBound+60*time.Second)
+	tr.Takeover = time.Duration(next.Mono - at)
+	restarted := ""
+	for _, r := range drvStarts(j.records(t)) {
+		if r.AllocID == holder && r.Mono > crash {
+			restarted = fmt.Sprintf(", the old app restarted %s after its crash", harness.Millis(time.Duration(r.Mono-crash)))
+		}
+	}
+	time.Sleep(gateRestartWatch - time.Duration(harness.MonoNow()-crash))
+	tr.Note = fmt.Sprintf("lease mode, raw_exec app crashed, client cut off %s later%s, next app %s after the cut",
+		harness.Millis(gateCutAfterCrash), restarted, harness.Millis(tr.Takeover))
+	chaosGateFinish(t, a, j, smp, tr, known...)
+	if err := cut.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	chaosWaitNodeReady(t, a, cut, 60*time.Second)
+	leaseWaitNodeQuiet(t, cut, 45*time.Second)
+}
+
 // TestGateDockerdFrozen: H1(c). Not parallel: it freezes the Docker
 // engine that every docker test of the binary shares.
 func TestGateDockerdFrozen(t *testing.T) {
