@@ -277,11 +277,7 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 	standby := j.standby(t, a, holder)
 	app := j.appProc(t, holder)
 	smp.WaitSeen(t, 30*time.Second, app.PID)
-	v := drvLock(t, a, j.lockPath())
-	if v.Lock == nil || v.Items["holder_alloc_id"] != holder {
-		t.Fatalf("lock %s: %+v, want held by %s", j.lockPath(), v.Lock, drvShort(holder))
-	}
-	lockID := v.Lock.ID
+	lockID := j.heldBy(t, a, holder).Lock.ID
 
 	at := harness.MonoNow()
 	var decoy string
@@ -309,21 +305,9 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 		}
 		t.Cleanup(func() { _ = syscall.Kill(sup.PID, syscall.SIGCONT) })
 	case "app-kill":
-		if kind != "docker" {
-			if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			break
-		}
-		cs := d.TaskContainers(t, holder, "app")
-		if len(cs) == 0 || cs[0].State != "running" {
-			t.Fatalf("no running app container in %s: %+v", drvShort(holder), cs)
-		}
-		d.CLI(t, "kill", cs[0].ID)
+		j.killApp(t, d, holder, app)
 	case "lock-lost", "group-delay-lock-lost":
-		if _, _, err := a.API().Variables().ReleaseLock(&api.Variable{Path: j.lockPath(), Lock: &api.VariableLock{ID: lockID}}, nil); err != nil {
-			t.Fatalf("release %s behind the holder's back: %v", j.lockPath(), err)
-		}
+		j.releaseBehindBack(t, a, lockID)
 	case "app-restart", "alloc-restart":
 		task := "app"
 		if f.name == "alloc-restart" {

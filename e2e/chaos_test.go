@@ -480,11 +480,7 @@ func TestChaos(t *testing.T) {
 	// dev agent of its own with a Docker engine and a release token.
 	t.Run("gate-restart", func(t *testing.T) {
 		t.Parallel()
-		d := harness.StartDocker(t)
-		opts := drvAgentOptions(t, true)
-		opts.Docker = d
-		leaseWithReleaseToken(t, &opts)
-		a := harness.StartAgent(t, opts)
+		a, d := gateDockerAgent(t, true)
 		records := chaosGateRecords(t)
 		var subs []subtest
 		add := func(row chaosRow, trial func(t *testing.T, n int, tr *chaosTrial)) {
@@ -512,7 +508,9 @@ func TestChaos(t *testing.T) {
 				Proves: "the plugin's warden stops the app at the fence deadline (its kill_signal, then SIGKILL), before the lock can pass; " +
 					"the restarted gate finds no lease to take over and fails for good; the standby's app starts only once Nomad reports " +
 					"the old app dead for good, and the old app never starts again"},
-				func(t *testing.T, n int, tr *chaosTrial) { gateAdoptFailsTrial(t, a, d, records, c.mode, c.kind, n, tr) })
+				func(t *testing.T, n int, tr *chaosTrial) {
+					gateAdoptFailsTrial(t, a, d, records, c.mode, c.kind, n, tr)
+				})
 		}
 		for _, kind := range []string{"raw_exec", "docker"} {
 			add(chaosRow{ID: "8-gate-pending-restart-lock-lost-" + strings.ReplaceAll(kind, "_", "-"),
@@ -543,10 +541,8 @@ func TestChaos(t *testing.T) {
 	}
 	t.Run("gate-engine", func(t *testing.T) {
 		chaosRunTrials(t, frozen, trials, func(t *testing.T, n int, tr *chaosTrial) {
-			d := harness.StartDocker(t)
-			opts := drvAgentOptions(t, true)
-			opts.Docker = d
-			gateDockerdFrozenTrial(t, harness.StartAgent(t, opts), d, chaosGateRecords(t), n, tr)
+			a, d := gateDockerAgent(t, false)
+			gateDockerdFrozenTrial(t, a, d, chaosGateRecords(t), n, tr)
 		})
 	})
 

@@ -17,19 +17,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/nomad/api"
-
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/e2e/harness"
 )
 
 // TestGatePendingRestart: H1(d), for a raw_exec and a docker app.
 func TestGatePendingRestart(t *testing.T) {
 	t.Parallel()
-	harness.BuildTestWorkload(t)
-	d := harness.StartDocker(t)
-	opts := drvAgentOptions(t, true)
-	opts.Docker = d
-	a := harness.StartAgent(t, opts)
+	a, d := gateDockerAgent(t, false)
 	records := chaosGateRecords(t)
 	var subs []subtest
 	for _, kind := range []string{"raw_exec", "docker"} {
@@ -115,12 +109,7 @@ func leaseGatePendingTrial(t *testing.T, a *harness.Agent, records string, n int
 	at := chaosCut(t, cut)
 	next := j.start(t, holder, at, chaosTakeoverBound+60*time.Second)
 	tr.Takeover = time.Duration(next.Mono - at)
-	restarted := ""
-	for _, r := range drvStarts(j.records(t)) {
-		if r.AllocID == holder && r.Mono > crash {
-			restarted = fmt.Sprintf(", the old app restarted %s after its crash", harness.Millis(time.Duration(r.Mono-crash)))
-		}
-	}
+	restarted := j.restartedNote(t, holder, crash)
 	time.Sleep(gateRestartWatch - time.Duration(harness.MonoNow()-crash))
 	tr.Note = fmt.Sprintf("lease mode, raw_exec app crashed, client cut off %s later%s, next app %s after the cut",
 		harness.Millis(gateCutAfterCrash), restarted, harness.Millis(tr.Takeover))
@@ -132,14 +121,22 @@ func leaseGatePendingTrial(t *testing.T, a *harness.Agent, records string, n int
 	leaseWaitNodeQuiet(t, cut, 45*time.Second)
 }
 
+// restartedNote says when the allocation's app started again after its
+// crash at crash ("" if it did not).
+func (j *gateJob) restartedNote(t *testing.T, allocID string, crash int64) string {
+	note := ""
+	for _, r := range drvStarts(j.records(t)) {
+		if r.AllocID == allocID && r.Mono > crash {
+			note = fmt.Sprintf(", the old app restarted %s after its crash", harness.Millis(time.Duration(r.Mono-crash)))
+		}
+	}
+	return note
+}
+
 // TestGateDockerdFrozen: H1(c). Not parallel: it freezes the Docker
 // engine that every docker test of the binary shares.
 func TestGateDockerdFrozen(t *testing.T) {
-	harness.BuildTestWorkload(t)
-	d := harness.StartDocker(t)
-	opts := drvAgentOptions(t, true)
-	opts.Docker = d
-	a := harness.StartAgent(t, opts)
+	a, d := gateDockerAgent(t, false)
 	tr := &chaosTrial{Takeover: -1, Recovery: -1}
 	gateDockerdFrozenTrial(t, a, d, chaosGateRecords(t), 1, tr)
 	t.Logf("overlaps=%d fences=%d takeover=%s %s", tr.Overlaps, tr.Fences, tr.Takeover, tr.Note)
@@ -180,36 +177,18 @@ func gatePendingRestartTrial(t *testing.T, a *harness.Agent, d *harness.Docker, 
 	standby := j.standby(t, a, holder)
 	app := j.appProc(t, holder)
 	smp.WaitSeen(t, 30*time.Second, app.PID)
-	v := drvLock(t, a, j.lockPath())
-	if v.Lock == nil || v.Items["holder_alloc_id"] != holder {
-		t.Fatalf("lock %s: %+v, want held by %s", j.lockPath(), v.Lock, drvShort(holder))
-	}
+	v := j.heldBy(t, a, holder)
 
 	crash := harness.MonoNow()
-	if kind == "docker" {
-		cs := d.TaskContainers(t, holder, j.app)
-		if len(cs) == 0 || cs[0].State != "running" {
-			t.Fatalf("no running app container in %s: %+v", drvShort(holder), cs)
-		}
-		d.CLI(t, "kill", cs[0].ID)
-	} else if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	j.killApp(t, d, holder, app)
 	gone := drvWaitGone(t, app.PID, 30*time.Second)
 	known := []harness.KnownEnd{{PID: first.PID, Mono: gone}}
 	time.Sleep(gatePendingLossAfter - time.Duration(harness.MonoNow()-crash)) // the fault's schedule
 	at := harness.MonoNow()
-	if _, _, err := a.API().Variables().ReleaseLock(&api.Variable{Path: j.lockPath(), Lock: &api.VariableLock{ID: v.Lock.ID}}, nil); err != nil {
-		t.Fatalf("release %s behind the holder's back: %v", j.lockPath(), err)
-	}
+	j.releaseBehindBack(t, a, v.Lock.ID)
 	next := j.start(t, holder, at, chaosTakeoverBound+30*time.Second)
 	tr.Takeover = time.Duration(next.Mono - at)
-	restarted := ""
-	for _, r := range drvStarts(j.records(t)) {
-		if r.AllocID == holder && r.Mono > crash {
-			restarted = fmt.Sprintf(", the old app restarted %s after its crash", harness.Millis(time.Duration(r.Mono-crash)))
-		}
-	}
+	restarted := j.restartedNote(t, holder, crash)
 	if restarted != "" && gateEventsSaying(t, a, holder, "Gate's warden killed") == 0 {
 		t.Errorf("the old app restarted while its gate did not hold, and no event says the warden killed it")
 	}
@@ -241,18 +220,12 @@ func gateDockerdFrozenTrial(t *testing.T, a *harness.Agent, d *harness.Docker, r
 	j.standby(t, a, holder)
 	app := j.appProc(t, holder)
 	smp.WaitSeen(t, 30*time.Second, app.PID)
-	v := drvLock(t, a, j.lockPath())
-	if v.Lock == nil || v.Items["holder_alloc_id"] != holder {
-		t.Fatalf("lock %s: %+v, want held by %s", j.lockPath(), v.Lock, drvShort(holder))
-	}
+	v := j.heldBy(t, a, holder)
 
 	thaw := d.Freeze(t)
 	at := harness.MonoNow()
-	if _, _, err := a.API().Variables().ReleaseLock(&api.Variable{Path: j.lockPath(), Lock: &api.VariableLock{ID: v.Lock.ID}}, nil); err != nil {
-		thaw()
-		t.Fatalf("release %s behind the holder's back: %v", j.lockPath(), err)
-	}
-	time.Sleep(gateDockerdFrozenFor) // the fault
+	j.releaseBehindBack(t, a, v.Lock.ID) // on failure, the Freeze cleanup thaws
+	time.Sleep(gateDockerdFrozenFor)     // the fault
 	frozenAlive := drvAlive(app.PID)
 	thaw()
 	thawed := harness.MonoNow()

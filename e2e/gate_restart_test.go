@@ -32,12 +32,7 @@ const gateRestartWatch = 45 * time.Second
 
 func TestGateRestart(t *testing.T) {
 	t.Parallel()
-	harness.BuildTestWorkload(t)
-	d := harness.StartDocker(t)
-	opts := drvAgentOptions(t, true)
-	opts.Docker = d
-	leaseWithReleaseToken(t, &opts)
-	a := harness.StartAgent(t, opts)
+	a, d := gateDockerAgent(t, true)
 	records := chaosGateRecords(t)
 	var subs []subtest
 	for _, mode := range []string{"lock", "lease"} {
@@ -59,6 +54,21 @@ func TestGateRestart(t *testing.T) {
 		}})
 	}
 	runConcurrently(t, subs)
+}
+
+// gateDockerAgent starts a dev agent with the Docker engine of the test
+// binary and, with releaseToken (lease-mode gates), the plugin's
+// release_token_file.
+func gateDockerAgent(t *testing.T, releaseToken bool) (*harness.Agent, *harness.Docker) {
+	t.Helper()
+	harness.BuildTestWorkload(t)
+	d := harness.StartDocker(t)
+	opts := drvAgentOptions(t, true)
+	opts.Docker = d
+	if releaseToken {
+		leaseWithReleaseToken(t, &opts)
+	}
+	return harness.StartAgent(t, opts), d
 }
 
 // newGateRestartJob is a count = 2 gate job of kind and mode (lock or
@@ -121,11 +131,7 @@ func gateRestartTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records
 	standby := j.standby(t, a, holder)
 	app := j.appProc(t, holder)
 	smp.WaitSeen(t, 30*time.Second, app.PID)
-	v := drvLock(t, a, j.lockPath())
-	if v.Lock == nil || v.Items["holder_alloc_id"] != holder {
-		t.Fatalf("lock %s: %+v, want held by %s", j.lockPath(), v.Lock, drvShort(holder))
-	}
-	lockID := v.Lock.ID
+	lockID := j.heldBy(t, a, holder).Lock.ID
 	var notes []string
 	for i, trigger := range []string{"alloc restart of the gate", "template re-render"} {
 		since := time.Now()

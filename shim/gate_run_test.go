@@ -123,6 +123,23 @@ func (r *gateRig) holding() Event {
 	return r.event("holding", inState(StateHolding))
 }
 
+// checkedAndHeld readies the gate's supervisor without running it: its
+// check at start passed (or the test fails) and it holds the lock.
+func (r *gateRig) checkedAndHeld() *lockclient.Lease {
+	r.t.Helper()
+	s := r.sup
+	s.setUp()
+	if code, refused := s.refused(context.Background()); refused {
+		r.t.Fatalf("gate refused: %d; events:\n%s", code, r.eventLog())
+	}
+	lease, err := s.Locker.Acquire(context.Background(), lockclient.AcquireOptions{})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { _ = lease.Release(context.Background()) })
+	return lease
+}
+
 // setAlloc changes the servers' view of the gate's allocation.
 func (r *gateRig) setAlloc(job gateJob) {
 	job.id = gateAlloc
@@ -565,15 +582,7 @@ func TestGateStopRacingAllocationStop(t *testing.T) {
 				f = r.withKiller(tc.direct...)
 			}
 			s := r.sup
-			s.setUp()
-			if code, refused := s.refused(context.Background()); refused {
-				t.Fatalf("gate refused: %d; events:\n%s", code, r.eventLog())
-			}
-			lease, err := s.Locker.Acquire(context.Background(), lockclient.AcquireOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = lease.Release(context.Background()) })
+			lease := r.checkedAndHeld()
 			if release, clean := s.gateMayRelease(lease, endStopRequest, tc.at); release != tc.release || clean != tc.clean {
 				t.Errorf("may release %v clean %v, want %v %v; events:\n%s", release, clean, tc.release, tc.clean, r.eventLog())
 			}

@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"context"
 	"errors"
 	"syscall"
 	"testing"
@@ -24,14 +23,7 @@ func TestGateKillOutlivesTheStopDeadline(t *testing.T) {
 	f.killTakes = 100 * time.Millisecond
 	f.killErr, f.failKills = errors.New("docker: no answer"), 1
 	s := r.sup
-	s.setUp()
-	if code, refused := s.refused(context.Background()); refused {
-		t.Fatalf("gate refused: %d; events:\n%s", code, r.eventLog())
-	}
-	lease, err := s.Locker.Acquire(context.Background(), lockclient.AcquireOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := r.checkedAndHeld()
 	r.srv.TakeOver(time.Second) // a 409: the stop deadline is the fence deadline
 	select {
 	case <-lease.Lost():

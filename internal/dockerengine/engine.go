@@ -103,20 +103,7 @@ type Inspected struct {
 
 // Ping checks that the engine answers.
 func (c *Client) Ping(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://docker/_ping", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("docker engine at unix://%s: %w", c.socket, err)
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<10))
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("docker engine at unix://%s: ping answered %d", c.socket, resp.StatusCode)
-	}
-	return nil
+	return c.do(ctx, http.MethodGet, "/_ping", nil)
 }
 
 // ListByLabel lists every container (running or not) that has label
