@@ -229,7 +229,7 @@ func TestGateEndings(t *testing.T) {
 			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
 		}, 0, true, "Released lock"},
 		{"stop request, allocation evicted", func(r *gateRig) {
-			r.setAlloc(gateJob{desired: api.AllocDesiredStatusEvict})
+			r.setAlloc(gateJob{desired: api.AllocDesiredStatusEvict, gatedState: "dead"})
 			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
 		}, 0, true, "Released lock"},
 		{"stop request, allocation gone", func(r *gateRig) {
@@ -252,6 +252,12 @@ func TestGateEndings(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newGateRig(t, gateJob{gatedState: "running"})
+			if strings.HasPrefix(tc.name, "stop request, allocation") {
+				// Marked clean whether the watch saw the stop first (the
+				// gate proves its task dead itself) or a read at the stop
+				// did (the servers report it dead).
+				r.withKiller("app")
+			}
 			r.run()
 			r.holding()
 			tc.end(r)
