@@ -113,11 +113,16 @@ func leaseGatePendingTrial(t *testing.T, a *harness.Agent, records string, n int
 	time.Sleep(gateRestartWatch - time.Duration(harness.MonoNow()-crash))
 	tr.Note = fmt.Sprintf("lease mode, raw_exec app crashed, client cut off %s later%s, next app %s after the cut",
 		harness.Millis(gateCutAfterCrash), restarted, harness.Millis(tr.Takeover))
-	chaosGateFinish(t, a, j, smp, tr, known...)
 	if err := cut.Heal(); err != nil {
 		t.Fatal(err)
 	}
 	chaosWaitNodeReady(t, a, cut, 60*time.Second)
+	// The cut-off client's task events reach the servers once healed.
+	for deadline := time.Now().Add(30 * time.Second); restarted != "" && len(j.restartEnds(t, a, holder, crash, next.Mono)) == 0 &&
+		time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+	}
+	known = append(known, j.restartEnds(t, a, holder, crash, next.Mono)...)
+	chaosGateFinish(t, a, j, smp, tr, known...)
 	leaseWaitNodeQuiet(t, cut, 45*time.Second)
 }
 
@@ -131,6 +136,34 @@ func (j *gateJob) restartedNote(t *testing.T, allocID string, crash int64) strin
 		}
 	}
 	return note
+}
+
+// restartEnds are the ends of the allocation's app runs that started after
+// crash and were SIGKILLed (no end record), as Nomad's client saw them
+// exit ("Terminated"), on the records' clock: the warden kills a restart
+// at once, and it may come and go between two of the sampler's scans. An
+// end is given only when it came before next, the next holder's first
+// start; a later one is left for the check to find unproven.
+func (j *gateJob) restartEnds(t *testing.T, a *harness.Agent, allocID string, crash, next int64) []harness.KnownEnd {
+	t.Helper()
+	evs, _ := a.TaskEvents(allocID, j.app)
+	var out []harness.KnownEnd
+	for _, r := range drvStarts(j.records(t)) {
+		if r.AllocID != allocID || r.Mono <= crash {
+			continue
+		}
+		for _, ev := range evs {
+			at := time.Unix(0, ev.Time)
+			if ev.Type != "Terminated" || at.Before(r.Wall) {
+				continue
+			}
+			if end := r.Mono + int64(at.Sub(r.Wall)); end < next {
+				out = append(out, harness.KnownEnd{PID: r.PID, Mono: end})
+			}
+			break
+		}
+	}
+	return out
 }
 
 // TestGateDockerdFrozen: H1(c). Not parallel: it freezes the Docker
@@ -194,6 +227,7 @@ func gatePendingRestartTrial(t *testing.T, a *harness.Agent, d *harness.Docker, 
 	}
 	// Past any restart of the old app that could still come.
 	time.Sleep(gateRestartWatch - time.Duration(harness.MonoNow()-crash))
+	known = append(known, j.restartEnds(t, a, holder, crash, next.Mono)...)
 	if next.AllocID != standby {
 		t.Logf("the app started in %s, not the standby %s (a replacement)", drvShort(next.AllocID), drvShort(standby))
 	}
