@@ -426,9 +426,12 @@ func (c *taskCgroup) Signal(sig syscall.Signal) error {
 // listed and killed, so a fork loop cannot outrun the kill and a listed PID
 // cannot exit and be reused in between (frozen processes do not run); on v2
 // the kernel kills the whole cgroup in one write to cgroup.kill.
+//
+// It kills at least once, however little time within leaves: a caller
+// short of time still gets its SIGKILL sent.
 func (c *taskCgroup) KillAll(within time.Duration) error {
 	deadline := time.Now().Add(within)
-	for {
+	for killed := false; ; killed = true {
 		pids, err := c.pids()
 		if err != nil {
 			return err
@@ -436,7 +439,7 @@ func (c *taskCgroup) KillAll(within time.Duration) error {
 		if len(pids) == 0 {
 			return nil
 		}
-		if time.Now().After(deadline) {
+		if killed && time.Now().After(deadline) {
 			return fmt.Errorf("%d task process(es) still alive %s after SIGKILL: %v", len(pids), within, pids)
 		}
 		if c.mode == cgroupslib.CG1 {

@@ -111,8 +111,9 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 		return // the lease record stays: a restarted gate takes it over (gateLeases)
 	}
 	if gatedDead {
+		// The warden (armed when the gate first held) kills whatever of
+		// them Nomad starts again until its kill of the allocation.
 		whose += ", whose gated tasks the plugin killed and proved dead"
-		go d.reapGated(h, spec, held)
 	}
 	if err := h.killRemains(confirmDeadWithin); err != nil {
 		log.Error("supervisor died holding the lock, but its processes are not confirmed dead: not releasing", "error", err)
@@ -195,11 +196,31 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew t
 				return err
 			}
 		}
-		if err := locker.MarkReleasedCleanID(ctx, held.LockID, held.Fence, lastRenew); err != nil {
+		if why := gatedMayStart(ctx, locker, gate); why != "" {
+			log.Warn("not marking the gate's release clean: the next gate waits for Nomad's report", "why", why)
+		} else if err := locker.MarkReleasedCleanID(ctx, held.LockID, held.Fence, lastRenew); err != nil {
 			log.Warn("cannot mark the gate's release clean; the next gate waits for Nomad's report", "error", err)
 		}
 	}
 	return locker.ReleaseID(ctx, held.LockID, lastRenew)
+}
+
+// gatedMayStart says why Nomad may still start one of the gate's gated
+// tasks, which neither the kill nor the static restart rule holds back (a
+// restart or a first start pending, see shim.GatedPending), or "": a
+// release after which one may is not marked clean.
+func gatedMayStart(ctx context.Context, locker *lockclient.Locker, gate *gateSpec) string {
+	alloc, _, err := locker.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
+	switch {
+	case errors.Is(err, lockclient.ErrAllocGone) && !errors.Is(err, lockclient.ErrAllocHidden):
+		return ""
+	case err != nil:
+		return fmt.Sprintf("cannot read the allocation (%v)", err)
+	}
+	if pending := shim.GatedPending(alloc, gate.Task); len(pending) > 0 {
+		return fmt.Sprintf("Nomad reports %v pending (a restart or a start to come)", pending)
+	}
+	return ""
 }
 
 // gateAllocStopped returns nil once Nomad says the gate's allocation is

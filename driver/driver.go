@@ -81,6 +81,9 @@ type Driver struct {
 	tasks *taskStore
 	// gateLeases are the leases of gates that Nomad may restart.
 	gateLeases gateLeases
+	// wardens keep the gated tasks of each gate that held dead while it
+	// does not hold (warden.go).
+	wardens wardens
 
 	// Events emitted before Nomad has subscribed (the first moments after a
 	// plugin restart, while tasks are recovered) wait here: the eventer drops
@@ -150,6 +153,7 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	}
 	d.config, d.ttl, d.delay, d.users, d.stateRoot = pc, ttl, delay, users, root
 	d.agent = agentExe()
+	go d.resumeWardens(root)
 	return nil
 }
 
@@ -272,16 +276,8 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, err
 	}
-	if spec.Gate != nil {
-		d.mu.RLock()
-		spec.Gate.DockerEndpoint = d.config.DockerEndpoint
-		d.mu.RUnlock()
-		spec.Gate.Adopt = d.gateLeases.take(cfg, root)
-	}
-	if tc.startsOnLock() {
-		if a := d.supersedeStart(cfg, root); a != nil && spec.Gate != nil {
-			spec.Gate.Adopt = a
-		}
+	if err := d.takeOver(cfg, root, tc, &spec); err != nil {
+		return nil, nil, err
 	}
 	dir, proc, err := d.startSupervisor(cfg, root, spec)
 	if err != nil {
@@ -313,6 +309,45 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		}
 	}
 	return handle, nil, nil
+}
+
+// takeOver readies the start of a task that starts on lock: it ends an
+// earlier start of the same task, and gives a gate the lease its previous
+// run left (gateLeases, supersedeStart). A gate that held before in this
+// allocation, whose gated tasks Nomad may start again (its warden is
+// armed), and that finds no lease to take over, is refused: it would wait
+// for the lock while they run, or start, beside the next holder.
+// The new run's spec, which names the lease, is on disk before the
+// plugin's warden may look again (runHolds).
+func (d *Driver) takeOver(cfg *drivers.TaskConfig, root *securefs.Dir, tc TaskConfig, spec *supervisorSpec) error {
+	if spec.Gate != nil {
+		d.mu.RLock()
+		spec.Gate.DockerEndpoint = d.config.DockerEndpoint
+		d.mu.RUnlock()
+	}
+	var adopt *shim.AdoptLease
+	if tc.startsOnLock() {
+		adopt = d.supersedeStart(cfg, root)
+	}
+	if spec.Gate == nil {
+		return nil
+	}
+	d.gateLeases.mu.Lock()
+	defer d.gateLeases.mu.Unlock()
+	if kept := d.gateLeases.takeLocked(cfg, root); kept != nil && adopt == nil {
+		adopt = kept
+	}
+	spec.Gate.Adopt = adopt
+	if adopt == nil && d.wardenArmed(cfg, root) {
+		d.emitEvent(cfg, gateNotRestartedMessage(), map[string]string{"lock_state": string(shim.StateLost)})
+		return fmt.Errorf("gate %q: %s", cfg.Name, gateNotRestartedMessage())
+	}
+	dir, err := openTaskState(root, cfg)
+	if err != nil {
+		return fmt.Errorf("task state dir: %w", err)
+	}
+	defer dir.Close()
+	return prepareStateDir(dir, *spec)
 }
 
 // RecoverTask reattaches to a supervisor after a plugin restart. The task

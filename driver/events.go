@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/events"
@@ -34,7 +35,35 @@ var (
 	evLeaseTakeover     = events.New("lease-takeover", "Took the lock over from a holder whose heartbeat stopped: ")
 	evLeaseNoTakeover   = events.New("lease-no-takeover", "Lease takeover not made: ")
 	evLeaseStandbyOff   = events.New("lease-standby-off", "Lease standby not running: ")
+	evWardenKilled      = events.New("warden-killed", "Gate's warden killed ")
+	evWardenKillFailed  = events.New("warden-kill-failed", "Gate's warden could not kill ")
+	evGateNotRestarted  = events.New("gate-not-restarted", "Gate not restarted: ")
 )
+
+// wardenKilledMessage: the warden found gated tasks running while their
+// gate did not hold, and killed them; graceful when they had their
+// kill_signal first (a kept lease that ran out).
+func wardenKilledMessage(tasks []string, graceful bool) string {
+	how := "SIGKILL"
+	if graceful {
+		how = "their kill_signal, then SIGKILL"
+	}
+	return evWardenKilled.Text("%s (%s): they ran while the gate did not hold the lock, and a gated task may run only while it does; "+
+		"the warden kills them until the gate holds again or Nomad's kill of the allocation has ended them", strings.Join(tasks, ", "), how)
+}
+
+func wardenKillFailedMessage(tasks []string, err error) string {
+	return evWardenKillFailed.Text("%s (%v): they may run while the gate does not hold the lock; it retries every %s",
+		strings.Join(tasks, ", "), err, wardenEvery)
+}
+
+// gateNotRestartedMessage: a restarted gate found no lease of its
+// previous run left to take over, while its gated tasks may start again.
+func gateNotRestartedMessage() string {
+	return evGateNotRestarted.Text("the lease of its previous run in this allocation is gone (its fence deadline passed before this run " +
+		"started, or the run ended without it), and its gated tasks may run again: this run fails, so that Nomad stops the allocation, " +
+		"rather than wait for the lock while they may start beside the next holder; the plugin kills them meanwhile")
+}
 
 func gateWaitingMessage(path string) string {
 	return evGateWaiting.Text("%s: the group's other tasks start once it is held", path)

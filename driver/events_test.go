@@ -74,10 +74,13 @@ func TestEventsDocumented(t *testing.T) {
 	leftToExpire := fmt.Errorf("release nomad/jobs/web/lock: %w",
 		lockclient.Timing{TTL: 15 * time.Second, LockDelay: 5 * time.Second}.MayRelease(time.Now().Add(-time.Minute), time.Now()))
 	examples := map[string][]string{
-		"gate-waiting":     {gateWaitingMessage("nomad/jobs/web/lock")},
-		"on-lock-waiting":  {onLockWaitingMessage("nomad/jobs/web/lock")},
-		"superseded-start": {supersededStartMessage()},
-		"no-cgroup":        {noCgroupMessage()},
+		"warden-killed":      {wardenKilledMessage([]string{"api"}, false), wardenKilledMessage([]string{"api", "db"}, true)},
+		"warden-kill-failed": {wardenKillFailedMessage([]string{"api"}, refused)},
+		"gate-not-restarted": {gateNotRestartedMessage()},
+		"gate-waiting":       {gateWaitingMessage("nomad/jobs/web/lock")},
+		"on-lock-waiting":    {onLockWaitingMessage("nomad/jobs/web/lock")},
+		"superseded-start":   {supersededStartMessage()},
+		"no-cgroup":          {noCgroupMessage()},
 		"watchdog": {watchdogMessage(watchdogUnresponsive(3 * time.Second)),
 			watchdogMessage(watchdogStillRunning(3 * time.Second))},
 		"watchdog-gate": {watchdogGateMessage(nil, watchdogUnresponsive(3*time.Second)),

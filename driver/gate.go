@@ -2,7 +2,6 @@ package driver
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -12,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/client/allocdir"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
@@ -35,11 +33,22 @@ func (d *Driver) waitHolding(h *taskHandle, root *securefs.Dir, path string) err
 	d.emitEvent(h.cfg, msg, map[string]string{"lock_state": string(shim.StateWaiting)})
 	select {
 	case <-h.holding:
-		if h.gate {
-			d.publishGateLock(h)
-			go d.recordGated(h)
+		if !h.gate {
+			return nil
 		}
-		return nil
+		d.publishGateLock(h)
+		err := d.armWarden(h, root)
+		if err == nil {
+			return nil
+		}
+		h.logger.Error("gate: its gated tasks could not be put under the warden; not letting them start", "error", err)
+		_ = h.kill("the gated tasks' warden could not be armed")
+		d.tasks.delete(h.cfg.ID)
+		if rerr := removeTaskState(root, h.cfg); rerr != nil {
+			h.logger.Warn("remove the task's state dir", "error", rerr)
+		}
+		h.dir.Close()
+		return fmt.Errorf("gate %q held its lock, but %w", h.cfg.Name, err)
 	case <-h.done:
 	case <-d.ctx.Done():
 		_ = h.kill("the plugin is shutting down")
@@ -64,34 +73,41 @@ func (d *Driver) waitHolding(h *taskHandle, root *securefs.Dir, path string) err
 
 // gateLeases keeps, between two runs of a gate in one allocation, the lease
 // the first run left held. Nomad restarts a gate that `nomad alloc restart`
-// restarted (whatever its restart policy) while its gated tasks run on: the
-// new run must take the lease over, not wait for a lock that could expire
-// into another allocation's hands meanwhile. A kept lease is good until its
-// release cutoff (lockclient.Timing.ReleaseCutoff), from which the server
-// may be expiring it and no one may renew, write or release it; the plugin
-// forgets it then. It is kept in the allocation's root-only state dir
-// (keptFile), so that a restart of the plugin or the agent between the two
-// runs does not lose it. The new run renews it before it reports itself
-// running, so a lease that the server has expired meanwhile fails the gate,
-// never two holders.
+// restarted, or whose template re-rendered (whatever its restart policy),
+// while its gated tasks run on: the new run must take the lease over, not
+// wait for a lock that could expire into another allocation's hands
+// meanwhile. A run leaves its lease for this when it exits 0 holding it
+// (its stop came while the allocation runs on), or when the plugin killed
+// it to stop, destroy or supersede it. The kept lease may be taken over
+// until its fence deadline (lock mode: the last renew + TTL - margin; lease
+// mode: the last acknowledged heartbeat + lease_fence, also before the
+// release cutoff): until then the gated tasks run under it, and past it
+// the plugin's warden kills them (warden.go), gracefully until its stop
+// deadline. It is kept in the allocation's root-only state dir (keptFile),
+// so that a restart of the plugin or the agent between the two runs does
+// not lose it. The new run renews it before it reports itself running
+// (lease mode: its heartbeat by check-and-set, so a standby's seal and the
+// take-over exclude each other), so a lease that was lost meanwhile fails
+// the gate, never two holders.
 type gateLeases struct {
+	// mu orders keep, take and the warden's reading of who holds.
 	mu sync.Mutex
 }
 
 // keptLease is a kept gate lease on disk.
 type keptLease struct {
+	// Lease carries its fence and stop deadlines (FenceBoot, StopBoot).
 	Lease shim.AdoptLease
-	// UntilBoot is its release cutoff, in CLOCK_BOOTTIME nanoseconds
-	// (lockclient.BootNanos), which count suspended time and are the same
-	// for every process of the host.
-	UntilBoot int64
 }
 
 // keptFile names a gate's kept lease in its allocation's state dir (beside
 // the tasks' dirs, which DestroyTask removes).
-func keptFile(cfg *drivers.TaskConfig) string { return "kept-" + url.PathEscape(cfg.Name) + ".json" }
+func keptFile(cfg *drivers.TaskConfig) string { return keptName(cfg.Name) }
 
-// keep records the lease a destroyed gate left held, if any.
+func keptName(task string) string { return "kept-" + url.PathEscape(task) + ".json" }
+
+// keep records the lease a destroyed gate left held for its next run, if
+// it may (see gateLeases).
 func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 	var spec supervisorSpec
 	if root == nil || readJSON(h.dir, specFile, &spec) != nil || spec.Gate == nil {
@@ -99,6 +115,21 @@ func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 	}
 	var held heldLease
 	if readJSON(h.dir, leaseFile, &held) != nil || held.LockID == "" {
+		return
+	}
+	h.mu.Lock()
+	planned := h.killedByPlugin
+	h.mu.Unlock()
+	var es exitStatus
+	if !planned && (readJSON(h.dir, exitFile, &es) != nil || es.ExitCode != 0) {
+		// It failed (a loss, a signal...): Nomad does not restart it, and
+		// its gated tasks are the warden's until Nomad's kill.
+		return
+	}
+	var st supervisorStatus
+	_ = readJSON(h.dir, statusFile, &st)
+	a, ok := keptDeadlines(held, st, spec.Mode)
+	if !ok {
 		return
 	}
 	g.mu.Lock()
@@ -109,31 +140,47 @@ func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 		return
 	}
 	defer alloc.Close()
-	var st supervisorStatus
-	_ = readJSON(h.dir, statusFile, &st)
-	renewed := lastRenew(held, st)
-	if renewed.IsZero() {
-		return
-	}
-	until := lockclient.Timing{TTL: held.TTL, LockDelay: held.LockDelay}.ReleaseCutoff(renewed)
-	k := keptLease{Lease: shim.AdoptLease{LockID: held.LockID, Fence: held.Fence, Path: held.Path}, UntilBoot: lockclient.BootNanos(until)}
-	if err := writeJSON(alloc, keptFile(h.cfg), k); err != nil {
+	if err := writeJSON(alloc, keptFile(h.cfg), keptLease{Lease: a}); err != nil {
 		h.logger.Error("gate ended holding its lock, which cannot be kept for a restart", "error", err)
 		return
 	}
-	h.logger.Info("gate ended holding its lock: kept for a restart in this allocation", "fence", held.Fence)
-	// Forgotten once the server may have expired it (if not taken first).
+	h.logger.Info("gate ended holding its lock: kept for a restart in this allocation", "fence", held.Fence,
+		"until", time.Duration(a.FenceBoot-bootNow()).Round(time.Millisecond))
+	// Forgotten once past its fence deadline (if not taken first).
 	cfg := h.cfg
-	time.AfterFunc(lockclient.BootUntil(until)+time.Second, func() { _ = g.take(cfg, root) })
+	time.AfterFunc(time.Duration(a.FenceBoot-bootNow())+time.Second, func() { _ = g.take(cfg, root) })
+}
+
+// keptDeadlines is the lease held, with its fence and stop deadlines, as a
+// restarted gate may take it over. The fence deadline is the one the
+// supervisor last published (lease mode: its heartbeat's), never past the
+// release cutoff; without one, lock mode takes it from the last renew and
+// lease mode keeps nothing (when its last heartbeat was is unknown).
+func keptDeadlines(held heldLease, st supervisorStatus, mode string) (shim.AdoptLease, bool) {
+	renewed := lastRenew(held, st)
+	if renewed.IsZero() {
+		return shim.AdoptLease{}, false
+	}
+	cutoff := lockclient.BootNanos(lockclient.Timing{TTL: held.TTL, LockDelay: held.LockDelay}.ReleaseCutoff(renewed))
+	a := shim.AdoptLease{LockID: held.LockID, Fence: held.Fence, Path: held.Path}
+	switch {
+	case st.Fence == held.Fence && st.FenceDeadlineBoot > 0:
+		a.FenceBoot, a.StopBoot = min(st.FenceDeadlineBoot, cutoff), min(st.StopDeadlineBoot, cutoff)
+	case mode == shim.ModeLease:
+		return a, false
+	default:
+		a.FenceBoot, a.StopBoot = cutoff-int64(held.TTL), cutoff
+	}
+	return a, a.FenceBoot > bootNow()
 }
 
 // take returns (and forgets) the lease kept for the task's gate, or nil.
-func (g *gateLeases) take(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
+// The caller holds g.mu: it writes the new run's spec, which names the
+// lease, before the warden may look again (see runHolds).
+func (g *gateLeases) takeLocked(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
 	if root == nil || !allocIDPattern.MatchString(cfg.AllocID) {
 		return nil
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	alloc, err := root.Sub(cfg.AllocID, false)
 	if err != nil {
 		return nil
@@ -143,10 +190,17 @@ func (g *gateLeases) take(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.Ado
 	_ = alloc.Remove(keptFile(cfg))
 	alloc.Close()
 	_ = root.RemoveEmptySub(cfg.AllocID)
-	if err != nil || k.Lease.LockID == "" || lockclient.BootNanos(lockclient.BootNow()) >= k.UntilBoot {
+	if err != nil || k.Lease.LockID == "" || bootNow() >= k.Lease.FenceBoot {
 		return nil
 	}
 	return &k.Lease
+}
+
+// take is takeLocked for a caller that does not hold g.mu.
+func (g *gateLeases) take(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.takeLocked(cfg, root)
 }
 
 // supersedeStart ends the supervisor of an earlier start of the same task
@@ -158,10 +212,12 @@ func (g *gateLeases) take(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.Ado
 // to this plugin), or it could not recover the task. Left alone, the first
 // would hold (or win) the lock for nobody, and the new one would wait for it
 // for ever. The gated tasks never started for a start Nomad lost, and for a
-// task Nomad could not recover the new gate takes the lease over, so they
-// are never left without it. A start = "on_lock" task's workload dies with
-// its supervisor (its group guard, and the plugin's kill of its cgroup),
-// and the new start waits for the lock like any other.
+// task Nomad could not recover the new gate takes the lease over (in lease
+// mode too: its heartbeat by check-and-set, so a standby's seal and the
+// take-over exclude each other), so they are never left without it. A
+// start = "on_lock" task's workload dies with its supervisor (its group
+// guard, and the plugin's kill of its cgroup), and the new start waits for
+// the lock like any other.
 func (d *Driver) supersedeStart(cfg *drivers.TaskConfig, root *securefs.Dir) *shim.AdoptLease {
 	var adopt *shim.AdoptLease
 	for _, old := range d.tasks.all() {
@@ -175,14 +231,15 @@ func (d *Driver) supersedeStart(cfg *drivers.TaskConfig, root *securefs.Dir) *sh
 		}
 		var spec supervisorSpec
 		_ = readJSON(old.dir, specFile, &spec)
-		leaseKilled := held.LockID != "" && old.gate && killLeaseGated(old.dir, spec, old.logger)
+		var st supervisorStatus
+		_ = readJSON(old.dir, statusFile, &st)
 		d.tasks.delete(old.cfg.ID)
 		if err := removeTaskState(root, old.cfg); err != nil {
 			old.logger.Warn("remove the superseded task's state dir", "error", err)
 		}
-		if held.LockID != "" && old.gate && !leaseKilled {
+		if a, ok := keptDeadlines(held, st, spec.Mode); held.LockID != "" && old.gate && ok {
 			old.logger.Info("a new start of this gate takes its lease over", "fence", held.Fence)
-			adopt = &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence, Path: held.Path}
+			adopt = &a
 		}
 	}
 	if a := d.supersedeUnknown(cfg, root); a != nil {
@@ -279,48 +336,14 @@ func (d *Driver) endUnknownStart(cfg *drivers.TaskConfig, alloc *securefs.Dir, n
 			}
 		}
 	}
-	leaseKilled := held.LockID != "" && spec.Gate != nil && killLeaseGated(dir, spec, log)
 	if err := alloc.RemoveSub(name); err != nil {
 		log.Warn("remove the earlier start's state dir", "error", err)
 	}
 	d.emitEvent(cfg, supersededStartMessage(), map[string]string{"lock_state": string(shim.StateWaiting)})
-	if held.LockID != "" && spec.Gate != nil && !leaseKilled {
-		return &shim.AdoptLease{LockID: held.LockID, Fence: held.Fence, Path: held.Path}
+	if a, ok := keptDeadlines(held, st, spec.Mode); held.LockID != "" && spec.Gate != nil && ok {
+		return &a
 	}
 	return nil
-}
-
-// killLeaseGated, for a superseded gate in lease mode whose supervisor
-// is dead, kills and proves dead its gated tasks, from the record in its
-// state dir, and reports whether it did: the new start then does not
-// adopt the lease (no heartbeat was written since the supervisor died, and
-// a standby may seal it before the new start writes one), and waits for
-// the lock. Not in lease mode, or when the kill fails, it reports false,
-// and the new start adopts the lease as in lock mode.
-func killLeaseGated(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) bool {
-	if spec.Mode != shim.ModeLease || spec.Gate == nil {
-		return false
-	}
-	var rec gatedRecord
-	if err := readJSON(dir, gatedFile, &rec); err != nil || rec.AllocID != spec.Gate.AllocID {
-		log.Warn("lease mode: no record of the superseded gate's gated tasks; the new start adopts its lease", "error", err)
-		return false
-	}
-	k, err := newGatedKiller(rec, gatedEnvOf(spec))
-	if err != nil {
-		log.Warn("lease mode: cannot kill the superseded gate's gated tasks; the new start adopts its lease", "error", err)
-		return false
-	}
-	defer k.close()
-	ctx, cancel := context.WithTimeout(context.Background(), confirmDeadWithin)
-	defer cancel()
-	if err := k.KillAll(ctx); err != nil || len(k.LeftToNomad()) > 0 {
-		log.Warn("lease mode: the superseded gate's gated tasks are not all proven dead; the new start adopts its lease",
-			"error", err, "left_to_nomad", k.LeftToNomad())
-		return false
-	}
-	log.Info("lease mode: the superseded gate's gated tasks are proven dead; the new start waits for the lock")
-	return true
 }
 
 // gateLockFile is the file, in the allocation's shared dir

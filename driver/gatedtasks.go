@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 	"github.com/hashicorp/nomad/client/lib/cgroupslib"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/dockerengine"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
@@ -56,6 +58,11 @@ type gatedTaskRecord struct {
 	Direct bool
 	// Why it is left to Nomad, when not Direct.
 	Why string `json:",omitempty"`
+	// KillSignal and KillTimeout are the task's kill_signal ("" for the
+	// driver's default) and kill_timeout, from its job: a kill that has
+	// the time gives the task its own graceful stop first (Stop).
+	KillSignal  string        `json:",omitempty"`
+	KillTimeout time.Duration `json:",omitempty"`
 }
 
 // cgroupDrivers are the task drivers whose tasks Nomad's executor puts in a
@@ -72,7 +79,10 @@ const nomadAllocLabel = "com.hashicorp.nomad.alloc_id"
 // (empty: docker tasks are left to Nomad) and the cgroup layout.
 type gatedEnv struct {
 	DockerEndpoint string
-	CgroupMode     cgroupslib.Mode
+	// DockerUnreachable, when set, says why the engine at DockerEndpoint
+	// did not answer (checkEngine): docker tasks are then left to Nomad.
+	DockerUnreachable string `json:",omitempty"`
+	CgroupMode        cgroupslib.Mode
 	// GateCgroup is the gate's own task cgroup, which the plugin made its
 	// limits in, where Nomad's layout puts it: v1 its freezer cgroup (the
 	// gated tasks' are its siblings), v2 its unified cgroup, whose
@@ -86,9 +96,12 @@ func planGated(allocID string, tasks []shim.GatedTask, alloc *api.Allocation, en
 	rec := gatedRecord{AllocID: allocID}
 	for _, t := range tasks {
 		r := gatedTaskRecord{Name: t.Name, Driver: t.Driver}
+		r.KillSignal, r.KillTimeout = taskKill(alloc, t.Name)
 		switch {
 		case t.Driver == "docker" && env.DockerEndpoint == "":
 			r.Why = "the plugin config's docker_endpoint is empty"
+		case t.Driver == "docker" && env.DockerUnreachable != "":
+			r.Why = env.DockerUnreachable
 		case t.Driver == "docker":
 			r.Direct = true
 		case slices.Contains(cgroupDrivers, t.Driver) && env.CgroupMode == cgroupslib.OFF:
@@ -112,6 +125,55 @@ func planGated(allocID string, tasks []shim.GatedTask, alloc *api.Allocation, en
 	}
 	return rec
 }
+
+// dockerPingTimeout bounds checkEngine's ping.
+const dockerPingTimeout = 2 * time.Second
+
+// checkEngine makes sure the plugin reaches the Docker engine at
+// env.DockerEndpoint before any record says it kills a docker task
+// itself: the docker plugin may use another endpoint (its own config's
+// `endpoint`), and then every direct kill would fail, or find nothing.
+// Where it cannot, env.DockerUnreachable says why and names the fix.
+func checkEngine(ctx context.Context, env *gatedEnv) {
+	if env.DockerEndpoint == "" {
+		return
+	}
+	c, err := dockerengine.New(env.DockerEndpoint)
+	if err == nil {
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(ctx, dockerPingTimeout)
+		defer cancel()
+		err = c.Ping(ctx)
+	}
+	if err != nil {
+		env.DockerUnreachable = fmt.Sprintf("the plugin cannot reach the Docker engine at %s (%v): set the plugin config's "+
+			"docker_endpoint to the docker plugin's endpoint", env.DockerEndpoint, err)
+	}
+}
+
+// taskKill is the kill_signal and kill_timeout of task in alloc's group
+// (Nomad's default kill_timeout, 5s, where unset or unknown).
+func taskKill(alloc *api.Allocation, task string) (string, time.Duration) {
+	if alloc != nil && alloc.Job != nil {
+		for _, g := range alloc.Job.TaskGroups {
+			if g.Name == nil || *g.Name != alloc.TaskGroup {
+				continue
+			}
+			for _, t := range g.Tasks {
+				if t.Name == task && t.KillTimeout != nil {
+					return t.KillSignal, *t.KillTimeout
+				}
+				if t.Name == task {
+					return t.KillSignal, nomadKillTimeout
+				}
+			}
+		}
+	}
+	return "", nomadKillTimeout
+}
+
+// nomadKillTimeout is Nomad's kill_timeout where a job sets none.
+const nomadKillTimeout = 5 * time.Second
 
 // cgroupOverride says why a task does not run in its standard cgroup, or "".
 func cgroupOverride(alloc *api.Allocation, task string) string {
@@ -167,6 +229,16 @@ func (k *gatedKiller) Direct() []string {
 	return out
 }
 
+// WhyLeft says why task is left to Nomad ("" for a Direct one).
+func (k *gatedKiller) WhyLeft(task string) string {
+	for _, t := range k.rec.Tasks {
+		if t.Name == task && !t.Direct {
+			return t.Why
+		}
+	}
+	return ""
+}
+
 // LeftToNomad describes the tasks left to Nomad, with why.
 func (k *gatedKiller) LeftToNomad() []string {
 	var out []string
@@ -210,26 +282,150 @@ func (k *gatedKiller) KillAll(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// Stop stops every Direct task as Nomad would, in less time where it
+// must: each that runs gets its kill_signal (where the job sets none, a
+// docker task its image's STOPSIGNAL or SIGTERM, as the docker driver
+// does; exec, raw_exec and java SIGINT, as Nomad's executor does), and
+// then KillAll once it has exited, or has had its kill_timeout or grace,
+// whichever is shorter. grace <= 0 is KillAll at once. It returns nil only
+// once each is proven gone.
+func (k *gatedKiller) Stop(ctx context.Context, grace time.Duration) error {
+	if grace > 0 {
+		var wg sync.WaitGroup
+		for _, t := range k.rec.Tasks {
+			wait := min(grace, t.KillTimeout)
+			if !t.Direct || wait <= 0 {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				gctx, cancel := context.WithTimeout(ctx, wait)
+				defer cancel()
+				if t.Driver == "docker" {
+					k.stopContainers(gctx, t)
+				} else {
+					k.stopCgroup(gctx, t)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	return k.KillAll(ctx)
+}
+
+// stopContainers sends the task's stop signal to each of its running
+// containers and waits, until ctx ends, for them to stop. Errors are left
+// to the KillAll that follows.
+func (k *gatedKiller) stopContainers(ctx context.Context, t gatedTaskRecord) {
+	cs, err := k.containersOf(ctx, t.Name)
+	if err != nil {
+		return
+	}
+	for _, c := range cs {
+		id := c.ID
+		in, err := k.docker.Inspect(ctx, id)
+		if err != nil || !in.State.Running || in.State.Paused {
+			continue
+		}
+		sig := cmp.Or(t.KillSignal, in.Config.StopSignal, "SIGTERM")
+		if err := k.docker.Kill(ctx, id, sig); err != nil {
+			continue
+		}
+		for ctx.Err() == nil {
+			if in, err := k.docker.Inspect(ctx, id); err != nil || !in.State.Running {
+				break
+			}
+			_ = ctxsleep.Sleep(ctx, 50*time.Millisecond)
+		}
+	}
+}
+
+// stopCgroup sends the task's stop signal to every process of its cgroup
+// and waits, until ctx ends, for the cgroup to be empty.
+func (k *gatedKiller) stopCgroup(ctx context.Context, t gatedTaskRecord) {
+	sig, err := shim.ParseSignal(cmp.Or(t.KillSignal, "SIGINT"))
+	if err != nil {
+		return
+	}
+	for _, cg := range k.taskCgroupOf(t.Name) {
+		if alive, err := cg.Alive(); err != nil || !alive {
+			continue
+		}
+		if err := cg.Signal(sig); err != nil {
+			continue
+		}
+		for ctx.Err() == nil {
+			if alive, err := cg.Alive(); err != nil || !alive {
+				break
+			}
+			_ = ctxsleep.Sleep(ctx, 20*time.Millisecond)
+		}
+	}
+}
+
 // containerName is the docker driver's name for a task's container.
 func containerName(task, allocID string) string {
 	return "/" + strings.ReplaceAll(task, "/", "_") + "-" + allocID
 }
 
+// containersOf lists the task's containers: those that carry the
+// allocation's label and the task's name.
+func (k *gatedKiller) containersOf(ctx context.Context, task string) ([]dockerengine.Container, error) {
+	if k.docker == nil {
+		return nil, errors.New("no docker endpoint")
+	}
+	list, err := k.docker.ListByLabel(ctx, nomadAllocLabel, k.rec.AllocID)
+	if err != nil {
+		return nil, err
+	}
+	want := containerName(task, k.rec.AllocID)
+	var out []dockerengine.Container
+	for _, c := range list {
+		if c.Labels[nomadAllocLabel] == k.rec.AllocID && slices.Contains(c.Names, want) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// Running names the Direct tasks that have a process, or a container
+// that runs (or is paused).
+func (k *gatedKiller) Running(ctx context.Context) ([]string, error) {
+	var out []string
+	var errs []error
+	for _, t := range k.rec.Tasks {
+		if !t.Direct {
+			continue
+		}
+		alive := false
+		if t.Driver == "docker" {
+			cs, err := k.containersOf(ctx, t.Name)
+			errs = append(errs, err)
+			alive = slices.ContainsFunc(cs, func(c dockerengine.Container) bool { return c.State == "running" || c.State == "paused" })
+		} else {
+			for _, cg := range k.taskCgroupOf(t.Name) {
+				a, err := cg.Alive()
+				errs = append(errs, err)
+				alive = alive || a
+			}
+		}
+		if alive {
+			out = append(out, t.Name)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
 // killContainer pauses, SIGKILLs and waits out the task's container, if
 // there is one.
 func (k *gatedKiller) killContainer(ctx context.Context, task string) error {
-	if k.docker == nil {
-		return errors.New("no docker endpoint")
-	}
-	list, err := k.docker.ListByLabel(ctx, nomadAllocLabel, k.rec.AllocID)
+	cs, err := k.containersOf(ctx, task)
 	if err != nil {
 		return err
 	}
 	want := containerName(task, k.rec.AllocID)
-	for _, c := range list {
-		if c.Labels[nomadAllocLabel] != k.rec.AllocID || !slices.Contains(c.Names, want) {
-			continue
-		}
+	for _, c := range cs {
 		if err := k.killOneContainer(ctx, c.ID, want); err != nil {
 			return err
 		}

@@ -98,21 +98,28 @@ func TestGatedKillerV2PathsAreTheGatesSiblings(t *testing.T) {
 // would put task "app" of a test allocation, with a shell that ignores
 // SIGTERM and a setsid child that does too, and returns it.
 func cgroupWithDaemon(t *testing.T) (allocID string, cg *taskCgroup) {
+	return cgroupRunning(t, `trap "" TERM; setsid sh -c 'trap "" TERM; while :; do sleep 1; done' & while :; do sleep 1; done`, 4)
+}
+
+// cgroupRunning makes a real v1 freezer cgroup where Nomad's executor
+// would put task "app" of a test allocation, runs script in it with sh,
+// waits until it holds at least procs processes, and returns it.
+func cgroupRunning(t *testing.T, script string, procs int) (allocID string, cg *taskCgroup) {
 	t.Helper()
 	if cgroupslib.GetMode() != cgroupslib.CG1 || os.Geteuid() != 0 {
 		t.Skip("needs root and cgroups v1 (this test creates a freezer cgroup)")
 	}
-	allocID = "gatedkill-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	// Hexadecimal, as an allocation ID: the plugin checks it (allocIDPattern).
+	allocID = "feed-" + strconv.FormatInt(int64(os.Getpid()), 16) + "-" + strconv.FormatInt(time.Now().UnixNano(), 16)
 	dir := cgroupslib.PathCG1(allocID, "app", "freezer")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Skipf("cannot create a freezer cgroup: %v", err)
 	}
 	t.Cleanup(func() { _ = os.Remove(dir) })
-	// The workload waits for go before it forks, so that its children are
+	// The workload waits for go before it runs, so that its children are
 	// born in the cgroup.
 	goFile := filepath.Join(t.TempDir(), "go")
-	cmd := exec.Command("sh", "-c", `while [ ! -e "$0" ]; do sleep 0.05; done; trap "" TERM; `+
-		`setsid sh -c 'trap "" TERM; while :; do sleep 1; done' & while :; do sleep 1; done`, goFile)
+	cmd := exec.Command("sh", "-c", `while [ ! -e "$0" ]; do sleep 0.05; done; `+script, goFile)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -127,7 +134,7 @@ func cgroupWithDaemon(t *testing.T) (allocID string, cg *taskCgroup) {
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		pids, _ := cg.pids()
-		if len(pids) >= 4 { // sh, the setsid sh, their sleeps
+		if len(pids) >= procs {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -136,6 +143,80 @@ func cgroupWithDaemon(t *testing.T) (allocID string, cg *taskCgroup) {
 	}
 	go func() { _ = cmd.Wait() }()
 	return allocID, cg
+}
+
+// waitEmpty waits, within bound, for the cgroup to be empty.
+func waitEmpty(t *testing.T, cg *taskCgroup, bound time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(bound); ; time.Sleep(20 * time.Millisecond) {
+		if alive, err := cg.Alive(); err == nil && !alive {
+			return
+		}
+		if time.Now().After(deadline) {
+			pids, _ := cg.pids()
+			t.Fatalf("the task cgroup still has processes %v %s later", pids, bound)
+		}
+	}
+}
+
+// rawExecKiller is the killer of task "app" (raw_exec) of allocation
+// alloc, with kill_signal sig and kill_timeout kt.
+func rawExecKiller(t *testing.T, alloc, sig string, kt time.Duration) *gatedKiller {
+	t.Helper()
+	env := gatedEnv{CgroupMode: cgroupslib.CG1, GateCgroup: cgroupslib.PathCG1(alloc, "gate", "freezer")}
+	app := &api.Task{Name: "app", Driver: "raw_exec", KillSignal: sig, KillTimeout: &kt}
+	rec := planGated(alloc, []shim.GatedTask{{Name: "app", Driver: "raw_exec"}}, gatedAlloc(app), env)
+	k, err := newGatedKiller(rec, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// H1(a), at the killer: a kill whose time is already up still SIGKILLs
+// (once), rather than giving up before it signals. (Before: the cgroup
+// kill returned its error first, and every process lived.)
+func TestGatedKillerKillsPastItsDeadline(t *testing.T) {
+	alloc, cg := cgroupWithDaemon(t)
+	k := rawExecKiller(t, alloc, "", time.Second)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-10*time.Millisecond))
+	defer cancel()
+	_ = k.KillAll(ctx)
+	waitEmpty(t, cg, 5*time.Second)
+}
+
+// Stop gives a gated task its kill_signal (SIGINT, Nomad's default for an
+// executor task) and lets it exit by itself within its grace; one that
+// ignores the signal is SIGKILLed once the grace is over.
+func TestGatedKillerStopGivesTheKillSignal(t *testing.T) {
+	t.Run("exits on its signal", func(t *testing.T) {
+		out := filepath.Join(t.TempDir(), "signal")
+		alloc, cg := cgroupRunning(t, `trap 'echo int > `+out+`; exit 0' INT; while :; do sleep 0.1; done`, 2)
+		k := rawExecKiller(t, alloc, "", 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := k.Stop(ctx, 3*time.Second); err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+		if b, err := os.ReadFile(out); err != nil || strings.TrimSpace(string(b)) != "int" {
+			t.Errorf("the task did not handle SIGINT before it died (%q, %v)", b, err)
+		}
+		waitEmpty(t, cg, time.Second)
+	})
+	t.Run("ignores it: killed after the grace", func(t *testing.T) {
+		alloc, cg := cgroupRunning(t, `trap '' INT TERM; while :; do sleep 0.1; done`, 2)
+		k := rawExecKiller(t, alloc, "SIGTERM", 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		began := time.Now()
+		if err := k.Stop(ctx, 500*time.Millisecond); err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+		if took := time.Since(began); took < 450*time.Millisecond {
+			t.Errorf("Stop took %s, want the 500ms grace first", took)
+		}
+		waitEmpty(t, cg, time.Second)
+	})
 }
 
 // TestGatedKillerKillsARealCgroup proves dead a raw_exec task's processes,
@@ -202,6 +283,7 @@ func TestKeptGateLeaseOutlivesThePlugin(t *testing.T) {
 		{specFile, supervisorSpec{Gate: &gateSpec{AllocID: cfg.AllocID, Task: cfg.Name}}},
 		{leaseFile, heldLease{LockID: "lock-1", Fence: 7, TTL: 10 * time.Second, LockDelay: time.Second,
 			LastRenewBoot: lockclient.BootNanos(lockclient.BootNow())}},
+		{exitFile, exitStatus{}}, // a restart: stopped while its allocation runs on
 	} {
 		if err := writeJSON(dir, f.name, f.v); err != nil {
 			t.Fatal(err)

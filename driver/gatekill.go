@@ -17,18 +17,9 @@ import (
 // gate's supervisor cannot: it crashed or was killed (releaseAfterCrash), or
 // it stopped running past its fence or stop deadline (the watchdog).
 
-const (
-	// gatedReadTimeout bounds the read of the gate's allocation, when the
-	// plugin has no record of its gated tasks yet.
-	gatedReadTimeout = 5 * time.Second
-	// gatedReapEvery is how often, after a crashed gate's lock was
-	// released, the plugin kills again whatever of its gated tasks runs: a
-	// task Nomad was starting when the gate crashed, or one it restarted
-	// before its kill began.
-	gatedReapEvery = 100 * time.Millisecond
-	// gatedReapMin is the shortest such reaping.
-	gatedReapMin = time.Minute
-)
+// gatedReadTimeout bounds the read of the gate's allocation, when the
+// plugin has no record of its gated tasks yet.
+const gatedReadTimeout = 5 * time.Second
 
 // gatedEnvOf is the gate's node facts, from its spec.
 func gatedEnvOf(spec supervisorSpec) gatedEnv {
@@ -55,6 +46,7 @@ func gatedTasksFunc(dir *securefs.Dir, spec supervisorSpec, locker *lockclient.L
 			alloc = nil
 		}
 		env := gatedEnvOf(spec)
+		checkEngine(context.Background(), &env)
 		rec := planGated(allocID, tasks, alloc, env)
 		if err := writeJSON(dir, gatedFile, rec); err != nil {
 			log.Warn("gate: record the gated tasks for the plugin", "error", err)
@@ -88,28 +80,12 @@ func (d *Driver) gatedKillerOf(h *taskHandle, spec supervisorSpec) (*gatedKiller
 	if err != nil {
 		return nil, fmt.Errorf("read the gate's allocation to find its gated tasks: %w", err)
 	}
+	checkEngine(ctx, &env)
 	rec = planGated(spec.Gate.AllocID, shim.GatedTasksOf(alloc, spec.Gate.Task), alloc, env)
 	if err := writeJSON(h.dir, gatedFile, rec); err != nil {
 		h.logger.Warn("record the gated tasks", "error", err)
 	}
 	return newGatedKiller(rec, env)
-}
-
-// recordGated runs once a gate holds its lock: unless the gate's
-// supervisor recorded its gated tasks (its Killer does, at start), the
-// plugin finds and records them now, so that a crash needs no read of
-// Nomad. The supervisor's task event says which it kills itself.
-func (d *Driver) recordGated(h *taskHandle) {
-	var spec supervisorSpec
-	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.Gate == nil {
-		return
-	}
-	k, err := d.gatedKillerOf(h, spec)
-	if err != nil {
-		h.logger.Warn("gate: cannot find its gated tasks yet; a crash will read them then", "error", err)
-		return
-	}
-	k.close()
 }
 
 // killGated kills and proves dead every gated task of gate h. all is true
@@ -126,32 +102,6 @@ func (d *Driver) killGated(h *taskHandle, spec supervisorSpec, within time.Durat
 		return false, err
 	}
 	return len(k.LeftToNomad()) == 0, nil
-}
-
-// reapGated keeps killing gate h's gated tasks for a while after the
-// plugin released its lock: the allocation is failing, and none of its
-// gated tasks may run again beside the next holder.
-func (d *Driver) reapGated(h *taskHandle, spec supervisorSpec, held heldLease) {
-	k, err := d.gatedKillerOf(h, spec)
-	if err != nil {
-		return
-	}
-	defer k.close()
-	until := time.Now().Add(max(gatedReapMin, 2*held.TTL+held.LockDelay))
-	tick := time.NewTicker(gatedReapEvery)
-	defer tick.Stop()
-	for time.Now().Before(until) {
-		select {
-		case <-d.ctx.Done():
-			return
-		case <-tick.C:
-		}
-		ctx, cancel := context.WithTimeout(d.ctx, confirmDeadWithin)
-		if err := k.KillAll(ctx); err != nil {
-			h.logger.Warn("gate: kill the failed allocation's gated tasks again", "error", err)
-		}
-		cancel()
-	}
 }
 
 // gateWatchdog is the watchdog's act for a gate whose supervisor let a

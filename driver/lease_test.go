@@ -1,14 +1,11 @@
 package driver
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
@@ -104,36 +101,5 @@ func TestStopTaskWithoutSupervisor(t *testing.T) {
 	}()
 	if err := d.StopTask("t1", time.Minute, ""); err != nil {
 		t.Fatalf("StopTask: %v", err)
-	}
-}
-
-// A superseded lease-mode gate's gated tasks are killed by the plugin, and
-// its lease is not adopted, only when every one of them is proven dead.
-func TestKillLeaseGated(t *testing.T) {
-	dir, err := securefs.OpenPrivate(filepath.Join(t.TempDir(), "state"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
-	log := hclog.NewNullLogger()
-	gate := &gateSpec{AllocID: "a1", Task: "gate"}
-	lease := supervisorSpec{Mode: shim.ModeLease, Gate: gate}
-	if killLeaseGated(dir, supervisorSpec{Gate: gate}, log) {
-		t.Fatal("lock mode: killed, want the lease adopted")
-	}
-	if killLeaseGated(dir, lease, log) {
-		t.Fatal("lease mode without a record of the gated tasks: killed, want the lease adopted")
-	}
-	if err := writeJSON(dir, gatedFile, gatedRecord{AllocID: "a1", Tasks: []gatedTaskRecord{{Name: "vm", Driver: "qemu", Why: "no kill"}}}); err != nil {
-		t.Fatal(err)
-	}
-	if killLeaseGated(dir, lease, log) {
-		t.Fatal("lease mode, a gated task left to Nomad: killed, want the lease adopted")
-	}
-	if err := writeJSON(dir, gatedFile, gatedRecord{AllocID: "a1"}); err != nil {
-		t.Fatal(err)
-	}
-	if !killLeaseGated(dir, lease, log) {
-		t.Fatal("lease mode, every gated task proven dead (none left): not killed, want no adoption")
 	}
 }

@@ -103,6 +103,12 @@ var errNoReleaseToken = errors.New("the plugin config sets no release_token_file
 // operatorEndpoint is the task's api.sock with the operator's token, for a
 // release the task's own identity can no longer make.
 func (d *Driver) operatorEndpoint(h *taskHandle) (lockclient.Endpoint, error) {
+	return d.operatorEndpointAt(h.cfg.TaskDir().SecretsDir)
+}
+
+// operatorEndpointAt is operatorEndpoint through the Task API socket in
+// secretsDir, a task's secrets dir.
+func (d *Driver) operatorEndpointAt(secretsDir string) (lockclient.Endpoint, error) {
 	d.mu.RLock()
 	path, agent := d.config.ReleaseTokenFile, d.agent
 	d.mu.RUnlock()
@@ -118,7 +124,7 @@ func (d *Driver) operatorEndpoint(h *taskHandle) (lockclient.Endpoint, error) {
 		return lockclient.Endpoint{}, err
 	}
 	return lockclient.Endpoint{
-		Address: "unix://" + filepath.Join(h.cfg.TaskDir().SecretsDir, "api.sock"), Token: token,
+		Address: "unix://" + filepath.Join(secretsDir, "api.sock"), Token: token,
 		TaskAPI: true, RootPeer: true,
 		Peer: agentPeer(agent),
 	}, nil

@@ -294,6 +294,8 @@ type publisher struct {
 	path string
 	log  hclog.Logger
 	last shim.Event
+	// status is the status last written.
+	status supervisorStatus
 }
 
 // note appends a task event that is not a state change.
@@ -317,9 +319,11 @@ func (p *publisher) observe(ev shim.Event) {
 		WorkloadPID:   ev.WorkloadPID, WorkloadPGID: ev.WorkloadPGID,
 		SupervisorPID: os.Getpid(), SupervisorTicks: selfTicks(), UpdatedBoot: bootNow(),
 	}
+	p.keepDeadlines(&st)
 	if err := writeJSON(p.dir, statusFile, st); err != nil {
 		p.log.Warn("write status", "error", err)
 	}
+	p.status = st
 	if ev.State == shim.StateReleased {
 		_ = p.dir.Remove(leaseFile)
 	}
@@ -328,6 +332,27 @@ func (p *publisher) observe(ev shim.Event) {
 	}
 	p.last = ev
 	p.appendEvent(ev)
+}
+
+// keepDeadlines gives a stopping or lost status that carries no deadline
+// or last renew of its own (an event that only words what the supervisor
+// decides) those last published for the same lease: the watchdog would
+// skip a zero deadline, and the plugin would take the acquire for the
+// last renew of a lease kept for a restarted gate.
+func (p *publisher) keepDeadlines(st *supervisorStatus) {
+	prev := p.status
+	if st.Fence == 0 || st.Fence != prev.Fence || (st.State != string(shim.StateStopping) && st.State != string(shim.StateLost)) {
+		return
+	}
+	if st.FenceDeadlineBoot == 0 {
+		st.FenceDeadlineBoot = prev.FenceDeadlineBoot
+	}
+	if st.StopDeadlineBoot == 0 {
+		st.StopDeadlineBoot = prev.StopDeadlineBoot
+	}
+	if st.LastRenewBoot == 0 {
+		st.LastRenewBoot = prev.LastRenewBoot
+	}
 }
 
 // appendEvent adds ev to events.jsonl, which the plugin turns into a task event.

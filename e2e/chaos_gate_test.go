@@ -57,8 +57,8 @@ var chaosGateFaults = []chaosGateFault{
 		fault:  "the lock released behind the holder's back (by hand, with its lock ID)",
 		proves: "the holder's gate sees the loss, kills its app itself (docker: paused, then SIGKILLed; raw_exec: its cgroup killed), proves it dead and fails; the next gate holds the lock but starts its app only once Nomad reports the old gate or app dead (the release was by hand, not an expiry)"},
 	{name: "group-delay-lock-lost", abbrev: "gd", kinds: []string{"raw_exec"}, failover: true,
-		fault: "the lock released behind the holder's back, in a group with `shutdown_delay = \"40s\"` (4×TTL) and the app's " +
-			"`restart { attempts = 0 }`",
+		fault: "the lock released behind the holder's back, in a group with `shutdown_delay = \"40s\"`, the app's " +
+			"`restart { attempts = 0 }` and the gate's lock ttl 45s (a failed kill falls back to Nomad's, which the lock must outlast)",
 		proves: "Nomad sleeps the group's shutdown_delay before it kills any task, also after the gate failed; the gate kills its app " +
 			"itself at once instead, so the next gate's app never runs beside it (before: 31.9 s of two apps)"},
 	{name: "app-restart", abbrev: "ar", kinds: []string{"docker"},
@@ -270,17 +270,14 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 	if f.name == "group-delay-lock-lost" {
 		j.groupExtra = "\n    shutdown_delay = \"40s\""
 		j.appRestart = "attempts = 0\n        mode     = \"fail\""
+		j.ttl = "45s"
 	}
 	smp, first := chaosGateRun(t, a, j)
 	holder := first.AllocID
 	standby := j.standby(t, a, holder)
 	app := j.appProc(t, holder)
 	smp.WaitSeen(t, 30*time.Second, app.PID)
-	v := drvLock(t, a, j.lockPath())
-	if v.Lock == nil || v.Items["holder_alloc_id"] != holder {
-		t.Fatalf("lock %s: %+v, want held by %s", j.lockPath(), v.Lock, drvShort(holder))
-	}
-	lockID := v.Lock.ID
+	lockID := j.heldBy(t, a, holder).Lock.ID
 
 	at := harness.MonoNow()
 	var decoy string
@@ -308,21 +305,9 @@ func chaosGateTrial(t *testing.T, a *harness.Agent, d *harness.Docker, records s
 		}
 		t.Cleanup(func() { _ = syscall.Kill(sup.PID, syscall.SIGCONT) })
 	case "app-kill":
-		if kind != "docker" {
-			if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			break
-		}
-		cs := d.TaskContainers(t, holder, "app")
-		if len(cs) == 0 || cs[0].State != "running" {
-			t.Fatalf("no running app container in %s: %+v", drvShort(holder), cs)
-		}
-		d.CLI(t, "kill", cs[0].ID)
+		j.killApp(t, d, holder, app)
 	case "lock-lost", "group-delay-lock-lost":
-		if _, _, err := a.API().Variables().ReleaseLock(&api.Variable{Path: j.lockPath(), Lock: &api.VariableLock{ID: lockID}}, nil); err != nil {
-			t.Fatalf("release %s behind the holder's back: %v", j.lockPath(), err)
-		}
+		j.releaseBehindBack(t, a, lockID)
 	case "app-restart", "alloc-restart":
 		task := "app"
 		if f.name == "alloc-restart" {

@@ -340,15 +340,7 @@ func testGateNeverTwice(t *testing.T, a *harness.Agent, j *gateJob, d *harness.D
 	// allocation, which keeps the lock.
 	app := j.appProc(t, holder)
 	t0 := harness.MonoNow()
-	if j.kind == "docker" {
-		cs := d.TaskContainers(t, holder, j.app)
-		if len(cs) == 0 || cs[0].State != "running" {
-			t.Fatalf("no running app container in %s: %+v", drvShort(holder), cs)
-		}
-		d.CLI(t, "kill", cs[0].ID)
-	} else if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	j.killApp(t, d, holder, app)
 	// A SIGKILLed app writes no end record; under exec and docker its
 	// recorded PID is its PID in its own namespace (1), which the sampler
 	// cannot map: give its end from the host PID.
@@ -413,14 +405,9 @@ func testGateNeverTwice(t *testing.T, a *harness.Agent, j *gateJob, d *harness.D
 	// Nomad kills its app; the next gate waits until Nomad reports that app
 	// dead before its own app may start.
 	j.standby(t, a, holder)
-	v := drvLock(t, a, j.lockPath())
-	if v.Lock == nil || v.Items["holder_alloc_id"] != holder {
-		t.Fatalf("lock %s: %+v, want held by %s", j.lockPath(), v.Lock, drvShort(holder))
-	}
+	v := j.heldBy(t, a, holder)
 	t0 = harness.MonoNow()
-	if _, _, err := a.API().Variables().ReleaseLock(&api.Variable{Path: j.lockPath(), Lock: &api.VariableLock{ID: v.Lock.ID}}, nil); err != nil {
-		t.Fatalf("release %s behind the holder's back: %v", j.lockPath(), err)
-	}
+	j.releaseBehindBack(t, a, v.Lock.ID)
 	next = j.start(t, holder, t0, 90*time.Second)
 	measure("released_by_hand_takeover", t0, next)
 	holder = next.AllocID
@@ -429,6 +416,41 @@ func testGateNeverTwice(t *testing.T, a *harness.Agent, j *gateJob, d *harness.D
 		t.Fatal(err)
 	}
 	checkNoTwoAllocs(t, j.marker, j.record, smp, 0, known...)
+}
+
+// heldBy reads j's lock and fails the test unless holder holds it.
+func (j *gateJob) heldBy(t *testing.T, a *harness.Agent, holder string) *api.Variable {
+	t.Helper()
+	v := drvLock(t, a, j.lockPath())
+	if v.Lock == nil || v.Items["holder_alloc_id"] != holder {
+		t.Fatalf("lock %s: %+v, want held by %s", j.lockPath(), v.Lock, drvShort(holder))
+	}
+	return v
+}
+
+// releaseBehindBack releases j's lock, held under lock ID id, by hand.
+func (j *gateJob) releaseBehindBack(t *testing.T, a *harness.Agent, id string) {
+	t.Helper()
+	if _, _, err := a.API().Variables().ReleaseLock(&api.Variable{Path: j.lockPath(), Lock: &api.VariableLock{ID: id}}, nil); err != nil {
+		t.Fatalf("release %s behind the holder's back: %v", j.lockPath(), err)
+	}
+}
+
+// killApp SIGKILLs the running app (process app) of the allocation, as a
+// crash would: its container (docker kill) or its process.
+func (j *gateJob) killApp(t *testing.T, d *harness.Docker, allocID string, app harness.Proc) {
+	t.Helper()
+	if j.kind != "docker" {
+		if err := syscall.Kill(app.PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	cs := d.TaskContainers(t, allocID, j.app)
+	if len(cs) == 0 || cs[0].State != "running" {
+		t.Fatalf("no running app container in %s: %+v", drvShort(allocID), cs)
+	}
+	d.CLI(t, "kill", cs[0].ID)
 }
 
 // lastStart is the latest start record of the allocation's app.
@@ -458,7 +480,7 @@ func testGateRefusesUnsafeJobs(t *testing.T, a *harness.Agent, records string) {
 	j.gateRestart = "attempts = 1\n        mode     = \"fail\""
 	a.RunJobHCL(t, j.hcl(t))
 	t.Cleanup(func() { _ = a.Purge(j.id) })
-	ev := gateWaitEvent(t, a, j.id, 60*time.Second, `restart { attempts = 0  mode = "fail" }`)
+	ev := gateWaitEvent(t, a, j.id, 60*time.Second, "restart {", "attempts = 0", `mode     = "fail"`)
 	t.Logf("refused: %s", drvEventText(ev))
 	if recs, _ := harness.ReadRecords(j.record); len(recs) > 0 {
 		t.Fatalf("the gated app of a refused gate ran: %v", recs)

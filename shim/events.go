@@ -80,8 +80,8 @@ var (
 	evGateLost          = events.New("gate-lost", "Gate lost the lock: it fails now")
 	evGateIdentity      = events.New("gate-identity-rejected", "Gate's workload identity no longer authenticates ")
 	evGateLockKept      = events.New("gate-lock-kept", "Lock kept: ")
+	evGateKeptRestart   = events.New("gate-kept-for-restart", "Lock kept for the restarted gate: ")
 	evGateAwaitPrevious = events.New("gate-await-previous", "Holding lock ")
-	evGateStillAwaiting = events.New("gate-still-awaiting", "Still waiting: the previous holder ")
 )
 
 // LostReason is why a lease was lost, as its *lockclient.LostError says.
@@ -349,6 +349,10 @@ func (g *Gate) killerMessage(t lockclient.Timing) string {
 	if left := g.leftToNomad(); len(left) > 0 {
 		var names []string
 		for _, n := range left {
+			if why := g.whyLeft(n); why != "" {
+				names = append(names, strings.TrimSuffix(driver(n), ")")+": "+why+")")
+				continue
+			}
 			names = append(names, driver(n))
 		}
 		why := "no driver kill for them"
@@ -397,15 +401,19 @@ func gateLockKeptMessage(why string, gated []string, expiry time.Duration) strin
 		"otherwise Nomad kills them, and the lock expires on the server within 2×TTL + delay (%s)", why, strings.Join(gated, ", "), expiry)
 }
 
-func gateAwaitPreviousMessage(path string, prev lockclient.Holder, alive []string, atMost time.Duration) string {
-	return evGateAwaitPrevious.Text("%s, but the previous holder %s still runs %s as far as Nomad knows (its lock was released "+
-		"behind its back, or it expired while its node was cut off): waiting until Nomad reports them dead, at most %s",
-		path, prev, strings.Join(alive, ", "), atMost)
+// gateKeptForRestartMessage: Nomad stopped the gate while its allocation
+// runs on; fence is the time left to the lease's fence deadline.
+func gateKeptForRestartMessage(gated []string, fence time.Duration) string {
+	return evGateKeptRestart.Text("Nomad stopped the gate while its allocation keeps running (a restart); the gated tasks (%s) "+
+		"run on under the lease, which the restarted gate takes over within %s (its fence deadline); past it, the plugin kills "+
+		"them and keeps them dead until the gate holds again", strings.Join(gated, ", "), fence.Round(100*time.Millisecond))
 }
 
-func gateStillAwaitingMessage(prev lockclient.Holder) string {
-	return evGateStillAwaiting.Text("%s's gate task is reported running by a client the servers reach (a gate frozen or stuck?), "+
-		"so its gated tasks may run; the wait ends when Nomad reports them or that gate dead", prev)
+func gateAwaitPreviousMessage(path string, prev lockclient.Holder, alive []string) string {
+	return evGateAwaitPrevious.Text("%s, but the previous holder %s still runs %s as far as Nomad knows (its lock was not released "+
+		"clean: released behind its back, expired, or taken over): waiting until Nomad reports them dead for good (a task pending a "+
+		"restart counts as running), for as long as the servers are in touch with its client",
+		path, prev, strings.Join(alive, ", "))
 }
 
 func updateGivingWayMessage(grace time.Duration, allocID string, version uint64) string {

@@ -141,8 +141,8 @@ func eventExamples() map[string][]string {
 		"gate-lost":                {gateLostMessage([]string{"app"}, []string{"db"}), gateLostMessage(nil, []string{"app", "db"})},
 		"gate-identity-rejected":   {gateIdentityRejectedMessage(35 * time.Second)},
 		"gate-lock-kept":           {gateLockKeptMessage("the gate stopped by itself (its command exited)", []string{"app"}, 35*time.Second)},
-		"gate-await-previous":      {gateAwaitPreviousMessage("nomad/jobs/web/lock", holder, []string{"app"}, time.Minute)},
-		"gate-still-awaiting":      {gateStillAwaitingMessage(holder)},
+		"gate-kept-for-restart":    {gateKeptForRestartMessage([]string{"app"}, 5700*time.Millisecond)},
+		"gate-await-previous":      {gateAwaitPreviousMessage("nomad/jobs/web/lock", holder, []string{"app"})},
 	}
 }
 

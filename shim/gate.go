@@ -55,9 +55,11 @@ type Gate struct {
 	// dead, by the gate itself, those of its gated tasks that it can (the
 	// driver's docker containers and task cgroups).
 	Killer GatedTasksFunc
-	// killer and direct are what Killer built: nil and empty without one.
-	killer GatedTasks
-	direct []string
+	// killer and direct are what Killer built: nil and empty without one,
+	// or when it kills none of the gated tasks; planned is what it built
+	// in any case, which says why a task is left to Nomad.
+	killer, planned GatedTasks
+	direct          []string
 	// tasks are the gated tasks with their drivers; killerErr why Killer
 	// failed, if it did.
 	tasks     []GatedTask
@@ -75,6 +77,14 @@ type AdoptLease struct {
 	LockID string
 	Fence  uint64
 	Path   string `json:",omitempty"`
+	// FenceBoot and StopBoot, when set, are the previous run's fence and
+	// stop deadlines (CLOCK_BOOTTIME ns, lockclient.BootNanos). The lease
+	// may be taken over only before FenceBoot (lease mode: D after its last
+	// acknowledged heartbeat): past it the gated tasks, which ran on under
+	// it, have no one to stop them should the lock be lost, and the plugin
+	// kills them, gracefully where StopBoot leaves the time.
+	FenceBoot int64 `json:",omitempty"`
+	StopBoot  int64 `json:",omitempty"`
 }
 
 // Timings of a gate.
@@ -193,26 +203,24 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 			if err := checkDirectRestart(task, tg, groupDelay); err != nil {
 				errs = append(errs, bad("%s", err))
 			}
+			// Whenever the gate's own kill fails (the engine hung, a
+			// process stuck in the kernel), Nomad's kill is what ends it.
+			if err := checkNomadKill(task, groupDelay, t, "the gate kills it itself, but whenever that kill fails "+
+				"Nomad's kill, after the gate has failed, is what ends it"); err != nil {
+				errs = append(errs, bad("%s", err))
+			}
 		case gate.lease:
 			gated = append(gated, task.Name)
 			errs = append(errs, bad(`task %q (driver %q): the gate cannot kill it and prove it dead itself (%s), and Nomad kills it `+
 				`only after the group's shutdown_delay (and, on a client cut off from the servers, its services' deregistration): `+
 				`lease mode cannot bound its death by lease_fence + lease_kill_grace. Run it with docker (and the plugin config's `+
 				`docker_endpoint), exec or raw_exec without a cgroup override, or use config.lock.mode = "lock" for this gate`,
-				task.Name, gatedDriver(gate, task), gate.notDirectWhy()))
+				task.Name, gatedDriver(gate, task), gate.notDirectWhy(task.Name)))
 		default:
 			gated = append(gated, task.Name)
-			kill := nomadKillTimeout
-			if task.KillTimeout != nil {
-				kill = *task.KillTimeout
-			}
-			gate.killBound = max(gate.killBound, groupDelay+kill+task.ShutdownDelay)
-			if need, have := groupDelay+kill+task.ShutdownDelay+gateKillSlack, t.TTL+t.LockDelay; need > have {
-				errs = append(errs, bad("task %q: the group's shutdown_delay (%s) + the task's kill_timeout (%s) + its shutdown_delay (%s) "+
-					"is too long for lock ttl %s and delay %s. If the gate loses the lock, Nomad kills the gated tasks only then, "+
-					"first waiting the group's shutdown_delay, and they must be dead before the server can expire the lock: "+
-					"ttl + delay (%s) must exceed the three + %s. Lower them or raise the gate's lock ttl",
-					task.Name, groupDelay, kill, task.ShutdownDelay, t.TTL, t.LockDelay, have, gateKillSlack))
+			gate.killBound = max(gate.killBound, groupDelay+taskKillTimeout(task)+task.ShutdownDelay)
+			if err := checkNomadKill(task, groupDelay, t, "the gate leaves it to Nomad"); err != nil {
+				errs = append(errs, bad("%s", err))
 			}
 		}
 	}
@@ -220,8 +228,8 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 		return nil, fmt.Errorf("allocation %s: task %q is not in group %q", alloc.ID, gate.Task, alloc.TaskGroup)
 	}
 	if lc := self.Lifecycle; lc == nil || lc.Hook != api.TaskLifecycleHookPrestart || !lc.Sidecar {
-		errs = append(errs, bad(`add %s to the gate: Nomad then starts the group's `+
-			`other tasks only once the gate runs (holds the lock), and stops them before the gate`, gateLifecycleHCL))
+		errs = append(errs, bad("add to the gate\n\n%s\n\n"+
+			"Nomad then starts the group's other tasks only once the gate runs (holds the lock), and stops them before the gate", gateLifecycleHCL))
 	}
 	if self.Leader {
 		errs = append(errs, bad("remove leader = true from the gate: Nomad stops a leader before the other tasks, "+
@@ -232,9 +240,9 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 		rp = tg.RestartPolicy
 	}
 	if rp == nil || rp.Attempts == nil || *rp.Attempts != 0 || rp.Mode == nil || *rp.Mode != api.RestartPolicyModeFail {
-		errs = append(errs, bad(`add %s to the gate: a gate that stops (its lock lost, `+
-			`its supervisor killed) must fail for good, so that Nomad kills its gated tasks; a gate that Nomad restarted `+
-			`would wait for the lock again while its gated tasks ran on beside the next holder`, gateRestartHCL))
+		errs = append(errs, bad("add to the gate\n\n%s\n\n"+
+			"a gate that stops (its lock lost, its supervisor killed) must fail for good, so that Nomad kills its gated tasks; "+
+			"a gate that Nomad restarted would wait for the lock again while its gated tasks ran on beside the next holder", gateRestartHCL))
 	}
 	if len(gated) == 0 && len(errs) == 0 {
 		errs = append(errs, bad("group %q has no other task to gate: put the tasks that must run once in the gate's group", alloc.TaskGroup))
@@ -243,6 +251,32 @@ func checkGateJob(alloc *api.Allocation, gate *Gate, t lockclient.Timing, direct
 		return nil, err
 	}
 	return gated, nil
+}
+
+// taskKillTimeout is the task's kill_timeout, or Nomad's default.
+func taskKillTimeout(task *api.Task) time.Duration {
+	if task.KillTimeout != nil {
+		return *task.KillTimeout
+	}
+	return nomadKillTimeout
+}
+
+// checkNomadKill refuses a gated task that Nomad's kill, once the gate has
+// failed, would not have dead before the server can expire the lock: Nomad
+// first waits the group's shutdown_delay, then the task's shutdown_delay,
+// then gives it its kill_timeout. whose says why Nomad's kill counts.
+func checkNomadKill(task *api.Task, groupDelay time.Duration, t lockclient.Timing, whose string) error {
+	kill := taskKillTimeout(task)
+	need, have := groupDelay+kill+task.ShutdownDelay+gateKillSlack, t.TTL+t.LockDelay
+	if need <= have {
+		return nil
+	}
+	return fmt.Errorf("task %q: the group's shutdown_delay (%s) + the task's kill_timeout (%s) + its shutdown_delay (%s) "+
+		"is too long for lock ttl %s and delay %s. %s; if the gate loses the lock, Nomad kills the gated tasks only then, "+
+		"first waiting the group's shutdown_delay, and they must be dead before the server can expire the lock: "+
+		"ttl + delay (%s) must exceed the three + %s. Lower them, or raise the gate's lock ttl (config { lock { ttl = \"%s\" } })",
+		task.Name, groupDelay, kill, task.ShutdownDelay, t.TTL, t.LockDelay, whose, have, gateKillSlack,
+		(need - t.LockDelay + time.Second).Round(time.Second))
 }
 
 // gatedDriver is the driver of a task of the gate's group.
@@ -255,13 +289,15 @@ func gatedDriver(g *Gate, task *api.Task) string {
 	return task.Driver
 }
 
-// notDirectWhy says why the gate does not kill a gated task itself.
-func (g *Gate) notDirectWhy() string {
+// notDirectWhy says why the gate does not kill gated task task itself.
+func (g *Gate) notDirectWhy(task string) string {
 	switch {
 	case g.killerErr != nil:
 		return g.killerErr.Error()
 	case g.Killer == nil:
 		return "no direct kill on this client"
+	case g.whyLeft(task) != "":
+		return g.whyLeft(task)
 	}
 	return "see the gate's start event for why"
 }
@@ -368,34 +404,53 @@ func (s *Supervisor) readAtStop() stopArrival {
 	return stopArrival{alloc: alloc, err: err}
 }
 
-// gateMayRelease reports whether the gate may release, and so mark the
-// release clean; it first kills the gated tasks itself where the ending
-// asks for it (gatekill.go).
+// gateMayRelease reports whether the gate may release, and whether it may
+// mark the release clean; it first kills the gated tasks itself where the
+// ending asks for it (gatekill.go).
 //
-// Nomad's own stop of the allocation proves the gated tasks dead: the
-// client kills the group's main tasks and waits for each to be dead before
-// it stops its sidecars, the gate among them (allocrunner.killTasks, Nomad
-// v1.11). The gate knows it is such a stop when its watch had seen the
-// allocation's desired status turn stop or evict (or the allocation gone)
-// before the stop arrived. A read made only once the stop has arrived is
-// no proof (a restart of the gate may have raced a stop of the
-// allocation): the gate then releases only if the servers already report
-// every gated task dead, or it has killed them all itself.
+// The lock passes from the gate's allocation only when its gated tasks are
+// proven dead and Nomad cannot run them again beside the next holder: a
+// gated task killed from outside is a task exit to Nomad, which restarts
+// it in place after its restart delay until its own kill of the
+// allocation has begun (docs/gate-nomad.md). Two things keep it dead
+// until then: the static rule checked at start (checkDirectRestart: the
+// delay outlasts the group's shutdown_delay and the kill, so a task killed
+// now is restarted only after Nomad's kill, which follows the gate's
+// failure, has begun), and the plugin's warden, which kills whatever gated
+// task of the allocation starts while no run of this gate holds. Neither
+// covers a restart that was already pending when the gate killed (a task
+// that crashed on its own, or is still starting): the release is then not
+// marked clean (noneRestartable), and the next gate waits for Nomad's
+// report that those tasks are dead for good.
 //
-// A restart of the gate (the allocation runs on) keeps the lock and the
-// gated tasks: the restarted gate adopts the lease. Every other ending (the
-// lock lost, a signal, a failed LB ADD, the gate's command ended) kills the
-// gated tasks the gate can kill itself; the lock is then released, clean,
-// only if the lease is still ours and every gated task is proven dead;
-// otherwise it expires on the server, after Nomad has killed the rest.
-func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stopArrival) bool {
+// Nomad's own stop of the allocation: the client kills the group's main
+// tasks and waits for each to be dead before it stops its sidecars, the
+// gate among them (allocrunner.killTasks, Nomad v1.11). The gate knows it
+// is such a stop when its watch had seen the allocation's desired status
+// turn stop or evict (or the allocation gone) before the stop arrived; it
+// still proves what it can kill itself dead (a restart of the gate that
+// raced the allocation's stop comes while they run, in the group's
+// shutdown_delay), and marks the release clean only if it kills every
+// gated task itself. A stop the watch had not yet seen is decided by a
+// read made as it arrives.
+//
+// A restart of the gate (Nomad stopped it while the allocation runs on),
+// in lock and lease mode alike: the gate keeps the lease and kills
+// nothing, the plugin keeps the lease for the restarted run to take over
+// before its fence deadline (driver gateLeases), and past it kills the
+// gated tasks itself. Every other ending (the lock lost, a signal, a
+// failed LB ADD, the gate's command ended) kills the gated tasks the gate
+// can kill itself; the lock is then released only if the lease is still
+// ours and every gated task is proven dead; otherwise it expires on the
+// server, after Nomad has killed the rest.
+func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stopArrival) (release, clean bool) {
 	g := s.Config.Gate
 	cfg := s.Locker.Config()
 	expiry := 2*cfg.TTL + cfg.LockDelay
 	if chans.Closed(lease.Lost()) {
 		// Never released while the gated tasks may run, even if the
 		// server still holds it for us.
-		killed := s.killDirect(lease, lease.StopDeadline(), "the lock was lost")
+		killed := s.killDirect(lease, "the lock was lost")
 		var direct []string
 		if g.killer != nil && killed {
 			direct = g.direct
@@ -404,62 +459,115 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 		if !killed {
 			left = g.gated
 		}
-		s.emit(Event{State: StateLost, Fence: lease.Fence, Message: gateLostMessage(direct, left)})
-		return false
+		s.emit(leaseEvent(StateLost, lease, gateLostMessage(direct, left)))
+		return false, false
+	}
+	provenDead := func(why string) bool {
+		return s.killDirectHeld(lease, why) && g.allDirect() && !chans.Closed(lease.Lost())
 	}
 	var why string
 	switch {
 	case end == endStopRequest && at.seen:
-		return true
+		// Released in any case (the next gate waits for Nomad's report
+		// unless it is marked clean): Nomad's kill of the allocation is
+		// under way. Not asked whether one is pending: the servers lag
+		// (a task Nomad restarted a moment ago shows pending), and Nomad's
+		// kill of the main tasks, which comes before it stops the gate,
+		// cancels their restarts; should this stop be a restart of the
+		// gate racing it (L3), a restart already due in the group's
+		// shutdown_delay is the warden's.
+		killed := s.killDirectHeld(lease, "")
+		if chans.Closed(lease.Lost()) {
+			why = "the lock was lost while the allocation was being stopped"
+			break
+		}
+		return true, killed && g.allDirect()
 	case end == endStopRequest:
 		alloc, err := at.alloc, at.err
 		switch {
 		case errors.Is(err, lockclient.ErrAllocGone):
-			return true
+			return true, true
 		case errors.Is(err, lockclient.ErrIdentityRejected) && s.PluginReleases && s.OnReleaseTried != nil:
 			// A purged job's identity no longer authenticates: the
 			// plugin asks Nomad with the operator's token whether the
 			// allocation is stopped or gone before it releases.
 			s.Logger.Warn("gate: the allocation's identity no longer authenticates; leaving the release to the plugin", "error", err)
-			s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: gateIdentityRejectedMessage(expiry)})
+			s.emit(stoppingEvent(lease, gateIdentityRejectedMessage(expiry)))
 			s.OnReleaseTried(err)
-			return false
+			return false, false
 		case err != nil:
 			why = fmt.Sprintf("cannot read whether the allocation is being stopped (%v)", err)
 		case alloc.DesiredStatus == api.AllocDesiredStatusStop || alloc.DesiredStatus == api.AllocDesiredStatusEvict:
 			if len(previousGatedAlive(alloc, g.Task)) == 0 {
-				return true
+				// Reported dead, not pending: Nomad's kill ended them.
+				return true, true
 			}
 			// Being stopped, so Nomad kills them anyway: a kill of our
-			// own loses them nothing but their grace, and proves them dead.
-			if s.killDirectHeld(lease, "the allocation turned stop as the gate was stopped") && g.allDirect() &&
-				!chans.Closed(lease.Lost()) {
-				return true
+			// own loses them nothing but their shutdown_delay, and proves
+			// them dead.
+			if provenDead("the allocation turned stop as the gate was stopped") {
+				return true, s.noneRestartable()
 			}
 			why = "the allocation was seen being stopped only after the gate's stop arrived (a restart of the gate may have raced it), " +
 				"and Nomad does not yet report the gated tasks dead"
 		default:
-			why = "Nomad stopped the gate while its allocation keeps running (a restart, or a gated task that failed for good)"
+			s.Logger.Info("gate: stopped while its allocation runs on (a restart): keeping the lease for the restarted gate")
+			s.emit(stoppingEvent(lease, gateKeptForRestartMessage(g.gated, lockclient.BootUntil(lease.FenceDeadline()))))
+			return false, false
 		}
 	default:
-		if s.killDirectHeld(lease, "the gate stopped: "+end.String()) && g.allDirect() && !chans.Closed(lease.Lost()) {
-			return true
+		if provenDead("the gate stopped: " + end.String()) {
+			return true, s.noneRestartable()
 		}
 		why = "the gate stopped by itself (" + end.String() + ")"
 	}
-	if g.lease && end == endStopRequest {
-		// Lease mode: the heartbeat ends with this run, so no gated task
-		// may run on for a restarted gate to adopt (a standby takes the
-		// lock over lease_fence + lease_kill_grace + 1s after the last
-		// heartbeat): they are killed, and the lock released.
-		if s.killDirectHeld(lease, "the gate was stopped in lease mode ("+why+")") && g.allDirect() && !chans.Closed(lease.Lost()) {
-			return true
-		}
-		why += "; in lease mode the gated tasks are killed, and they are not proven dead"
-	}
 	s.Logger.Warn("gate: not releasing the lock", "why", why)
-	s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: gateLockKeptMessage(why, g.gated, expiry)})
-	return false
+	s.emit(stoppingEvent(lease, gateLockKeptMessage(why, g.gated, expiry)))
+	return false, false
+}
+
+// noneRestartable reports whether the servers show no gated task of the
+// gate's allocation that Nomad may still start: none pending (a restart
+// under way, or a first start still to come: image pull, prestart hooks).
+// Such a task's start is not held back by the gate's kill, nor by the
+// static restart rule, whose delay counts from the kill; the release is
+// then not marked clean, and the next gate waits for Nomad to report it
+// dead for good. A task that died since the servers last heard (a second
+// or so) shows running: its restart comes no sooner than the static rule
+// allows. A failed read says nothing, so no.
+func (s *Supervisor) noneRestartable() bool {
+	g := s.Config.Gate
+	ctx, cancel := context.WithTimeout(context.Background(), 2*s.Locker.Config().RequestTimeout)
+	defer cancel()
+	alloc, _, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
+	if err != nil {
+		s.Logger.Warn("gate: cannot read whether a gated task is about to start again; not marking the release clean", "error", err)
+		return false
+	}
+	if pending := GatedPending(alloc, g.Task); len(pending) > 0 {
+		s.Logger.Warn("gate: Nomad may start these gated tasks again; not marking the release clean, so the next gate waits for Nomad to report them dead",
+			"tasks", strings.Join(pending, ","))
+		return false
+	}
+	return true
+}
+
+// GatedPending lists the tasks of alloc, other than its gate and its
+// poststop tasks, that Nomad reports pending: waiting to start, or to be
+// restarted. An allocation its client reported complete or failed has
+// none. A release after which one of them may start is not marked clean.
+func GatedPending(alloc *api.Allocation, gate string) []string {
+	if alloc.ClientStatus == api.AllocClientStatusComplete || alloc.ClientStatus == api.AllocClientStatusFailed {
+		return nil
+	}
+	var out []string
+	for name, st := range alloc.TaskStates {
+		if name != gate && st != nil && st.State == "pending" && !isPoststop(alloc, name) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // markReleasedClean tells the next holder that the gated tasks are dead, so
@@ -473,66 +581,54 @@ func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
 }
 
 // gateAwaitPrevious runs once the gate holds the lock, before its gated
-// tasks may start: unless the previous holder released cleanly (it marks
-// that in the lock), it waits until the previous holder's gated tasks are
-// dead, or as long as they may live.
+// tasks may start: unless the previous holder released clean (it marks
+// that in the lock only once its gated tasks are proven dead and none can
+// start again, see gateMayRelease), it waits until Nomad reports them dead
+// for good, or as long as they may live.
 //
-// A previous gate that killed its gated tasks itself (Holder.GatedDirect)
-// had them dead by its fence deadline, a TTL before the server could
-// expire its lock (a frozen one's are killed by the plugin's watchdog), so
-// the lock's expiry is safe to trust. Nomad's variables do not tell an
-// expiry from a release (both are VarLockRelease, and the lock delay keeps
-// the lock held), and a lock released behind that gate's back (by hand,
-// with its lock ID) may be free before the gate has noticed. So the gate
-// starts at once when Nomad reports that gate or its gated tasks dead, its
-// allocation finished or gone, or its client out of reach (lost or
-// unknown: cut off, it fences itself and kills its gated tasks by its fence
-// deadline); otherwise, while the servers still report that gate running
-// on a client they reach, it waits until that gate's fence deadline and
-// kill are surely past (its TTL + gateKillAllTimeout + gateKillSlack), and
-// on past that for as long as they report that gate running (see
-// keepAwaiting): a frozen gate's plugin may be down, or its kill may have
-// failed, and then nothing but Nomad's own kill, once that gate is dead,
-// ends its gated tasks.
+// "Dead for good" is the servers' word: each gated task of that
+// allocation dead (a task runner reports dead once it will not restart the
+// task), or the allocation complete, failed or gone. A pending task counts
+// as alive: a restart may be due (a gated task that a gate or the plugin
+// killed is restarted by Nomad until its own kill of the allocation has
+// begun), or a start still to come (an image pull, prestart hooks), or it
+// may have started already (the client reports a start up to a second
+// later). A gate that was killed, or whose kill failed, is no proof either.
+// So while the servers are in touch with the previous holder's client the
+// wait lasts until they say so, however long.
 //
-// A previous gate that left its gated tasks to Nomad: the wait is for
-// Nomad's client to report them dead (or their allocation complete or
-// failed). A lock that expired because that holder's node was cut off may
-// be free while Nomad there still kills them: before it kills a task Nomad
-// deregisters the task's Nomad services, by an RPC to the servers it
-// cannot reach. The wait is bounded by what the previous gate's rule allows
-// them (its fence deadline, at most a TTL away, then the group's
-// shutdown_delay and their kill_timeout, checked at its start to fit TTL +
-// delay): 2×TTL + delay, and gateNomadServiceWait more when its group
-// registers Nomad services; but it never gives up while the servers,
-// still in touch with that client, report the previous gate itself
-// running (a frozen gate, whose gated tasks Nomad kills only once the
-// plugin's watchdog has killed it). The servers' "lost" or "unknown" is
-// no proof: they cannot reach the node. It returns false if the lease
-// ended meanwhile.
+// Two records end it sooner:
+//
+//   - Lease mode: a standby sealed the previous gate's last heartbeat after
+//     seeing it unchanged for L (lockclient.PreviousTakenOver), and that
+//     gate recorded that it kills every gated task itself (GatedDirect):
+//     it fenced itself and killed them by D + K before the seal, and its
+//     node's plugin warden kills whatever Nomad starts again until its
+//     kill of the allocation. The servers have often not noticed a dead
+//     node yet (that is what lease mode is for), so the seal is trusted
+//     unless they report a gated task pending.
+//   - A client out of the servers' reach (lost, unknown): a previous gate
+//     with GatedDirect fenced itself at its fence deadline, a TTL before
+//     the lock could expire, and killed its gated tasks (a frozen one's,
+//     the plugin's watchdog killed), and its warden keeps them dead. One
+//     that left gated tasks to Nomad: Nomad there kills them once that
+//     gate has failed, within the bound the gate checked at start (its
+//     fence deadline, then the group's shutdown_delay and their
+//     kill_timeout: 2×TTL + delay), and gateNomadServiceWait more when its
+//     group registers Nomad services (their deregistration, an RPC the
+//     cut-off client cannot make, comes first).
+//
+// Reads that keep failing end it at that same bound. It returns false if
+// the lease ended meanwhile.
 func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 	g := s.Config.Gate
 	prev := lease.Previous
 	if prev.AllocID == "" || prev.AllocID == g.AllocID || prev.ReleasedClean {
 		return true
 	}
-	if prev.GatedDirect && lease.PreviousTakenOver() {
-		// Lease mode: a standby sealed that gate's last heartbeat after
-		// seeing it unchanged for L, so that gate fenced itself and
-		// killed its gated tasks before (lockclient.PreviousTakenOver).
-		s.Logger.Info("gate: the previous holder's heartbeat was sealed by a standby: its gated tasks are dead", "previous_alloc", prev.AllocID)
-		return true
-	}
+	sealed := prev.GatedDirect && lease.PreviousTakenOver()
 	t := s.Locker.Config().Timing
 	until := time.Now().Add(t.TTL + t.TTL + t.LockDelay)
-	if prev.GatedDirect {
-		prevTTL := t.TTL
-		if prev.TTL > 0 {
-			prevTTL = prev.TTL
-		}
-		until = time.Now().Add(prevTTL + gateKillAllTimeout + gateKillSlack)
-	}
-	extended := false
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -543,25 +639,23 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 		}
 	}()
 	var index uint64
-	announced, holdOn := false, false
-	var last *api.Allocation
+	announced, extended, outOfReach := false, false, false
 	for {
-		rctx, rcancel := context.WithDeadline(ctx, until)
-		if holdOn {
-			rctx, rcancel = context.WithCancel(ctx)
+		rctx, rcancel := context.WithCancel(ctx)
+		if outOfReach {
+			// Its allocation may not change on the servers before the
+			// bound: read again then at the latest.
+			rctx, rcancel = context.WithDeadline(ctx, until)
 		}
 		alloc, next, err := s.Locker.Allocation(rctx, prev.AllocID, g.Namespace, index)
-		expired := rctx.Err() != nil
 		rcancel()
 		switch {
 		case chans.Closed(lease.Lost()):
 			return false
-		case errors.Is(err, lockclient.ErrAllocGone):
+		case errors.Is(err, lockclient.ErrAllocGone) && !errors.Is(err, lockclient.ErrAllocHidden):
 			return true
-		case err != nil && expired && !holdOn:
-			if s.keepAwaiting(last, prev, g.Task, &holdOn) {
-				continue
-			}
+		case err != nil && (sealed || !time.Now().Before(until)):
+			s.Logger.Warn("gate: cannot read the previous holder's allocation; its time is up", "previous_alloc", prev.AllocID, "error", err)
 			return true
 		case err != nil:
 			s.Logger.Debug("gate: read the previous holder's allocation", "error", err)
@@ -572,7 +666,6 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			}
 			continue
 		}
-		last = alloc
 		if !extended && !prev.GatedDirect && hasNomadService(alloc) {
 			// Nomad deregisters a task's Nomad services before it kills
 			// it, by RPC to the servers: on a client cut off from them
@@ -582,62 +675,34 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 			until = until.Add(gateNomadServiceWait)
 		}
 		alive := previousGatedAlive(alloc, g.Task)
-		if len(alive) == 0 || prev.GatedDirect && (!taskRunning(alloc, g.Task) || clientOutOfReach(alloc)) {
+		switch {
+		case len(alive) == 0:
 			if announced {
 				s.Logger.Info("gate: the previous holder's gated tasks are dead", "previous_alloc", prev.AllocID)
 			}
 			return true
+		case sealed && len(GatedPending(alloc, g.Task)) == 0:
+			s.Logger.Info("gate: the previous holder's heartbeat was sealed by a standby: its gated tasks are dead", "previous_alloc", prev.AllocID)
+			return true
+		case clientOutOfReach(alloc) && (prev.GatedDirect || !time.Now().Before(until)):
+			s.Logger.Info("gate: the previous holder's client is out of the servers' reach; it fenced itself, and its gated tasks are dead by now",
+				"previous_alloc", prev.AllocID, "client_status", alloc.ClientStatus)
+			return true
 		}
 		if !announced {
 			announced = true
-			s.Logger.Warn("gate: the lock was free while the previous holder's gated tasks may still run; waiting for them",
+			s.Logger.Warn("gate: the lock was free while the previous holder's gated tasks may still run; waiting for Nomad to report them dead",
 				"previous_alloc", prev.AllocID, "tasks", strings.Join(alive, ","))
-			s.emit(Event{State: StateWaiting, Fence: lease.Fence, Holder: prev, Message: gateAwaitPreviousMessage(
-				s.Config.Path, prev, alive, time.Until(until).Round(time.Second))})
+			s.emit(Event{State: StateWaiting, Fence: lease.Fence, Holder: prev, Message: gateAwaitPreviousMessage(s.Config.Path, prev, alive)})
 		}
-		if (holdOn || !time.Now().Before(until)) && !s.keepAwaiting(alloc, prev, g.Task, &holdOn) {
-			return true
-		}
-		index = next
+		index, outOfReach = next, clientOutOfReach(alloc)
 	}
-}
-
-// keepAwaiting is asked when the wait for a previous holder's gated tasks
-// is up: it reports whether to wait on, because Nomad, still in touch with
-// that holder's client, reports its gate running (a gate frozen or stuck,
-// whose plugin did not kill it and its gated tasks: they die once it is
-// killed). This holds for a gate that kills its gated tasks itself too:
-// its record says it can, not that it did.
-// holdOn is set once it says so.
-func (s *Supervisor) keepAwaiting(alloc *api.Allocation, prev lockclient.Holder, gate string, holdOn *bool) bool {
-	if alloc == nil || alloc.ClientStatus != api.AllocClientStatusRunning || !taskRunning(alloc, gate) {
-		s.Logger.Warn("gate: the previous holder's gated tasks are not reported dead; their time is up", "previous_alloc", prev.AllocID)
-		return false
-	}
-	if !*holdOn {
-		s.Logger.Warn("gate: the previous holder's gate still runs on a client the servers reach; waiting until Nomad reports it or its gated tasks dead",
-			"previous_alloc", prev.AllocID)
-		s.emit(Event{State: StateWaiting, Holder: prev, Message: gateStillAwaitingMessage(prev)})
-	}
-	*holdOn = true
-	return true
 }
 
 // clientOutOfReach reports whether the servers have lost touch with the
 // allocation's client (lost, or unknown under a disconnect block).
 func clientOutOfReach(alloc *api.Allocation) bool {
 	return alloc.ClientStatus == api.AllocClientStatusLost || alloc.ClientStatus == api.AllocClientStatusUnknown
-}
-
-// taskRunning reports whether Nomad reports task of alloc anything but
-// dead (an allocation whose client reported it complete or failed has no
-// task running).
-func taskRunning(alloc *api.Allocation, task string) bool {
-	if alloc.ClientStatus == api.AllocClientStatusComplete || alloc.ClientStatus == api.AllocClientStatusFailed {
-		return false
-	}
-	st := alloc.TaskStates[task]
-	return st != nil && st.State != "dead"
 }
 
 // hasNomadService reports whether the allocation's group registers a
@@ -708,12 +773,20 @@ func isPoststop(alloc *api.Allocation, task string) bool {
 }
 
 // gateAdopt takes over the lease of the gate's previous run (see
-// Gate.Adopt). Transport errors are retried for half a TTL; a lease that is
-// gone ends the gate, which then fails, so that Nomad kills its gated tasks.
+// Gate.Adopt). Transport errors are retried for half a TTL, and never past
+// the lease's fence deadline; a lease that is gone ends the gate, which
+// then fails, so that Nomad kills its gated tasks (and the plugin's warden
+// kills them meanwhile).
 func (s *Supervisor) gateAdopt(ctx context.Context) (*lockclient.Lease, error) {
 	a := s.Config.Gate.Adopt
-	ttl := s.Locker.Config().TTL
-	ctx, cancel := context.WithTimeout(ctx, ttl/2)
+	within := s.Locker.Config().TTL / 2
+	if a.FenceBoot != 0 {
+		within = min(within, lockclient.BootUntil(lockclient.BootTime(a.FenceBoot)))
+	}
+	if within <= 0 {
+		return nil, &lockclient.LostError{Reason: fmt.Sprintf("the previous run's lease (fence %d) passed its fence deadline before this run could take it over", a.Fence)}
+	}
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	for {
 		lease, err := s.Locker.AdoptPath(ctx, a.Path, a.LockID, a.Fence)

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"os"
@@ -122,6 +123,23 @@ func (r *gateRig) holding() Event {
 	return r.event("holding", inState(StateHolding))
 }
 
+// checkedAndHeld readies the gate's supervisor without running it: its
+// check at start passed (or the test fails) and it holds the lock.
+func (r *gateRig) checkedAndHeld() *lockclient.Lease {
+	r.t.Helper()
+	s := r.sup
+	s.setUp()
+	if code, refused := s.refused(context.Background()); refused {
+		r.t.Fatalf("gate refused: %d; events:\n%s", code, r.eventLog())
+	}
+	lease, err := s.Locker.Acquire(context.Background(), lockclient.AcquireOptions{})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { _ = lease.Release(context.Background()) })
+	return lease
+}
+
 // setAlloc changes the servers' view of the gate's allocation.
 func (r *gateRig) setAlloc(job gateJob) {
 	job.id = gateAlloc
@@ -134,30 +152,52 @@ func (r *gateRig) message(sub string) bool {
 	return ok
 }
 
-// fakeGated is a GatedTasks that records KillAll calls: how many, and
-// whether the lock was still held at the first (it must be: the lock
-// passes only once the gated tasks are dead).
+// fakeGated is a GatedTasks that records Stop calls: how many, whether
+// the lock was still held at the first (it must be: the lock passes only
+// once the gated tasks are dead), and the grace and time each was given.
+// A kill takes killTakes; it fails with killErr for the first failKills
+// calls (all of them when failKills is 0).
 type fakeGated struct {
-	direct  []string
-	killErr error
-	srv     *locktest.Server
+	direct    []string
+	killErr   error
+	failKills int
+	killTakes time.Duration
+	srv       *locktest.Server
 
 	mu         sync.Mutex
 	kills      int
 	killed     bool
 	heldAtKill bool
+	graces     []time.Duration
+	budgets    []time.Duration // the time each call's context left it
 }
 
 func (f *fakeGated) Direct() []string { return f.direct }
 
-func (f *fakeGated) KillAll(ctx context.Context) error {
+func (f *fakeGated) WhyLeft(string) string { return "" }
+
+func (f *fakeGated) Stop(ctx context.Context, grace time.Duration) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.kills++
-	if f.kills == 1 && f.srv != nil {
+	n := f.kills
+	if n == 1 && f.srv != nil {
 		f.heldAtKill = f.srv.Held()
 	}
-	if f.killErr != nil {
+	f.graces = append(f.graces, grace)
+	budget := time.Duration(-1)
+	if dl, ok := ctx.Deadline(); ok {
+		budget = time.Until(dl)
+	}
+	f.budgets = append(f.budgets, budget)
+	f.mu.Unlock()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(f.killTakes):
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.killErr != nil && (f.failKills == 0 || n <= f.failKills) {
 		return f.killErr
 	}
 	f.killed = true
@@ -189,7 +229,7 @@ func TestGateEndings(t *testing.T) {
 			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
 		}, 0, true, "Released lock"},
 		{"stop request, allocation evicted", func(r *gateRig) {
-			r.setAlloc(gateJob{desired: api.AllocDesiredStatusEvict})
+			r.setAlloc(gateJob{desired: api.AllocDesiredStatusEvict, gatedState: "dead"})
 			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
 		}, 0, true, "Released lock"},
 		{"stop request, allocation gone", func(r *gateRig) {
@@ -198,7 +238,7 @@ func TestGateEndings(t *testing.T) {
 		}, 0, true, "Released lock"},
 		{"stop request, allocation runs on (a restart of the gate)", func(r *gateRig) {
 			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
-		}, 0, false, "Lock kept: Nomad stopped the gate while its allocation keeps running"},
+		}, 0, false, "Lock kept for the restarted gate: Nomad stopped the gate while its allocation keeps running"},
 		{"SIGTERM to the supervisor: the gate fails, so Nomad kills the gated tasks", func(r *gateRig) {
 			r.sigs <- syscall.SIGTERM
 		}, 1, false, "Lock kept: the gate stopped by itself"},
@@ -212,6 +252,12 @@ func TestGateEndings(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newGateRig(t, gateJob{gatedState: "running"})
+			if strings.HasPrefix(tc.name, "stop request, allocation") {
+				// Marked clean whether the watch saw the stop first (the
+				// gate proves its task dead itself) or a read at the stop
+				// did (the servers report it dead).
+				r.withKiller("app")
+			}
 			r.run()
 			r.holding()
 			tc.end(r)
@@ -434,7 +480,7 @@ func TestGateKillsDirectly(t *testing.T) {
 		}, 0, false, true, "Released lock"},
 		{"a restart of the gate: no kill, lock kept for the restarted gate", []string{"app", "db"}, nil, func(r *gateRig) {
 			r.stop <- StopRequest{Signal: syscall.SIGTERM, Timeout: time.Second}
-		}, 0, false, false, "Lock kept: Nomad stopped the gate while its allocation keeps running"},
+		}, 0, false, false, "Lock kept for the restarted gate: Nomad stopped the gate while its allocation keeps running"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -514,38 +560,37 @@ func TestGateStopRacingAllocationStop(t *testing.T) {
 		return stopArrival{alloc: gateJob{id: gateAlloc, desired: api.AllocDesiredStatusStop, gatedState: gatedState, apps: twoApps}.alloc()}
 	}
 	for _, tc := range []struct {
-		name    string
-		direct  []string
-		at      stopArrival
-		release bool
-		kills   bool
+		name           string
+		direct         []string
+		at             stopArrival
+		release, clean bool
+		kills          bool
+		// own is the servers' view of the gated tasks' state ("" running).
+		own string
 	}{
-		{"seen by the watch before the stop", nil, stopArrival{seen: true}, true, false},
-		{"read after: gated tasks reported dead", nil, stopped("dead"), true, false},
-		{"read after: gated tasks running, no killer", nil, stopped("running"), false, false},
-		{"read after: gated tasks running, one left to Nomad", []string{"app"}, stopped("running"), false, true},
-		{"read after: gated tasks running, all killed directly", []string{"app", "db"}, stopped("running"), true, true},
+		// L3: a restart of the gate racing the stop comes while the gated
+		// tasks run (in the group's shutdown_delay): what the gate cannot
+		// prove dead itself, the next gate learns from Nomad.
+		{"seen by the watch before the stop, no killer", nil, stopArrival{seen: true}, true, false, false, ""},
+		{"seen by the watch before the stop, all killed directly", []string{"app", "db"}, stopArrival{seen: true}, true, true, true, ""},
+		{"seen, all killed directly, one shown pending (Nomad's kill cancels its restart)", []string{"app", "db"}, stopArrival{seen: true}, true, true, true, "pending"},
+		{"read after: gated tasks reported dead", nil, stopped("dead"), true, true, false, ""},
+		{"read after: gated tasks running, no killer", nil, stopped("running"), false, false, false, ""},
+		{"read after: gated tasks running, one left to Nomad", []string{"app"}, stopped("running"), false, false, true, ""},
+		{"read after: gated tasks running, all killed directly", []string{"app", "db"}, stopped("running"), true, true, true, ""},
 		{"read after: the allocation runs on (restart)", []string{"app", "db"},
-			stopArrival{alloc: gateJob{id: gateAlloc, gatedState: "running", apps: twoApps}.alloc()}, false, false},
+			stopArrival{alloc: gateJob{id: gateAlloc, gatedState: "running", apps: twoApps}.alloc()}, false, false, false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newGateRig(t, gateJob{gatedState: "running", apps: twoApps})
+			r := newGateRig(t, gateJob{gatedState: cmp.Or(tc.own, "running"), apps: twoApps})
 			var f *fakeGated
 			if tc.direct != nil {
 				f = r.withKiller(tc.direct...)
 			}
 			s := r.sup
-			s.setUp()
-			if code, refused := s.refused(context.Background()); refused {
-				t.Fatalf("gate refused: %d; events:\n%s", code, r.eventLog())
-			}
-			lease, err := s.Locker.Acquire(context.Background(), lockclient.AcquireOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = lease.Release(context.Background()) })
-			if got := s.gateMayRelease(lease, endStopRequest, tc.at); got != tc.release {
-				t.Errorf("may release %v, want %v; events:\n%s", got, tc.release, r.eventLog())
+			lease := r.checkedAndHeld()
+			if release, clean := s.gateMayRelease(lease, endStopRequest, tc.at); release != tc.release || clean != tc.clean {
+				t.Errorf("may release %v clean %v, want %v %v; events:\n%s", release, clean, tc.release, tc.clean, r.eventLog())
 			}
 			kills := 0
 			if f != nil {
@@ -558,15 +603,15 @@ func TestGateStopRacingAllocationStop(t *testing.T) {
 	}
 }
 
-// The next holder trusts the lock's expiry when the previous gate killed
-// its gated tasks itself: it starts at once when that gate's client is out
-// of the servers' reach (cut off, it fenced itself and killed them); while
-// the servers report that gate running on a client they reach (a release
-// behind its back), it waits for Nomad to report that gate or its tasks
-// dead.
+// The next holder trusts a previous gate that killed its gated tasks
+// itself (gated_direct) only for a client out of the servers' reach (cut
+// off, it fenced itself and killed them, and its node's warden keeps them
+// dead). While the servers report that client in touch, it waits until
+// they report the gated tasks dead for good: neither that gate's death
+// (its kill may have failed, H1(c)) nor a pending task (a restart due,
+// H1(d)) is proof. (Before: the previous gate reported dead sufficed.)
 func TestGateAwaitPreviousDirect(t *testing.T) {
 	items := map[string]string{"holder_alloc_id": locktest.OtherAlloc, "holder_node": locktest.OtherNode, "gated_direct": "true"}
-	running := gateJob{id: locktest.OtherAlloc, gatedState: "running", gateRunning: true}.alloc()
 	for _, cs := range []string{api.AllocClientStatusLost, api.AllocClientStatusUnknown} {
 		t.Run("its client out of reach ("+cs+"): at once", func(t *testing.T) {
 			r := newGateRig(t, gateJob{})
@@ -582,51 +627,38 @@ func TestGateAwaitPreviousDirect(t *testing.T) {
 			}
 		})
 	}
-	t.Run("released behind its back: until that gate is reported dead", func(t *testing.T) {
-		r := newGateRig(t, gateJob{})
-		r.srv.SetAllocation(running)
-		r.srv.SetItems(items)
-		r.run()
-		r.event("waiting for the previous holder", func(ev Event) bool {
-			return ev.State == StateWaiting && strings.Contains(ev.Message, "waiting until Nomad reports them dead")
-		})
-		if _, held := r.find(inState(StateHolding)); held {
-			t.Fatalf("the gate let its tasks start while the previous gate runs; events:\n%s", r.eventLog())
-		}
-		gateDead := gateJob{id: locktest.OtherAlloc, gatedState: "running"}.alloc() // its gate's state: dead (absent)
-		gateDead.TaskStates[gateTask] = &api.TaskState{State: "dead"}
-		r.srv.SetAllocation(gateDead)
-		r.holding()
-	})
-}
-
-// keepAwaiting: past its bound, the wait for a previous gate goes on only
-// while the servers, in touch with its client, report that gate running;
-// also for a gate that kills its gated tasks itself (its plugin may be
-// down, or its kill may have failed).
-func TestKeepAwaiting(t *testing.T) {
-	prev := lockclient.Holder{AllocID: locktest.OtherAlloc}
-	s := &Supervisor{Logger: nil}
-	s.setUp()
 	for _, tc := range []struct {
-		name  string
-		alloc *api.Allocation
-		prev  lockclient.Holder
-		keep  bool
+		name string
+		// prev is the previous holder's allocation while the gate waits;
+		// then lets the wait end.
+		prev, then *api.Allocation
 	}{
-		{"gate running on a reachable client", gateJob{id: "p", gateRunning: true, gatedState: "running"}.alloc(), prev, true},
-		{"client lost", gateJob{id: "p", gateRunning: true, gatedState: "running", clientStatus: api.AllocClientStatusLost}.alloc(), prev, false},
-		{"client unknown", gateJob{id: "p", gateRunning: true, gatedState: "running", clientStatus: "unknown"}.alloc(), prev, false},
-		{"gate dead", gateJob{id: "p", gatedState: "running"}.alloc(), prev, false},
-		{"previous gate kills directly, still running", gateJob{id: "p", gateRunning: true}.alloc(), lockclient.Holder{AllocID: "p", GatedDirect: true}, true},
-		{"previous gate kills directly, dead", gateJob{id: "p"}.alloc(), lockclient.Holder{AllocID: "p", GatedDirect: true}, false},
-		{"no answer", nil, prev, false},
+		{"released behind its back, its gate dead, its gated task running",
+			gateJob{id: locktest.OtherAlloc, gatedState: "running"}.alloc(), gateJob{id: locktest.OtherAlloc, gatedState: "dead"}.alloc()},
+		{"its gate dead, its gated task pending a restart",
+			gateJob{id: locktest.OtherAlloc, gatedState: "pending"}.alloc(), gateJob{id: locktest.OtherAlloc, gatedState: "dead"}.alloc()},
+		{"its gate running, its gated task pending, until the allocation failed",
+			gateJob{id: locktest.OtherAlloc, gatedState: "pending", gateRunning: true}.alloc(),
+			gateJob{id: locktest.OtherAlloc, gatedState: "pending", clientStatus: api.AllocClientStatusFailed}.alloc()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var holdOn bool
-			if got := s.keepAwaiting(tc.alloc, tc.prev, gateTask, &holdOn); got != tc.keep || holdOn != tc.keep {
-				t.Errorf("keep %v (holdOn %v), want %v", got, holdOn, tc.keep)
+			r := newGateRig(t, gateJob{})
+			gateDead := tc.prev
+			if gateDead.TaskStates[gateTask] == nil {
+				gateDead.TaskStates[gateTask] = &api.TaskState{State: "dead"}
 			}
+			r.srv.SetAllocation(gateDead)
+			r.srv.SetItems(items)
+			r.run()
+			r.event("waiting for the previous holder", func(ev Event) bool {
+				return ev.State == StateWaiting && strings.Contains(ev.Message, "waiting until Nomad reports them dead for good")
+			})
+			time.Sleep(300 * time.Millisecond) // a while for a wrong start
+			if _, held := r.find(inState(StateHolding)); held {
+				t.Fatalf("the gate let its tasks start before the previous gated tasks were reported dead for good; events:\n%s", r.eventLog())
+			}
+			r.srv.SetAllocation(tc.then)
+			r.holding()
 		})
 	}
 }
@@ -674,10 +706,13 @@ func TestGateCommandEnds(t *testing.T) {
 	}
 }
 
-// In lease mode a gate that Nomad stops while its allocation runs on (a
-// restart) keeps no lock for the restarted run: its heartbeat ends with
-// it, so it kills its gated tasks and releases.
-func TestGateLeaseModeRestartKills(t *testing.T) {
+// C1: in lease mode as in lock mode, a gate that Nomad stops while its
+// allocation runs on (a restart: `nomad alloc restart <alloc> gate`, a
+// template re-render) keeps its lease for the restarted run and kills
+// nothing: a gated task killed from outside would be restarted by Nomad
+// after its restart delay, beside the next holder. (Before: it SIGKILLed
+// them, released clean, and the next gate started at once.)
+func TestGateLeaseModeRestartKeeps(t *testing.T) {
 	r := newGateRig(t, gateJob{gatedState: "running", apps: twoApps})
 	r.sup.Config.Mode = ModeLease
 	f := r.withKiller("app", "db")
@@ -687,11 +722,14 @@ func TestGateLeaseModeRestartKills(t *testing.T) {
 	if code := r.exit(); code != 0 {
 		t.Errorf("exit %d, want 0; events:\n%s", code, r.eventLog())
 	}
-	if kills, _ := f.calls(); kills == 0 || !f.heldAtKill {
-		t.Errorf("%d KillAll calls (held at kill %v), want the gated tasks killed while the lock was held", kills, f.heldAtKill)
+	if kills, _ := f.calls(); kills != 0 {
+		t.Errorf("%d kills of the gated tasks on a restart of the gate, want none", kills)
 	}
-	if r.srv.Calls(locktest.OpRelease) == 0 || r.srv.Items()["released_clean"] != "true" {
-		t.Errorf("the lock was not released clean; events:\n%s", r.eventLog())
+	if n := r.srv.Calls(locktest.OpRelease); n != 0 || r.srv.Items()["released_clean"] != "" || !r.srv.Held() {
+		t.Errorf("%d releases (released_clean %q, held %v), want the lease kept for the restarted gate; events:\n%s",
+			n, r.srv.Items()["released_clean"], r.srv.Held(), r.eventLog())
 	}
-	r.checkReleasesAfterDeath(0)
+	if !r.message("Lock kept for the restarted gate") {
+		t.Errorf("no event says the lease is kept for the restarted gate; events:\n%s", r.eventLog())
+	}
 }

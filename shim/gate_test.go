@@ -1,10 +1,13 @@
 package shim
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
@@ -114,7 +117,10 @@ func TestCheckGateJobBounds(t *testing.T) {
 		{"Nomad kills, group shutdown_delay counts (N1)", group(40*time.Second, app(nil)), false,
 			`the group's shutdown_delay (40s) + the task's kill_timeout (5s)`, 0},
 		{"Nomad kills, within ttl + delay", group(2*time.Second, app(nil)), false, "", 7 * time.Second},
-		{"gate kills, a long group shutdown_delay is fine with attempts = 0", group(40*time.Second,
+		{"gate kills, but a failed kill falls back to Nomad's: a long group shutdown_delay is refused", group(40*time.Second,
+			app(&api.RestartPolicy{Attempts: num(0), Mode: str("fail")})), true,
+			`the gate kills it itself, but whenever that kill fails Nomad's kill, after the gate has failed, is what ends it`, 0},
+		{"gate kills, a long group shutdown_delay within a long ttl", group(40*time.Second,
 			app(&api.RestartPolicy{Attempts: num(0), Mode: str("fail")})), true, "", gateKillAllTimeout},
 		{"gate kills, Nomad's default restart delay (15s) beats no group delay", group(0, app(nil)), true, "", gateKillAllTimeout},
 		{"gate kills, restart delay shorter than the group shutdown_delay", group(40*time.Second,
@@ -123,7 +129,7 @@ func TestCheckGateJobBounds(t *testing.T) {
 		{"gate kills, restart delay within the slack", group(0,
 			app(&api.RestartPolicy{Attempts: num(2), Delay: dur(5 * time.Second), Mode: str("fail")})), true,
 			`restart delay 5s is too short`, 0},
-		{"gate kills, restart delay above group delay + slack", group(10*time.Second,
+		{"gate kills, restart delay above group delay + slack", group(3*time.Second,
 			app(&api.RestartPolicy{Attempts: num(2), Delay: dur(20 * time.Second), Mode: str("fail")})), true, "", gateKillAllTimeout},
 		{"gate kills, a group Nomad service counts its deregistration", func() *api.Allocation {
 			a := group(0, app(nil))
@@ -136,7 +142,11 @@ func TestCheckGateJobBounds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			g := &Gate{AllocID: "a1", Task: "gate"}
 			direct := map[string]bool{"app": tc.direct}
-			_, err := checkGateJob(tc.alloc, g, timing, direct)
+			tm := timing
+			if strings.Contains(tc.name, "within a long ttl") {
+				tm.TTL = 50 * time.Second
+			}
+			_, err := checkGateJob(tc.alloc, g, tm, direct)
 			if tc.err == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -208,5 +218,35 @@ func TestGateLeaseKillGrace(t *testing.T) {
 	c.Command = []string{"/bin/true"}
 	if err := c.Validate(); err != nil {
 		t.Fatalf("lease_kill_grace 1s on a driver task: %v", err)
+	}
+}
+
+// Every block of HCL that a refusal shows as its fix parses (HCL allows
+// one argument in a one-line block only).
+func TestGateRefusalsShowHCLThatParses(t *testing.T) {
+	dur := func(d time.Duration) *time.Duration { return &d }
+	num := func(n int) *int { return &n }
+	str := func(s string) *string { return &s }
+	name := "web"
+	gate := &api.Task{Name: "gate", Driver: "singleton", Leader: true, RestartPolicy: &api.RestartPolicy{Attempts: num(2), Mode: str("delay")}}
+	apps := []*api.Task{gate,
+		{Name: "db", KillTimeout: dur(30 * time.Second)},
+		{Name: "api", Driver: "docker", KillTimeout: dur(30 * time.Second), RestartPolicy: &api.RestartPolicy{Attempts: num(2), Delay: dur(time.Second), Mode: str("fail")}},
+		{Name: "cron", Driver: "docker", RestartPolicy: &api.RestartPolicy{Attempts: num(2), Mode: str("delay")}},
+	}
+	alloc := &api.Allocation{ID: "a1", TaskGroup: name, Job: &api.Job{TaskGroups: []*api.TaskGroup{{Name: &name, Tasks: apps, ShutdownDelay: dur(10 * time.Second)}}}}
+	_, err := checkGateJob(alloc, &Gate{AllocID: "a1", Task: "gate"}, lockclient.Timing{TTL: 10 * time.Second, LockDelay: time.Second},
+		map[string]bool{"api": true, "cron": true})
+	if err == nil {
+		t.Fatal("the job was accepted")
+	}
+	blocks := regexp.MustCompile(`(?s)\b[a-z_]+ \{[^{}]*\}`).FindAllString(err.Error(), -1)
+	if len(blocks) < 5 {
+		t.Fatalf("only %d HCL blocks in the refusal, want one per fix:\n%v", len(blocks), err)
+	}
+	for _, b := range blocks {
+		if _, diags := hclsyntax.ParseConfig([]byte(b), "refusal.hcl", hcl.InitialPos); diags.HasErrors() {
+			t.Errorf("the refusal shows HCL that does not parse: %q: %v", b, diags)
+		}
 	}
 }

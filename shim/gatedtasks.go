@@ -1,6 +1,9 @@
 package shim
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // GatedTask is one task a gate holds the lock for, as its allocation names
 // it: the task's name and its driver.
@@ -19,10 +22,17 @@ type GatedTasks interface {
 	// Direct names the gated tasks it can kill and prove dead itself. The
 	// others are left to Nomad's client, bounded by the server's expiry.
 	Direct() []string
-	// KillAll freezes and SIGKILLs every process of every task in Direct,
-	// so that no code of theirs runs again, and returns nil only once each
-	// is proven gone. It is safe to call more than once.
-	KillAll(ctx context.Context) error
+	// WhyLeft says why task is left to Nomad ("" when it is Direct, or
+	// when there is nothing to say), naming the setting that would change
+	// it.
+	WhyLeft(task string) string
+	// Stop stops every task in Direct that runs: its kill_signal first,
+	// then, once it has exited or has had its kill_timeout or grace,
+	// whichever is shorter, freeze and SIGKILL of every process of it, so
+	// that no code of theirs runs again. grace <= 0 freezes and SIGKILLs at
+	// once. It returns nil only once each is proven gone; ctx bounds it
+	// all. It is safe to call more than once.
+	Stop(ctx context.Context, grace time.Duration) error
 }
 
 // GatedTasksFunc builds the GatedTasks of an allocation once the gate has

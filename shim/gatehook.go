@@ -126,11 +126,10 @@ func (h *gateHook) holdingMessage(lease *lockclient.Lease) string {
 	return gateAcquiredMessage(lease.Fence, gateSlotNote(lease))
 }
 
-// mayRelease releases only after Nomad's own stop of the allocation
-// (gateMayRelease).
+// mayRelease releases once the gated tasks are proven dead and cannot run
+// again beside the next holder (gateMayRelease).
 func (h *gateHook) mayRelease(lease *lockclient.Lease, end ending) (bool, bool) {
-	ok := h.s.gateMayRelease(lease, end, h.at)
-	return ok, ok
+	return h.s.gateMayRelease(lease, end, h.at)
 }
 
 // capRemoveBudget: a gate's REMOVE after a loss delays its failure, and so

@@ -27,7 +27,7 @@ import (
 // tasks of alloc and returns the set of those it kills itself.
 func (g *Gate) buildKiller(s *Supervisor, alloc *api.Allocation) map[string]bool {
 	g.tasks = GatedTasksOf(alloc, g.Task)
-	g.killer, g.direct, g.killerErr = nil, nil, nil
+	g.killer, g.planned, g.direct, g.killerErr = nil, nil, nil, nil
 	if g.Killer == nil || len(g.tasks) == 0 {
 		return nil
 	}
@@ -40,6 +40,7 @@ func (g *Gate) buildKiller(s *Supervisor, alloc *api.Allocation) map[string]bool
 	if k == nil {
 		return nil
 	}
+	g.planned = k
 	direct := map[string]bool{}
 	for _, name := range k.Direct() {
 		if slices.ContainsFunc(g.tasks, func(t GatedTask) bool { return t.Name == name }) {
@@ -63,6 +64,15 @@ func (g *Gate) allDirect() bool {
 	return g.killer != nil && len(g.direct) == len(g.gated) && len(g.gated) > 0
 }
 
+// whyLeft says why the gate leaves task to Nomad, as its killer knows
+// ("" if it says nothing).
+func (g *Gate) whyLeft(task string) string {
+	if g.planned == nil {
+		return ""
+	}
+	return g.planned.WhyLeft(task)
+}
+
 // leftToNomad lists the gated tasks the gate does not kill itself.
 func (g *Gate) leftToNomad() []string {
 	var out []string
@@ -74,45 +84,71 @@ func (g *Gate) leftToNomad() []string {
 	return out
 }
 
-// killDirect kills and proves dead the gated tasks the gate kills itself,
-// retrying until they are proven dead or until is reached. It reports
-// whether they are all proven dead (true when there are none).
-func (s *Supervisor) killDirect(lease *lockclient.Lease, until time.Time, why string) bool {
+// gateKillReserve is what a graceful stop of the gated tasks leaves,
+// before the lease's stop deadline, for their SIGKILL and its proof.
+const gateKillReserve = time.Second
+
+// killDirect stops and proves dead the gated tasks the gate kills itself.
+// Each gets its kill_signal and its kill_timeout, cut to what the lease's
+// stop deadline leaves (lock mode: before the server can expire the lock,
+// the fence deadline after a 409; lease mode: lease_fence +
+// lease_kill_grace after the last heartbeat), then SIGKILL. The kill
+// itself is never bounded by that deadline: every attempt gets a budget of
+// its own, and a failed one is retried, past the deadline too, for
+// gateKillRetryFor; once the gate has exited, the plugin's warden goes on.
+// It reports whether they are all proven dead (true when there are none).
+// An empty why proves them dead without an event unless that fails (Nomad
+// stopped them first, as far as the gate knows).
+func (s *Supervisor) killDirect(lease *lockclient.Lease, why string) bool {
 	g := s.Config.Gate
 	if g.killer == nil {
 		return true
 	}
-	s.Logger.Info("gate: killing the gated tasks itself", "tasks", strings.Join(g.direct, ","), "why", why)
+	grace := lockclient.BootUntil(lease.StopDeadline()) - gateKillReserve
+	s.Logger.Info("gate: killing the gated tasks itself", "tasks", strings.Join(g.direct, ","), "why", why, "grace", max(grace, 0).Round(time.Millisecond))
+	began := lockclient.BootNow()
 	var err error
 	for attempt := 0; ; attempt++ {
-		ctx, cancel := context.WithDeadline(context.Background(), earliest(time.Now().Add(gateKillAllTimeout), until))
-		err = g.killer.KillAll(ctx)
+		ctx, cancel := context.WithTimeout(context.Background(), gateKillAllTimeout+max(grace, 0))
+		err = g.killer.Stop(ctx, grace)
 		cancel()
 		if err == nil {
 			s.Logger.Info("gate: the gated tasks are proven dead", "tasks", strings.Join(g.direct, ","))
-			s.emit(stoppingEvent(lease, gateKilledMessage(g.direct, why)))
+			if why != "" {
+				s.emit(stoppingEvent(lease, gateKilledMessage(g.direct, why)))
+			}
 			return true
 		}
 		s.Logger.Error("gate: cannot prove the gated tasks dead", "error", err, "attempt", attempt+1)
-		if !time.Now().Add(500 * time.Millisecond).Before(until) {
+		grace = 0
+		if lockclient.BootNow().Sub(began) >= gateKillRetryFor {
 			break
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(gateKillRetryEvery)
 	}
 	s.emit(stoppingEvent(lease, gateKillUnprovenMessage(g.direct, err)))
 	return false
 }
 
-// stoppingEvent is a stopping event with the lease's deadlines, which the
-// plugin's watchdog and crash release read.
+// stoppingEvent is a stopping event with the lease's deadlines and last
+// renew, which the plugin's watchdog, crash release and kept leases read.
 func stoppingEvent(lease *lockclient.Lease, msg string) Event {
-	return Event{State: StateStopping, Fence: lease.Fence, Message: msg,
-		FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline()}
+	return leaseEvent(StateStopping, lease, msg)
 }
 
-// gateKillRetryFor bounds the retries of a kill that fails while the lease
-// is still ours (a lost one retries until its stop deadline).
+// leaseEvent is an event of state with the lease's deadlines and last
+// renew.
+func leaseEvent(state State, lease *lockclient.Lease, msg string) Event {
+	return Event{State: state, Fence: lease.Fence, Message: msg,
+		FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline(), LastRenew: lease.LastRenew()}
+}
+
+// gateKillRetryFor bounds the gate's retries of a kill that fails; the
+// plugin's warden retries once the gate has exited. gateKillRetryEvery is
+// the pause between two attempts.
 var gateKillRetryFor = 2 * gateKillAllTimeout
+
+const gateKillRetryEvery = 500 * time.Millisecond
 
 // killDirectHeld is killDirect for a lease that is still ours: if the
 // gated tasks cannot be proven dead, the holder's record no longer claims
@@ -120,7 +156,7 @@ var gateKillRetryFor = 2 * gateKillAllTimeout
 // of them instead of trusting the lock's expiry), and the lease is left to
 // expire.
 func (s *Supervisor) killDirectHeld(lease *lockclient.Lease, why string) bool {
-	if s.killDirect(lease, earliest(time.Now().Add(gateKillRetryFor), lease.StopDeadline()), why) {
+	if s.killDirect(lease, why) {
 		return true
 	}
 	if s.Config.Gate.allDirect() {

@@ -330,6 +330,23 @@ func (d *Docker) TaskContainers(t testing.TB, allocID, task string) []Container 
 	return cs
 }
 
+// Freeze stops the engine's dockerd by its PID (SIGSTOP): its API hangs,
+// while its containers, which containerd and their shims run, run on. The
+// returned thaw (SIGCONT) is also registered as a cleanup. The engine is
+// shared by every test of the binary: a test that freezes it must not run
+// in parallel with others that use it.
+func (d *Docker) Freeze(t testing.TB) (thaw func()) {
+	t.Helper()
+	pid := d.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("harness: SIGSTOP dockerd (pid %d): %v", pid, err)
+	}
+	var once sync.Once
+	thaw = func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(thaw)
+	return thaw
+}
+
 // stop removes every container, stops dockerd (SIGTERM, bounded, then
 // SIGKILL) by its PID, kills any containerd or shim of ours left behind
 // (an error), unmounts what is left below Dir and removes it.

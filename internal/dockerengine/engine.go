@@ -1,7 +1,7 @@
 // Package dockerengine is the small, typed subset of the Docker Engine API
 // that a gate needs to kill and prove dead its allocation's docker tasks:
-// list containers by label, inspect, pause, kill, over the engine's local
-// unix socket.
+// ping, list containers by label, inspect, pause, kill, over the engine's
+// local unix socket.
 //
 // Why not the official client (github.com/docker/docker/client): the plugin
 // is a root process that every task's supervisor re-execs, and it needs five
@@ -96,7 +96,14 @@ type Inspected struct {
 	State  State  `json:"State"`
 	Config struct {
 		Labels map[string]string `json:"Labels"`
+		// StopSignal is the image's STOPSIGNAL ("" for none: SIGTERM).
+		StopSignal string `json:"StopSignal"`
 	} `json:"Config"`
+}
+
+// Ping checks that the engine answers.
+func (c *Client) Ping(ctx context.Context) error {
+	return c.do(ctx, http.MethodGet, "/_ping", nil)
 }
 
 // ListByLabel lists every container (running or not) that has label
@@ -124,8 +131,9 @@ func (c *Client) Pause(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodPost, "/containers/"+url.PathEscape(id)+"/pause", nil)
 }
 
-// Kill sends signal (e.g. "SIGKILL") to a container's PID 1. SIGKILL of a
-// paused container ends it without running any of its code.
+// Kill sends signal (e.g. "SIGKILL", or a task's kill_signal) to a
+// container's PID 1. SIGKILL of a paused container ends it without running
+// any of its code.
 func (c *Client) Kill(ctx context.Context, id, signal string) error {
 	return c.do(ctx, http.MethodPost, "/containers/"+url.PathEscape(id)+"/kill?signal="+url.QueryEscape(signal), nil)
 }
