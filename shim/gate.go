@@ -274,7 +274,7 @@ func checkNomadKill(task *api.Task, groupDelay time.Duration, t lockclient.Timin
 	return fmt.Errorf("task %q: the group's shutdown_delay (%s) + the task's kill_timeout (%s) + its shutdown_delay (%s) "+
 		"is too long for lock ttl %s and delay %s. %s; if the gate loses the lock, Nomad kills the gated tasks only then, "+
 		"first waiting the group's shutdown_delay, and they must be dead before the server can expire the lock: "+
-		"ttl + delay (%s) must exceed the three + %s. Lower them, or raise the gate's lock ttl (config { lock { ttl = \"%s\" } })",
+		"ttl + delay (%s) must exceed the three + %s. Lower them, or raise the gate's config.lock.ttl to \"%s\" or more",
 		task.Name, groupDelay, kill, task.ShutdownDelay, t.TTL, t.LockDelay, whose, have, gateKillSlack,
 		(need - t.LockDelay + time.Second).Round(time.Second))
 }
