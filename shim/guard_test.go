@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -156,5 +157,56 @@ func TestGuardKillsTheTree(t *testing.T) {
 	}
 	if !waitDead(daemon.Process.Pid, 10*time.Second) {
 		t.Fatalf("daemon %d (out of the process group, in the guard's tree) alive 10s after the guard's deadline", daemon.Process.Pid)
+	}
+}
+
+// A supervisor of an earlier build (main at aa8bd1d) runs on across an
+// upgrade of the binary, and starts its guard from the new one
+// (os.Executable): its arming, a duration from when the guard reads it,
+// is read as such, not as a deadline long past that kills the workload
+// at once.
+func TestGuardReadsTheEarlierProtocol(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As that build started it: no tree, no boot clock line.
+	guard := exec.Command(self, GuardCommand, strconv.Itoa(os.Getpid()))
+	guard.Env, guard.Dir = []string{}, "/"
+	guard.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: guardSignal}
+	out, err := guard.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := guard.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := guard.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = guard.Wait() }()
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("guard said %q, %v", line, err)
+	}
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pgid: guard.Process.Pid}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
+	t.Cleanup(func() { _ = syscall.Kill(-guard.Process.Pid, syscall.SIGKILL) })
+
+	fmt.Fprintf(in, "%d\n", time.Minute.Nanoseconds())
+	if waitDead(cmd.Process.Pid, 1500*time.Millisecond) {
+		t.Fatal("the guard killed the workload at once on an arming of one minute from now")
+	}
+	armed := time.Now()
+	fmt.Fprintf(in, "%d\n", (300 * time.Millisecond).Nanoseconds())
+	if !waitDead(cmd.Process.Pid, 10*time.Second) {
+		t.Fatalf("workload %d alive 10s after an arming of 300ms", cmd.Process.Pid)
+	}
+	if d := time.Since(armed); d < 250*time.Millisecond {
+		t.Errorf("killed after %s, before the 300ms deadline", d)
 	}
 }

@@ -145,6 +145,7 @@ func startGuard(sp *spawner, tree Tree) (*group, error) {
 		return nil, fmt.Errorf("process-group guard: %w", err)
 	}
 	go func() { _ = cmd.Wait() }() // reap it whenever it dies
+	_, _ = fmt.Fprintln(fence, guardBootClock)
 	return &group{pgid: cmd.Process.Pid, guard: cmd, fence: fence}, nil
 }
 
@@ -189,18 +190,8 @@ func runGuard(parent int, tree Tree) int {
 	}
 	fmt.Fprintln(os.Stdout, "ready")
 	_ = os.Stdout.Close()
-	// Each stdin line arms the fence: a CLOCK_BOOTTIME reading in
-	// nanoseconds by which the group must be gone unless a newer line
-	// arrives. EOF keeps the last one.
-	arms := make(chan int64, 1)
-	go func() {
-		sc := bufio.NewScanner(os.Stdin)
-		for sc.Scan() {
-			if n, err := strconv.ParseInt(strings.TrimSpace(sc.Text()), 10, 64); err == nil {
-				arms <- n
-			}
-		}
-	}()
+	arms := make(chan time.Time, 1)
+	go readArms(os.Stdin, arms)
 	// The fence is measured on CLOCK_BOOTTIME, as the server's expiry is
 	// in effect: a suspend of the host shortens it, never extends it.
 	var fence <-chan time.Time
@@ -209,15 +200,51 @@ func runGuard(parent int, tree Tree) int {
 		select {
 		case <-died:
 			return killAll()
-		case n := <-arms:
+		case d := <-arms:
 			if timer != nil {
 				timer.Stop()
 			}
-			timer = lockclient.NewBootTimer(max(lockclient.BootUntil(lockclient.BootTime(n)), 0))
+			timer = lockclient.NewBootTimer(max(lockclient.BootUntil(d), 0))
 			fence = timer.C()
 		case <-fence:
 			fmt.Fprintln(os.Stderr, "lock: process-group guard: the supervisor missed its stop deadline; killing the workload")
 			return killAll()
+		}
+	}
+}
+
+// guardBootClock is the line with which a supervisor tells its guard that
+// the lines after it are CLOCK_BOOTTIME readings (arm). A supervisor of a
+// build before it (main at aa8bd1d) sent durations, each counted from when
+// the guard read it, and sends no such line; after an upgrade of the
+// binary it starts its guard from the new one (os.Executable), which must
+// read it as it meant it, never as a deadline long past (the builds in
+// between, which sent readings without this line, were never released). A
+// guard of such a build ignores this line, as any line that is not a
+// number.
+const guardBootClock = "boot"
+
+// readArms turns the supervisor's lines into the guard's deadlines, in
+// order, on arms. Each line is a deadline by which the group must be gone
+// unless a newer line arrives; EOF keeps the last one. Until the
+// guardBootClock line, a line is a duration from its reading (the protocol
+// of earlier builds).
+func readArms(r io.Reader, arms chan<- time.Time) {
+	boot := false
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == guardBootClock {
+			boot = true
+			continue
+		}
+		n, err := strconv.ParseInt(line, 10, 64)
+		switch {
+		case err != nil:
+		case boot:
+			arms <- lockclient.BootTime(n)
+		default:
+			arms <- lockclient.BootNow().Add(time.Duration(n))
 		}
 	}
 }
