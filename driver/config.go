@@ -258,24 +258,25 @@ func (tc TaskConfig) validateStart() error {
 		"only once it holds the lock; needs read-job for the task's identity: see docs/services.md)", tc.Start, StartAtOnce, StartOnLock)
 }
 
-// shimConfig turns a task's config into the supervisor's, validated. Every
-// error names the jobspec field to fix.
-func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duration) (shim.Config, error) {
-	c := shim.DefaultConfig()
+// runSpec turns a task's config into the run its supervisor supervises,
+// validated. Every error names the jobspec field to fix.
+func (tc TaskConfig) runSpec(cfg *drivers.TaskConfig, ttl, delay time.Duration) (shim.Spec, error) {
+	run := shim.Spec{Version: shim.SpecVersion, Config: shim.DefaultConfig(), Holder: taskHolder(cfg)}
+	c := &run.Config
 	c.TTL, c.LockDelay = ttl, delay
 	if tc.Command != "" || !tc.Gate {
 		c.Command = append([]string{tc.Command}, tc.Args...)
 	}
 	if tc.Gate {
-		c.Gate = &shim.Gate{AllocID: cfg.AllocID, Task: cfg.Name, Namespace: cfg.Namespace}
+		run.Gate = &shim.GateSpec{AllocID: cfg.AllocID, Task: cfg.Name, Namespace: cfg.Namespace}
 	} else if tc.Start == StartOnLock {
-		c.WatchAlloc = &shim.AllocWatch{AllocID: cfg.AllocID, Namespace: cfg.Namespace, Who: onLockWho}
+		run.WatchAlloc = &shim.AllocWatch{AllocID: cfg.AllocID, Namespace: cfg.Namespace, Who: onLockWho}
 	}
 	var errs []error
 	if err := tc.validateStart(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := shim.LockSettings.In(shim.InDriver).Apply(&c, tc.Lock,
+	if err := shim.LockSettings.In(shim.InDriver).Apply(c, tc.Lock,
 		func(s shim.LockSetting) string { return "config.lock." + s.Name }); err != nil {
 		errs = append(errs, err)
 	}
@@ -288,6 +289,11 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 		}
 	}
 	c.Namespace = cfg.Namespace
+	// The supervisor, as root beside a task it does not trust, reaches
+	// Nomad only through the task's secrets dir, from the plugin (never from
+	// the task environment, which a job can set): its Task API socket.
+	c.RootSecretsDir = cfg.TaskDir().SecretsDir
+	c.AllocIndex = allocIndex(cfg)
 	lb, err := shim.BuildLoadBalancer(tc.LoadBalancer, tc.HealthCheck, func(k string) string { return cfg.Env[k] }, "config.")
 	if err != nil {
 		errs = append(errs, err)
@@ -306,12 +312,12 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 		errs = append(errs, errors.New("config.args without config.command: a gate with args needs a command to pass them to"))
 	}
 	if len(errs) > 0 {
-		return c, errors.Join(errs...)
+		return run, errors.Join(errs...)
 	}
-	if err := c.Validate(); err != nil {
-		return c, fmt.Errorf("invalid config.lock: %w", err)
+	if err := run.Validate(); err != nil {
+		return run, fmt.Errorf("invalid config.lock: %w", err)
 	}
-	return c, nil
+	return run, nil
 }
 
 // checkLeasePath keeps a lease-mode task to its own job's locks: the
@@ -359,8 +365,8 @@ func checkIdentity(cfg *drivers.TaskConfig) error {
 // secrets/nomad_token, readable by the task's user, and whoever holds it
 // can write the heartbeat that a standby trusts (docs/lease.md). With
 // identity { env = true } alone the workload never gets it (workloadEnv).
-func checkLeaseIdentity(cfg *drivers.TaskConfig, sc shim.Config) error {
-	if sc.Mode != shim.ModeLease {
+func checkLeaseIdentity(cfg *drivers.TaskConfig, run shim.Spec) error {
+	if run.Mode != shim.ModeLease {
 		return nil
 	}
 	if _, err := os.Lstat(filepath.Join(cfg.TaskDir().SecretsDir, "nomad_token")); err != nil {
@@ -380,17 +386,17 @@ func planTask(cfg *drivers.TaskConfig, tc TaskConfig, ttl, delay time.Duration, 
 		return supervisorSpec{}, err
 	}
 	tc.LoadBalancer = lbSpec
-	sc, err := tc.shimConfig(cfg, ttl, delay)
+	run, err := tc.runSpec(cfg, ttl, delay)
 	if err != nil {
 		return supervisorSpec{}, err
 	}
 	if err := checkIdentity(cfg); err != nil {
 		return supervisorSpec{}, err
 	}
-	if err := checkLeaseIdentity(cfg, sc); err != nil {
+	if err := checkLeaseIdentity(cfg, run); err != nil {
 		return supervisorSpec{}, err
 	}
-	spec, err := buildSpec(cfg, tc, sc, users)
+	spec, err := buildSpec(cfg, tc, run, users)
 	if err != nil {
 		return supervisorSpec{}, err
 	}
@@ -406,24 +412,16 @@ func taskHolder(cfg *drivers.TaskConfig) lockclient.Holder {
 		Group: cfg.TaskGroupName, Task: cfg.Name, Node: cfg.NodeName}
 }
 
-// buildSpec turns the validated config into the supervisor's spec, with the
+// buildSpec turns the validated run into the supervisor's spec, with the
 // task's user resolved and checked against the plugin's user policy.
-func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users userPolicy) (supervisorSpec, error) {
-	spec := supervisorSpec{
-		LB: tc.LoadBalancer, Health: tc.HealthCheck,
-		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
-		Holders: sc.Holders, AllocIndex: allocIndex(cfg),
-		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait, UpdateGrace: sc.UpdateGrace,
-		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
-		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), SecretsDir: cfg.TaskDir().SecretsDir, ShareNomadToken: tc.ShareNomadToken,
-		OOMScoreAdj: tc.OOMScoreAdj, Holder: taskHolder(cfg),
-		Mode: sc.Mode, LeaseProfile: sc.LeaseProfile,
-		LeaseInterval: sc.LeaseInterval, LeaseFence: sc.LeaseFence, LeaseKillGrace: sc.LeaseKillGrace,
-	}
-	if g := sc.Gate; g != nil {
-		spec.Gate = &gateSpec{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace}
-	}
-	spec.StartOnLock = sc.WatchAlloc != nil
+func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, run shim.Spec, users userPolicy) (supervisorSpec, error) {
+	// The driver's supervisor waits for an ACL policy rather than fail (a
+	// task event names it), and stands behind its task with the plugin,
+	// which releases with its own token what the task's identity no longer
+	// can.
+	run.WaitForPolicy, run.PluginReleases = true, true
+	spec := supervisorSpec{Run: run, TaskID: cfg.ID, taskProcess: taskProcess{
+		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), ShareNomadToken: tc.ShareNomadToken, OOMScoreAdj: tc.OOMScoreAdj}}
 	id, err := users.resolve(cfg.User)
 	if err != nil {
 		return spec, err

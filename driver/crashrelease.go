@@ -72,12 +72,12 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 	}
 
 	var spec supervisorSpec
-	err := readJSON(h.dir, specFile, &spec)
+	err := readSpec(h.dir, &spec)
 	gatedDead := false
 	h.mu.Lock()
 	planned := h.killedByPlugin
 	h.mu.Unlock()
-	if err == nil && spec.Gate != nil && crashed && !planned && !held.IdentityRejected {
+	if err == nil && spec.Run.Gate != nil && crashed && !planned && !held.IdentityRejected {
 		// A crashed gate's lock covers its gated tasks: the plugin kills
 		// them and proves them dead itself, if it can (see gatedtasks.go),
 		// and then releases at once.
@@ -98,7 +98,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 	}
 	// The release that follows is sent only before the lease's release
 	// cutoff (see releaseWith): past it the server may be expiring the lock.
-	if err != nil || (spec.Gate != nil && !held.IdentityRejected && !gatedDead) {
+	if err != nil || (spec.Run.Gate != nil && !held.IdentityRejected && !gatedDead) {
 		// A gate's lock covers its gated tasks, which run in other task
 		// cgroups, under other drivers: unless the plugin proved them dead
 		// above, the gate now fails and Nomad kills them; the server's
@@ -120,7 +120,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 		d.emitEvent(h.cfg, crashNotReleasedMessage(whose, err, 0), ann)
 		return
 	}
-	via, err := d.releaseHeld(h, held, spec.Gate, gatedDead, log)
+	via, err := d.releaseHeld(h, held, spec.Run.Gate, gatedDead, log)
 	switch {
 	case err == nil:
 		log.Info("released the lock on behalf of the supervisor", "via", via)
@@ -148,7 +148,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 // stopped or gone (its client kills the gated tasks before it stops the
 // gate), and marks the release clean first so that the next gate need not
 // wait (see shim.gateAwaitPrevious).
-func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, gatedDead bool, log hclog.Logger) (via string, err error) {
+func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *shim.GateSpec, gatedDead bool, log hclog.Logger) (via string, err error) {
 	st := h.lastStatus()
 	if fresh := (supervisorStatus{}); readJSON(h.dir, statusFile, &fresh) == nil && fresh.LastRenewBoot > st.LastRenewBoot {
 		st = fresh
@@ -174,7 +174,7 @@ func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, gate
 // time of its last acknowledged renew, which the supervisor recorded): the
 // server may then be expiring the lock, and its expiry would clear the
 // next holder's.
-func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew time.Time, gate *gateSpec, gatedDead bool, log hclog.Logger) error {
+func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew time.Time, gate *shim.GateSpec, gatedDead bool, log hclog.Logger) error {
 	locker, err := lockclient.New(lockclient.Config{
 		Endpoint:  ep,
 		Namespace: held.Namespace,
@@ -209,7 +209,7 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew t
 // tasks, which neither the kill nor the static restart rule holds back (a
 // restart or a first start pending, see shim.GatedPending), or "": a
 // release after which one may is not marked clean.
-func gatedMayStart(ctx context.Context, locker *lockclient.Locker, gate *gateSpec) string {
+func gatedMayStart(ctx context.Context, locker *lockclient.Locker, gate *shim.GateSpec) string {
 	alloc, _, err := locker.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
 	switch {
 	case errors.Is(err, lockclient.ErrAllocGone) && !errors.Is(err, lockclient.ErrAllocHidden):
@@ -225,7 +225,7 @@ func gatedMayStart(ctx context.Context, locker *lockclient.Locker, gate *gateSpe
 
 // gateAllocStopped returns nil once Nomad says the gate's allocation is
 // stopped or gone: its client then kills the gated tasks before the gate.
-func gateAllocStopped(ctx context.Context, locker *lockclient.Locker, gate *gateSpec) error {
+func gateAllocStopped(ctx context.Context, locker *lockclient.Locker, gate *shim.GateSpec) error {
 	alloc, _, err := locker.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
 	switch {
 	case errors.Is(err, lockclient.ErrAllocHidden):
@@ -285,7 +285,7 @@ func (d *Driver) removeAfterCrash(h *taskHandle) (wait func(within time.Duration
 		return wait
 	}
 	var spec supervisorSpec
-	if readJSON(h.dir, specFile, &spec) != nil || spec.Gate == nil {
+	if readSpec(h.dir, &spec) != nil || spec.Run.Gate == nil {
 		d.removeCrashedUpstream(h, reg, reg.Config.WithDefaults().RemoveDeadline+crashReleaseTimeout, true)
 		return wait
 	}

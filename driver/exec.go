@@ -46,7 +46,7 @@ func execInTask(path string, argv []string) (int, error) {
 		return shim.ExitCannotExec, err
 	}
 	var spec supervisorSpec
-	err = readJSON(dir, specFile, &spec)
+	err = readSpec(dir, &spec)
 	dir.Close()
 	if err != nil {
 		return shim.ExitCannotExec, err

@@ -14,7 +14,6 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 	"golang.org/x/sys/unix"
 )
@@ -229,7 +228,7 @@ func (d *Driver) exitResult(h *taskHandle, ps *os.ProcessState, waitErr error) *
 	// The supervisor died without its exit status: the plugin compares the
 	// OOM kill count itself.
 	var spec supervisorSpec
-	oom := readJSON(h.dir, specFile, &spec) == nil && h.cgroup.oomKilledSince(spec.OOMKillsAtStart)
+	oom := readSpec(h.dir, &spec) == nil && h.cgroup.oomKilledSince(spec.OOMKillsAtStart)
 	if ps != nil {
 		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			return &drivers.ExitResult{ExitCode: 128 + int(ws.Signal()), Signal: int(ws.Signal()), OOMKilled: oom,
@@ -257,16 +256,11 @@ func (h *taskHandle) finish(res *drivers.ExitResult) {
 // (request_timeout). StopTask waits that much longer.
 func (h *taskHandle) lbRemoveReserve() time.Duration {
 	var spec supervisorSpec
-	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.LB.IsZero() {
+	if err := readSpec(h.dir, &spec); err != nil || spec.Run.LB == nil {
 		return 0
 	}
-	parse := func(v string, def time.Duration) time.Duration {
-		if d, err := time.ParseDuration(v); err == nil && d > 0 {
-			return d
-		}
-		return def
-	}
-	return parse(spec.LB.RemoveDeadline, lbhook.DefaultRemoveDeadline) + parse(spec.LB.RequestTimeout, lbhook.DefaultRequestTimeout)
+	lb := spec.Run.LB.WithDefaults()
+	return lb.RemoveDeadline + lb.RequestTimeout
 }
 
 // killTask SIGKILLs the supervisor, through the handle that proves it is

@@ -50,7 +50,7 @@ func runSupervisor(path string) int {
 		return shim.ExitInfra
 	}
 	var spec supervisorSpec
-	if err := readJSON(dir, specFile, &spec); err != nil {
+	if err := readSpec(dir, &spec); err != nil {
 		log.Error("read supervisor spec", "error", err)
 		_ = writeJSON(dir, exitFile, exitStatus{ExitCode: shim.ExitConfig, Message: err.Error()})
 		return shim.ExitConfig
@@ -81,34 +81,24 @@ func setOOMScoreAdj(v int) error {
 }
 
 func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (int, string) {
-	cfg := spec.shimConfig()
-	lb, err := shim.BuildLoadBalancer(spec.LB, spec.Health, os.Getenv, "config.")
-	if err != nil {
-		log.Error("invalid load balancer config", "error", err)
-		return shim.ExitConfig, err.Error()
-	}
-	cfg.LB = lb
-
-	holder := spec.holder()
-	locker, err := shim.NewLocker(cfg, log, holder)
+	run := spec.Run
+	run.Holder = spec.holder()
+	locker, err := shim.NewLocker(run, log)
 	if err != nil {
 		log.Error("cannot set up the lock", "error", err)
 		return shim.ExitConfig, err.Error()
 	}
-
-	if cfg.Gate != nil {
-		cfg.Gate.Killer = gatedTasksFunc(dir, spec, locker, log)
-	}
+	holder := run.Holder
 
 	starter, err := newTaskStarter(spec, log)
 	if err != nil {
 		log.Error("find the cgroups to start the workload in", "error", err)
 		return shim.ExitInfra, err.Error()
 	}
-	pub := &publisher{dir: dir, path: cfg.Path, log: log}
+	pub := &publisher{dir: dir, path: run.Path, log: log}
 	sup := &shim.Supervisor{
-		Config: cfg, Locker: locker, Logger: log, Observe: pub.observe,
-		OnAcquire: recordLease(dir, cfg, log),
+		Config: run.Config, Locker: locker, Logger: log, Observe: pub.observe,
+		OnAcquire: recordLease(dir, run.Config, log),
 		OnLBPosted: func(lb *shim.LoadBalancer, hook *lbhook.Hook, self lbhook.UpstreamInfo) {
 			reg := lbRegistration{Config: lb.Config, AllocID: holder.AllocID, Fence: hook.Fence(), Upstream: self}
 			if err := writeJSON(dir, lbFile, reg); err != nil {
@@ -133,7 +123,6 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 			}
 			_ = dir.Remove(leaseFile)
 		},
-		PluginReleases: true,
 
 		Stdin: nil, Stdout: os.Stdout, Stderr: os.Stderr,
 		Env: workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars),
@@ -142,10 +131,13 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 		// work_dir reaches only what the task user may reach.
 		Dir: spec.WorkDir,
 		// The workload is born in the task cgroup (see taskStarter).
-		StartIn:       starter.within,
-		Tree:          workloadTree(spec),
-		RequireGuard:  true,
-		WaitForPolicy: true,
+		StartIn:      starter.within,
+		Tree:         workloadTree(spec),
+		RequireGuard: true,
+		WatchAlloc:   run.WatchAlloc,
+	}
+	if g := run.Gate; g != nil {
+		sup.Gate = &shim.Gate{GateSpec: *g, Killer: gatedTasksFunc(dir, spec, locker, log)}
 	}
 	if spec.UID != nil {
 		sup.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
@@ -163,32 +155,13 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 }
 
 // holder is the lock's holder record: the task as the plugin named it in
-// the spec (see supervisorSpec.Holder), this host and this process.
+// the spec (see supervisorSpec.Run), this host and this process.
 func (spec supervisorSpec) holder() lockclient.Holder {
-	h := spec.Holder
+	h := spec.Run.Holder
 	h.Hostname, _ = os.Hostname()
 	h.Node = cmp.Or(h.Node, h.Hostname)
 	h.PID = os.Getpid()
 	return h
-}
-
-// shimConfig is the supervisor's config for spec, before its load balancer.
-func (spec supervisorSpec) shimConfig() shim.Config {
-	cfg := shim.DefaultConfig()
-	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
-	cfg.Holders, cfg.AllocIndex = spec.Holders, spec.AllocIndex
-	cfg.RootSecretsDir = spec.SecretsDir
-	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
-	cfg.UpdateGrace = spec.UpdateGrace
-	cfg.Mode, cfg.LeaseProfile = spec.Mode, spec.LeaseProfile
-	cfg.LeaseInterval, cfg.LeaseFence, cfg.LeaseKillGrace = spec.LeaseInterval, spec.LeaseFence, spec.LeaseKillGrace
-	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
-	if g := spec.Gate; g != nil {
-		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}
-	} else if spec.StartOnLock {
-		cfg.WatchAlloc = &shim.AllocWatch{AllocID: spec.Holder.AllocID, Namespace: spec.Namespace, Who: onLockWho}
-	}
-	return cfg
 }
 
 // recordLease is the supervisor's OnAcquire: it records the lease, for the

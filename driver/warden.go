@@ -99,11 +99,11 @@ func (d *Driver) startWarden(w wardenState) {
 // disk before StartTask returns, so before Nomad starts any gated task.
 func (d *Driver) armWarden(h *taskHandle, root *securefs.Dir) error {
 	var spec supervisorSpec
-	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.Gate == nil {
+	if err := readSpec(h.dir, &spec); err != nil || spec.Run.Gate == nil {
 		return fmt.Errorf("read the gate's spec: %v", err)
 	}
-	w := wardenState{AllocID: spec.Gate.AllocID, Task: spec.Gate.Task, Namespace: spec.Gate.Namespace, LockPath: spec.Path,
-		TTL: spec.TTL, LockDelay: spec.LockDelay, SecretsDir: h.cfg.TaskDir().SecretsDir, AllocDir: h.cfg.AllocDir,
+	w := wardenState{AllocID: spec.Run.Gate.AllocID, Task: spec.Run.Gate.Task, Namespace: spec.Run.Gate.Namespace, LockPath: spec.Run.Path,
+		TTL: spec.Run.TTL, LockDelay: spec.Run.LockDelay, SecretsDir: h.cfg.TaskDir().SecretsDir, AllocDir: h.cfg.AllocDir,
 		Env: gatedEnvOf(spec)}
 	if k, err := d.gatedKillerOf(h, spec); err != nil {
 		h.logger.Warn("gate: its gated tasks are not known yet; the warden learns them from the allocation", "error", err)
@@ -337,15 +337,15 @@ func (d *Driver) gateHolds(w wardenState) (held bool, killBy int64) {
 // under way). by is a kept lease's stop deadline.
 func runHolds(dir *securefs.Dir, now int64) (held bool, by int64) {
 	var spec supervisorSpec
-	if readJSON(dir, specFile, &spec) != nil || spec.Gate == nil {
+	if readSpec(dir, &spec) != nil || spec.Run.Gate == nil {
 		return false, 0
 	}
 	var st supervisorStatus
 	_ = readJSON(dir, statusFile, &st)
-	adopting := spec.Gate.Adopt != nil && now < spec.Gate.Adopt.FenceBoot
+	adopting := spec.Run.Gate.Adopt != nil && now < spec.Run.Gate.Adopt.FenceBoot
 	if st.SupervisorPID == 0 {
 		if adopting {
-			return true, spec.Gate.Adopt.StopBoot
+			return true, spec.Run.Gate.Adopt.StopBoot
 		}
 		return false, 0
 	}
@@ -354,7 +354,7 @@ func runHolds(dir *securefs.Dir, now int64) (held bool, by int64) {
 		case state.Holds() || state == shim.StateStopping || state == shim.StateLost:
 			return true, 0
 		case adopting:
-			return true, spec.Gate.Adopt.StopBoot
+			return true, spec.Run.Gate.Adopt.StopBoot
 		}
 		return false, 0
 	}

@@ -34,16 +34,10 @@ import (
 // within their kill_timeout, which the gate checks at start to fit before
 // the server can expire the lock (see checkGateJob).
 type Gate struct {
-	// AllocID, Task and Namespace name the gate's task (from Nomad, never
-	// from the task environment).
-	AllocID, Task, Namespace string
+	GateSpec
 
 	// gated are the tasks the gate holds the lock for, found at start.
 	gated []string
-	// Adopt is the lease a previous run of this gate, in this allocation,
-	// left held (Nomad restarted the gate): the gate renews it instead of
-	// acquiring, so its gated tasks, which may run on, never lose cover.
-	Adopt *AdoptLease
 
 	// killBound is the longest the gated tasks may take to die once the
 	// gate has failed, found at start: the group's shutdown_delay + the
@@ -68,23 +62,6 @@ type Gate struct {
 	// task must be one it kills itself, dead by lease_fence +
 	// lease_kill_grace after its last acknowledged heartbeat.
 	lease bool
-}
-
-// AdoptLease names a lease to take over: its lock ID and fencing token,
-// and the lock it holds (for a semaphore, its slot's path; "" is the
-// gate's lock path).
-type AdoptLease struct {
-	LockID string
-	Fence  uint64
-	Path   string `json:",omitempty"`
-	// FenceBoot and StopBoot, when set, are the previous run's fence and
-	// stop deadlines (CLOCK_BOOTTIME ns, lockclient.BootNanos). The lease
-	// may be taken over only before FenceBoot (lease mode: D after its last
-	// acknowledged heartbeat): past it the gated tasks, which ran on under
-	// it, have no one to stop them should the lock be lost, and the plugin
-	// kills them, gracefully where StopBoot leaves the time.
-	FenceBoot int64 `json:",omitempty"`
-	StopBoot  int64 `json:",omitempty"`
 }
 
 // Timings of a gate.
@@ -357,7 +334,7 @@ func checkDirectRestart(task *api.Task, tg *api.TaskGroup, groupDelay time.Durat
 
 // gateCheck reads the gate's allocation and checks its job (checkGateJob).
 func (s *Supervisor) gateCheck(ctx context.Context) error {
-	g := s.Config.Gate
+	g := s.Gate
 	alloc, err := s.readOwnAlloc(ctx, g.AllocID, g.Namespace, "")
 	if err != nil {
 		return err
@@ -379,7 +356,7 @@ func (s *Supervisor) gateCheck(ctx context.Context) error {
 // a task whose driver has not yet started it, so a gate waiting for the
 // lock must notice by itself; nil without a gate.
 func (s *Supervisor) gateStopping(ctx context.Context) <-chan struct{} {
-	g := s.Config.Gate
+	g := s.Gate
 	if g == nil {
 		return nil
 	}
@@ -397,7 +374,7 @@ type stopArrival struct {
 
 // readAtStop reads the gate's allocation as a stop arrives.
 func (s *Supervisor) readAtStop() stopArrival {
-	g := s.Config.Gate
+	g := s.Gate
 	ctx, cancel := context.WithTimeout(context.Background(), 2*s.Locker.Config().RequestTimeout)
 	defer cancel()
 	alloc, _, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
@@ -444,7 +421,7 @@ func (s *Supervisor) readAtStop() stopArrival {
 // ours and every gated task is proven dead; otherwise it expires on the
 // server, after Nomad has killed the rest.
 func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stopArrival) (release, clean bool) {
-	g := s.Config.Gate
+	g := s.Gate
 	cfg := s.Locker.Config()
 	expiry := 2*cfg.TTL + cfg.LockDelay
 	if chans.Closed(lease.Lost()) {
@@ -487,7 +464,7 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 		switch {
 		case errors.Is(err, lockclient.ErrAllocGone):
 			return true, true
-		case errors.Is(err, lockclient.ErrIdentityRejected) && s.PluginReleases && s.OnReleaseTried != nil:
+		case errors.Is(err, lockclient.ErrIdentityRejected) && s.Config.PluginReleases && s.OnReleaseTried != nil:
 			// A purged job's identity no longer authenticates: the
 			// plugin asks Nomad with the operator's token whether the
 			// allocation is stopped or gone before it releases.
@@ -536,7 +513,7 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 // or so) shows running: its restart comes no sooner than the static rule
 // allows. A failed read says nothing, so no.
 func (s *Supervisor) noneRestartable() bool {
-	g := s.Config.Gate
+	g := s.Gate
 	ctx, cancel := context.WithTimeout(context.Background(), 2*s.Locker.Config().RequestTimeout)
 	defer cancel()
 	alloc, _, err := s.Locker.Allocation(ctx, g.AllocID, g.Namespace, 0)
@@ -621,7 +598,7 @@ func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
 // Reads that keep failing end it at that same bound. It returns false if
 // the lease ended meanwhile.
 func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
-	g := s.Config.Gate
+	g := s.Gate
 	prev := lease.Previous
 	if prev.AllocID == "" || prev.AllocID == g.AllocID || prev.ReleasedClean {
 		return true
@@ -778,7 +755,7 @@ func isPoststop(alloc *api.Allocation, task string) bool {
 // then fails, so that Nomad kills its gated tasks (and the plugin's warden
 // kills them meanwhile).
 func (s *Supervisor) gateAdopt(ctx context.Context) (*lockclient.Lease, error) {
-	a := s.Config.Gate.Adopt
+	a := s.Gate.Adopt
 	within := s.Locker.Config().TTL / 2
 	if a.FenceBoot != 0 {
 		within = min(within, lockclient.BootUntil(lockclient.BootTime(a.FenceBoot)))

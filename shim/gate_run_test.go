@@ -17,7 +17,7 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/locktest"
 )
 
-// Tests of a gate's decisions (Supervisor.Run with Config.Gate and no
+// Tests of a gate's decisions (Supervisor.Run with a Gate and no
 // command) over the in-memory lease and the in-memory servers' view of the
 // allocations (locktest): when it takes the lock, whether it waits for the
 // previous holder's gated tasks, whether it releases and marks the release
@@ -91,7 +91,8 @@ func newGateRig(t *testing.T, job gateJob) *gateRig {
 	job.id = gateAlloc
 	r.srv.SetAllocation(job.alloc())
 	r.sup = &Supervisor{
-		Config:  Config{Path: cfg.Path, KillSignal: syscall.SIGTERM, KillTimeout: time.Second, Gate: &Gate{AllocID: gateAlloc, Task: gateTask}},
+		Config:  Config{Path: cfg.Path, KillSignal: syscall.SIGTERM, KillTimeout: time.Second},
+		Gate:    &Gate{GateSpec: GateSpec{AllocID: gateAlloc, Task: gateTask}},
 		Locker:  r.srv.Locker(t, cfg),
 		Observe: r.observe,
 		Stop:    r.stop,
@@ -387,7 +388,7 @@ func TestGateAdopt(t *testing.T) {
 				r.srv.Free()
 			}
 			fence, _ := r.srv.LastGrant()
-			r.sup.Config.Gate.Adopt = &AdoptLease{LockID: "locktest-lock-1", Fence: fence}
+			r.sup.Gate.Adopt = &AdoptLease{LockID: "locktest-lock-1", Fence: fence}
 			r.run()
 			if !held {
 				if code := r.exit(); code != ExitLost {
@@ -428,7 +429,7 @@ func TestGateRefusesBadJob(t *testing.T) {
 // direct, and records at each release whether they were killed first.
 func (r *gateRig) withKiller(direct ...string) *fakeGated {
 	f := &fakeGated{direct: direct, srv: r.srv}
-	r.sup.Config.Gate.Killer = func(allocID string, tasks []GatedTask) (GatedTasks, error) {
+	r.sup.Gate.Killer = func(allocID string, tasks []GatedTask) (GatedTasks, error) {
 		if allocID != gateAlloc {
 			r.t.Errorf("Killer built for allocation %q", allocID)
 		}

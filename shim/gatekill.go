@@ -100,7 +100,7 @@ const gateKillReserve = time.Second
 // An empty why proves them dead without an event unless that fails (Nomad
 // stopped them first, as far as the gate knows).
 func (s *Supervisor) killDirect(lease *lockclient.Lease, why string) bool {
-	g := s.Config.Gate
+	g := s.Gate
 	if g.killer == nil {
 		return true
 	}
@@ -159,7 +159,7 @@ func (s *Supervisor) killDirectHeld(lease *lockclient.Lease, why string) bool {
 	if s.killDirect(lease, why) {
 		return true
 	}
-	if s.Config.Gate.allDirect() {
+	if s.Gate.allDirect() {
 		ctx, cancel := context.WithTimeout(context.Background(), s.Locker.Config().RequestTimeout)
 		defer cancel()
 		if err := lease.MarkNotGatedDirect(ctx); err != nil {

@@ -147,9 +147,9 @@ func hooksOf[T runHook](s *Supervisor) []T {
 // buildHooks attaches the hooks the config asks for.
 func (s *Supervisor) buildHooks() {
 	s.hooks = nil
-	if s.Config.Gate != nil {
-		s.hooks = append(s.hooks, newGateHook(s, s.Config.Gate))
-	} else if w := s.Config.WatchAlloc; w != nil {
+	if s.Gate != nil {
+		s.hooks = append(s.hooks, newGateHook(s, s.Gate))
+	} else if w := s.WatchAlloc; w != nil {
 		s.hooks = append(s.hooks, &allocWatchHook{s: s, w: w})
 	}
 	if s.Locker != nil {

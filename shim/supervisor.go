@@ -107,6 +107,9 @@ type Supervisor struct {
 	Credential *syscall.Credential
 	// Stop delivers stop requests; nil means only SIGTERM/SIGINT stop.
 	Stop <-chan StopRequest
+	// Gate and WatchAlloc are the run's (Spec.Gate, Spec.WatchAlloc).
+	Gate       *Gate
+	WatchAlloc *AllocWatch
 	// OnAcquire, if set, runs after the lock is acquired and before the
 	// workload starts: the driver records the lease for a crash release.
 	OnAcquire func(*lockclient.Lease)
@@ -121,9 +124,6 @@ type Supervisor struct {
 	// reason calls it with that error instead of releasing (gateMayRelease):
 	// the plugin then asks Nomad with its own token.
 	OnReleaseTried func(err error)
-	// PluginReleases says that a plugin stands behind the supervisor and
-	// releases with its own token what the task's identity no longer can.
-	PluginReleases bool
 	// OnLBPosted runs before the ADD is sent, OnLBRemoved after our REMOVE
 	// succeeded: the driver records the registration for a crash REMOVE.
 	OnLBPosted  func(*LoadBalancer, *lbhook.Hook, lbhook.UpstreamInfo)
@@ -148,12 +148,6 @@ type Supervisor struct {
 	// guard (the driver: nothing else kills a workload whose supervisor was
 	// SIGKILLed before the watchdog's margin runs out).
 	RequireGuard bool
-	// WaitForPolicy makes an HTTP 403 on acquire a wait instead of exit 77
-	// (the driver): the supervisor says in a task event which ACL policy
-	// to apply, retries with backoff, and takes the lock as soon as the
-	// policy is applied, without a restart of the task. Only a stop ends
-	// the wait.
-	WaitForPolicy bool
 
 	spawner *spawner
 	// hooks is the optional behaviour attached to the run (hooks.go).
@@ -704,7 +698,7 @@ func (s *Supervisor) acquireWaitingForPolicy(ctx context.Context, opts lockclien
 	for {
 		l, err := s.Locker.Acquire(ctx, opts)
 		var pe *lockclient.PermissionError
-		if err == nil || !s.WaitForPolicy || !errors.As(err, &pe) || ctx.Err() != nil {
+		if err == nil || !s.Config.WaitForPolicy || !errors.As(err, &pe) || ctx.Err() != nil {
 			return l, err
 		}
 		if msg := lockDeniedMessage(pe); msg != said {
@@ -996,7 +990,7 @@ func (s *Supervisor) release(lease *lockclient.Lease) {
 		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: LeftToExpireMessage(err)})
 	default:
 		s.Logger.Warn("release failed; the lock expires on its own", "error", err)
-		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config(), s.PluginReleases)})
+		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config(), s.Config.PluginReleases)})
 	}
 }
 

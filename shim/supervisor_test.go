@@ -425,7 +425,7 @@ func TestRunReleaseFailure(t *testing.T) {
 func TestRunLockDeniedWaitsForPolicy(t *testing.T) {
 	t.Run("driver waits", func(t *testing.T) {
 		r := newRunRig(t, sleeper, time.Second)
-		r.sup.WaitForPolicy = true
+		r.sup.Config.WaitForPolicy = true
 		r.srv.FailAcquire(locktest.Error(403, "Permission denied"))
 		r.run()
 		ev := r.event("denied", func(ev Event) bool {
@@ -443,7 +443,7 @@ func TestRunLockDeniedWaitsForPolicy(t *testing.T) {
 	})
 	t.Run("stop ends the wait", func(t *testing.T) {
 		r := newRunRig(t, sleeper, time.Second)
-		r.sup.WaitForPolicy = true
+		r.sup.Config.WaitForPolicy = true
 		r.srv.FailAcquire(locktest.Error(403, "Permission denied"))
 		r.run()
 		r.event("denied", func(ev Event) bool { return strings.Contains(ev.Message, "Lock denied (HTTP 403)") })

@@ -408,7 +408,7 @@ func TestGateHasTheUpdateRule(t *testing.T) {
 	srv := locktest.New()
 	cfg := lockclient.Config{Path: "locks/web", Timing: locktest.Timing(),
 		Holder: lockclient.Holder{AllocID: "standby", JobID: "web", Group: "web", Task: "gate"}}
-	s := &Supervisor{Config: Config{Gate: &Gate{AllocID: "standby", Task: "gate"}}, Locker: srv.Locker(t, cfg),
+	s := &Supervisor{Gate: &Gate{GateSpec: GateSpec{AllocID: "standby", Task: "gate"}}, Locker: srv.Locker(t, cfg),
 		Logger: hclog.NewNullLogger(), Getenv: func(string) string { return "" }}
 	s.buildHooks()
 	var names []string

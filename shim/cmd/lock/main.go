@@ -53,13 +53,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 func supervise(cfg shim.Config, stderr io.Writer) int {
 	log := newLogger(stderr, cfg.Verbose)
 	cfg.AllocIndex, _ = strconv.Atoi(os.Getenv("NOMAD_ALLOC_INDEX"))
-	locker, err := shim.NewLocker(cfg, log, lockclient.HolderFromEnv(os.Getenv))
+	spec := shim.Spec{Version: shim.SpecVersion, Config: cfg, Holder: lockclient.HolderFromEnv(os.Getenv)}
+	locker, err := shim.NewLocker(spec, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "lock: %v\n", err)
 		return shim.ExitConfig
 	}
 
-	if hb := cfg.Heartbeat(); hb != nil {
+	if hb := spec.Heartbeat(); hb != nil {
 		log.Info("lease mode: heartbeat every "+hb.Interval.String()+"; this holder fences itself "+hb.Fence.String()+
 			" after its last acknowledged heartbeat and its workload is SIGKILLed "+hb.KillGrace.String()+" later; "+
 			"only the plugin of a node where a singleton task waits for this lock takes a dead holder's lock over (after L = "+

@@ -46,7 +46,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "lock status: %v\n", err)
 		return shim.ExitConfig
 	}
-	locker, err := shim.NewLocker(cfg, newLogger(stderr, false), lockclient.Holder{})
+	locker, err := shim.NewLocker(shim.Spec{Config: cfg}, newLogger(stderr, false))
 	if err != nil {
 		fmt.Fprintf(stderr, "lock status: %v\n", err)
 		return shim.ExitConfig
@@ -135,7 +135,7 @@ func statusOfSlots(ctx context.Context, cfg shim.Config, asJSON bool, stdout, st
 		fmt.Fprintf(stderr, "lock status: %v\n", err)
 		return shim.ExitConfig
 	}
-	locker, err := shim.NewLocker(cfg, newLogger(stderr, false), lockclient.Holder{})
+	locker, err := shim.NewLocker(shim.Spec{Config: cfg}, newLogger(stderr, false))
 	if err != nil {
 		fmt.Fprintf(stderr, "lock status: %v\n", err)
 		return shim.ExitConfig
