@@ -13,57 +13,6 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
-// Gate makes the supervisor hold the lock for the other tasks of its
-// allocation (its gated tasks), of any driver. It builds on three facts of
-// Nomad's task lifecycle (client/allocrunner, v1.11):
-//
-//   - main tasks start only once every prestart sidecar is running, and the
-//     driver reports the gate running only once the lock is held, so a
-//     standby never starts a gated task;
-//   - when an allocation stops, Nomad kills its main tasks first, waits for
-//     them, and only then kills its sidecars, so the gate is asked to stop
-//     after its gated tasks are dead;
-//   - when a task fails for good (restart attempts = 0), Nomad kills every
-//     other task of the allocation ("sibling failed"), locally, without the
-//     servers.
-//
-// The gate releases only when Nomad reports every gated task dead (read with
-// the gate's own identity, which needs "read-job"); otherwise it keeps the
-// lock and lets the server expire it. If the gate loses the lock (or its
-// supervisor dies) it fails, and Nomad kills the gated tasks: they are dead
-// within their kill_timeout, which the gate checks at start to fit before
-// the server can expire the lock (see checkGateJob).
-type Gate struct {
-	GateSpec
-
-	// gated are the tasks the gate holds the lock for, found at start.
-	gated []string
-
-	// killBound is the longest the gated tasks may take to die once the
-	// gate has failed, found at start: the group's shutdown_delay + the
-	// task's kill_timeout + shutdown_delay for those Nomad kills, the
-	// gate's own kill (gateKillAllTimeout) for the others.
-	killBound time.Duration
-
-	// Killer, when set, builds at start the GatedTasks that kill and prove
-	// dead, by the gate itself, those of its gated tasks that it can (the
-	// driver's docker containers and task cgroups).
-	Killer GatedTasksFunc
-	// killer and direct are what Killer built: nil and empty without one,
-	// or when it kills none of the gated tasks; planned is what it built
-	// in any case, which says why a task is left to Nomad.
-	killer, planned GatedTasks
-	direct          []string
-	// tasks are the gated tasks with their drivers; killerErr why Killer
-	// failed, if it did.
-	tasks     []GatedTask
-	killerErr error
-	// lease: the gate's lock is in lease mode (docs/lease.md): every gated
-	// task must be one it kills itself, dead by lease_fence +
-	// lease_kill_grace after its last acknowledged heartbeat.
-	lease bool
-}
-
 // Timings of a gate.
 const (
 	// gateNomadServiceWait is added to the wait for a previous holder's
@@ -383,7 +332,7 @@ func (s *Supervisor) readAtStop() stopArrival {
 
 // gateMayRelease reports whether the gate may release, and whether it may
 // mark the release clean; it first kills the gated tasks itself where the
-// ending asks for it (gatekill.go).
+// Ending asks for it (gatekill.go).
 //
 // The lock passes from the gate's allocation only when its gated tasks are
 // proven dead and Nomad cannot run them again beside the next holder: a
@@ -415,12 +364,12 @@ func (s *Supervisor) readAtStop() stopArrival {
 // in lock and lease mode alike: the gate keeps the lease and kills
 // nothing, the plugin keeps the lease for the restarted run to take over
 // before its fence deadline (driver gateLeases), and past it kills the
-// gated tasks itself. Every other ending (the lock lost, a signal, a
+// gated tasks itself. Every other Ending (the lock lost, a signal, a
 // failed LB ADD, the gate's command ended) kills the gated tasks the gate
 // can kill itself; the lock is then released only if the lease is still
 // ours and every gated task is proven dead; otherwise it expires on the
 // server, after Nomad has killed the rest.
-func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stopArrival) (release, clean bool) {
+func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end Ending, at stopArrival) (release, clean bool) {
 	g := s.Gate
 	cfg := s.Locker.Config()
 	expiry := 2*cfg.TTL + cfg.LockDelay
@@ -444,7 +393,7 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 	}
 	var why string
 	switch {
-	case end == endStopRequest && at.seen:
+	case end == EndStopRequest && at.seen:
 		// Released in any case (the next gate waits for Nomad's report
 		// unless it is marked clean): Nomad's kill of the allocation is
 		// under way. Not asked whether one is pending: the servers lag
@@ -459,7 +408,7 @@ func (s *Supervisor) gateMayRelease(lease *lockclient.Lease, end ending, at stop
 			break
 		}
 		return true, killed && g.allDirect()
-	case end == endStopRequest:
+	case end == EndStopRequest:
 		alloc, err := at.alloc, at.err
 		switch {
 		case errors.Is(err, lockclient.ErrAllocGone):

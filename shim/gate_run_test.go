@@ -130,8 +130,10 @@ func (r *gateRig) checkedAndHeld() *lockclient.Lease {
 	r.t.Helper()
 	s := r.sup
 	s.setUp()
-	if code, refused := s.refused(context.Background()); refused {
-		r.t.Fatalf("gate refused: %d; events:\n%s", code, r.eventLog())
+	for _, h := range hooksOf[checkHook](s) {
+		if code, err := h.check(context.Background()); err != nil {
+			r.t.Fatalf("gate refused: %d; events:\n%s", code, r.eventLog())
+		}
 	}
 	lease, err := s.Locker.Acquire(context.Background(), lockclient.AcquireOptions{})
 	if err != nil {
@@ -590,7 +592,7 @@ func TestGateStopRacingAllocationStop(t *testing.T) {
 			}
 			s := r.sup
 			lease := r.checkedAndHeld()
-			if release, clean := s.gateMayRelease(lease, endStopRequest, tc.at); release != tc.release || clean != tc.clean {
+			if release, clean := s.gateMayRelease(lease, EndStopRequest, tc.at); release != tc.release || clean != tc.clean {
 				t.Errorf("may release %v clean %v, want %v %v; events:\n%s", release, clean, tc.release, tc.clean, r.eventLog())
 			}
 			kills := 0

@@ -3,7 +3,6 @@ package shim
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
@@ -86,8 +85,8 @@ func (h *gateHook) holding(ctx context.Context, lease *lockclient.Lease) <-chan 
 // allocation was already seen being stopped, and else reads it at once:
 // the release is decided from that, not from what is true once the gated
 // task's LB REMOVE is done (see gateMayRelease).
-func (h *gateHook) stopArrived(end ending) {
-	if end != endStopRequest {
+func (h *gateHook) stopArrived(end Ending) {
+	if end != EndStopRequest {
 		return
 	}
 	if chans.Closed(h.watch) {
@@ -103,52 +102,21 @@ func (h *gateHook) acquireOptions(opts *lockclient.AcquireOptions) {
 	opts.GatedDirect = h.g.allDirect()
 }
 
-// exitCode: a gate exits 0 only when Nomad stopped it. On any other ending
+// exitCode: a gate exits 0 only when Nomad stopped it. On any other Ending
 // it must fail, so that Nomad kills the tasks it gates (a prestart sidecar
 // that exits 0 is done, and its siblings run on).
-func (h *gateHook) exitCode(end ending, code int) int {
-	if code == 0 && end != endStopRequest {
-		h.s.Logger.Info("gate: exiting non-zero, so that Nomad fails the gate and kills its gated tasks", "ending", end.String())
+func (h *gateHook) exitCode(end Ending, code int) int {
+	if code == 0 && end != EndStopRequest {
+		h.s.Logger.Info("gate: exiting non-zero, so that Nomad fails the gate and kills its gated tasks", "Ending", end.String())
 		return 1
 	}
 	return code
 }
 
-// holdingMessage words the holding event of a gate with no command of its
-// own: its gated tasks may start, or keep running after a restart.
-func (h *gateHook) holdingMessage(lease *lockclient.Lease) string {
-	if len(h.s.Config.Command) > 0 {
-		return ""
-	}
-	if h.g.Adopt != nil {
-		return gateTookOverMessage(lease.Fence, gateSlotNote(lease))
-	}
-	return gateAcquiredMessage(lease.Fence, gateSlotNote(lease))
-}
-
 // mayRelease releases once the gated tasks are proven dead and cannot run
 // again beside the next holder (gateMayRelease).
-func (h *gateHook) mayRelease(lease *lockclient.Lease, end ending) (bool, bool) {
+func (h *gateHook) mayRelease(lease *lockclient.Lease, end Ending) (bool, bool) {
 	return h.s.gateMayRelease(lease, end, h.at)
-}
-
-// capRemoveBudget: a gate's REMOVE after a loss delays its failure, and so
-// Nomad's kill of the gated tasks, which must be dead by the stop deadline.
-func (h *gateHook) capRemoveBudget(lease *lockclient.Lease, budget time.Duration) time.Duration {
-	if !chans.Closed(lease.Lost()) {
-		return budget
-	}
-	return min(budget, lockclient.BootUntil(lease.StopDeadline())-h.g.killBound-gateKillSlack-h.s.lbCheckTime())
-}
-
-func (h *gateHook) stoppingMessage(end ending) string {
-	switch end {
-	case endStopRequest:
-		return gateStoppingMessage(false)
-	case endSignal:
-		return gateStoppingMessage(true)
-	}
-	return ""
 }
 
 func (h *gateHook) lbFailedMessage(err error, cfg lbhook.Config, start bool) string {

@@ -59,13 +59,11 @@ type acquiredHook interface {
 	acquired(lease *lockclient.Lease) bool
 }
 
-// holdHook takes part in the hold: holdingMessage, when not empty,
-// replaces the holding event's message; the channel holding returns, when
-// it closes, takes the instance out of the load balancer while the hold
-// goes on (ctx ends with the hold).
+// holdHook takes part in the hold: the channel holding returns, when it
+// closes, takes the instance out of the load balancer while the hold goes
+// on (ctx ends with the hold).
 type holdHook interface {
 	runHook
-	holdingMessage(lease *lockclient.Lease) string
 	holding(ctx context.Context, lease *lockclient.Lease) (deregister <-chan struct{})
 }
 
@@ -73,7 +71,7 @@ type holdHook interface {
 // arrived: what was true then may decide the release.
 type stopHook interface {
 	runHook
-	stopArrived(end ending)
+	stopArrived(end Ending)
 }
 
 // delayHook may keep the workload serving for a while after a stop
@@ -91,21 +89,12 @@ type delayHook interface {
 // the server), clean marks the release clean for the next holder.
 type releaseHook interface {
 	runHook
-	mayRelease(lease *lockclient.Lease, end ending) (release, clean bool)
+	mayRelease(lease *lockclient.Lease, end Ending) (release, clean bool)
 }
 
-// budgetHook caps the time the LB REMOVE may take after a loss.
-type budgetHook interface {
-	runHook
-	capRemoveBudget(lease *lockclient.Lease, budget time.Duration) time.Duration
-}
-
-// messageHook words the events of a run that has no workload of its own,
-// and of an LB failure that ends it.
+// messageHook words the event of an LB failure that ends the run.
 type messageHook interface {
 	runHook
-	// stoppingMessage is the event when a run with no workload stops.
-	stoppingMessage(end ending) string
 	// lbFailedMessage is the event when the LB ADD failed for good (start
 	// says it failed before the hold began).
 	lbFailedMessage(err error, cfg lbhook.Config, start bool) string
@@ -114,24 +103,11 @@ type messageHook interface {
 // exitHook may change the run's exit code once the hold has ended.
 type exitHook interface {
 	runHook
-	exitCode(end ending, code int) int
+	exitCode(end Ending, code int) int
 }
 
-// ending is why a hold ends.
-type ending int
-
-const (
-	endExited      ending = iota // the workload exited by itself
-	endStopRequest               // Nomad stopped the task (StopTask)
-	endSignal                    // SIGTERM or SIGINT to the supervisor
-	endLost                      // the lease was lost
-	endLBFailed                  // the LB ADD failed for good
-	endStartFailed               // the workload could not start
-)
-
-func (e ending) String() string {
-	return [...]string{"workload exited", "stop request", "signal", "lock lost", "LB add failed", "start failed"}[e]
-}
+// endLBFailed: the LB ADD failed for good.
+const endLBFailed Ending = "LB add failed"
 
 // hooksOf lists the hooks of s that implement T, in order.
 func hooksOf[T runHook](s *Supervisor) []T {

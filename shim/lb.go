@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
 	"net"
 	"net/http"
 	"strings"
@@ -26,6 +27,59 @@ const (
 	DefaultLBRecheck = 10 * time.Second
 	MinLBRecheck     = time.Second
 )
+
+// removeBudget is how long the LB REMOVE may delay the kill signal: the
+// remove deadline, and after a loss at most half the time left to the stop
+// deadline, and no more than what the workload's kill leaves of it
+// (Workload.KillBound): a gate's REMOVE after a loss delays its failure,
+// and so Nomad's kill of the gated tasks, which must be dead by the stop
+// deadline. A REMOVE that does not succeed within it may take one more
+// call (RequestTimeout) to read whether it was applied anyway.
+func (r *heldRun) removeBudget() time.Duration {
+	s, lease := r.s, r.lease
+	if s.Config.LB == nil {
+		return 0
+	}
+	budget := s.Config.LB.WithDefaults().RemoveDeadline
+	if chans.Closed(lease.Lost()) {
+		left := lockclient.BootUntil(lease.StopDeadline())
+		budget = min(budget, left/2)
+		if kb := r.w.KillBound(); kb > 0 {
+			budget = min(budget, left-kb-s.lbCheckTime())
+		}
+	}
+	return max(budget, 0)
+}
+
+// registerLB starts the load balancer session, when one is configured.
+// failed is true, with the exit code, when it could not: the workload has
+// then been shut down.
+func (r *heldRun) registerLB() (code int, failed bool) {
+	s := r.s
+	if s.Config.LB == nil {
+		return 0, false
+	}
+	var err error
+	if r.lb, err = s.startLB(r.lease); err != nil {
+		r.log.Error("cannot register with the load balancer", "error", err)
+		msg := lbStartFailedMessage(err)
+		for _, h := range hooksOf[messageHook](s) {
+			msg = h.lbFailedMessage(err, s.Config.LB.Config, true)
+		}
+		s.emit(r.held(StateStopping, msg))
+		r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, endLBFailed)
+		return ExitLBFailed, true
+	}
+	return 0, false
+}
+
+// lbCheckTime is the one state read a failed REMOVE may add to its budget.
+func (s *Supervisor) lbCheckTime() time.Duration {
+	if s.Config.LB == nil {
+		return 0
+	}
+	return s.Config.LB.WithDefaults().RequestTimeout
+}
 
 // LoadBalancer is the optional LB registration of the one live instance.
 type LoadBalancer struct {

@@ -40,6 +40,10 @@ type updateHook struct {
 	off bool
 	// told is the successor last announced, so each is told once.
 	told string
+	// serves: the run has a workload of its own that a delayed stop keeps
+	// serving (a gate with no command has none: Nomad killed its gated
+	// tasks before it stops the gate).
+	serves bool
 }
 
 // newUpdateHook attaches to a supervisor that runs as a task of a Nomad
@@ -62,7 +66,8 @@ func newUpdateHook(s *Supervisor) *updateHook {
 	if grace == 0 {
 		grace = DefaultUpdateGrace
 	}
-	return &updateHook{s: s, allocID: h.AllocID, jobID: h.JobID, group: h.Group, task: h.Task, namespace: ns, grace: grace}
+	return &updateHook{s: s, allocID: h.AllocID, jobID: h.JobID, group: h.Group, task: h.Task, namespace: ns, grace: grace,
+		serves: s.Gate == nil || len(s.Config.Command) > 0}
 }
 
 func (h *updateHook) hookName() string { return "update" }
@@ -182,7 +187,7 @@ func standbySuccessor(self *api.Allocation, stubs []*api.AllocationListStub, tas
 // (finish), and the mark is what tells a standby whose token is not shown
 // the lock's state (any token under ACLs) that the lock is free, so that
 // an old-version standby gives way to a new version then too.
-func (h *updateHook) mayRelease(*lockclient.Lease, ending) (release, clean bool) { return true, true }
+func (h *updateHook) mayRelease(*lockclient.Lease, Ending) (release, clean bool) { return true, true }
 
 // describeStubs sums allocations up for a log line.
 func describeStubs(stubs []*api.AllocationListStub, task string) string {
@@ -222,7 +227,7 @@ func updateStop(alloc *api.Allocation) bool {
 // other replacements start while the holder is stopping. A crash or a node
 // death sends no stop request; any other stop does not wait.
 func (h *updateHook) delayStop(ctx context.Context, budget time.Duration) <-chan string {
-	if h.off {
+	if h.off || !h.serves {
 		return nil
 	}
 	out := make(chan string, 1)

@@ -2,16 +2,105 @@ package shim
 
 import (
 	"context"
+	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
+// Gate makes the supervisor hold the lock for the other tasks of its
+// allocation (its gated tasks), of any driver. It builds on three facts of
+// Nomad's task lifecycle (client/allocrunner, v1.11):
+//
+//   - main tasks start only once every prestart sidecar is running, and the
+//     driver reports the gate running only once the lock is held, so a
+//     standby never starts a gated task;
+//   - when an allocation stops, Nomad kills its main tasks first, waits for
+//     them, and only then kills its sidecars, so the gate is asked to stop
+//     after its gated tasks are dead;
+//   - when a task fails for good (restart attempts = 0), Nomad kills every
+//     other task of the allocation ("sibling failed"), locally, without the
+//     servers.
+//
+// The gate releases only when Nomad reports every gated task dead (read with
+// the gate's own identity, which needs "read-job"); otherwise it keeps the
+// lock and lets the server expire it. If the gate loses the lock (or its
+// supervisor dies) it fails, and Nomad kills the gated tasks: they are dead
+// within their kill_timeout, which the gate checks at start to fit before
+// the server can expire the lock (see checkGateJob).
+type Gate struct {
+	GateSpec
+
+	// gated are the tasks the gate holds the lock for, found at start.
+	gated []string
+
+	// killBound is the longest the gated tasks may take to die once the
+	// gate has failed, found at start: the group's shutdown_delay + the
+	// task's kill_timeout + shutdown_delay for those Nomad kills, the
+	// gate's own kill (gateKillAllTimeout) for the others.
+	killBound time.Duration
+
+	// Killer, when set, builds at start the GatedTasks that kill and prove
+	// dead, by the gate itself, those of its gated tasks that it can (the
+	// driver's docker containers and task cgroups).
+	Killer GatedTasksFunc
+	// killer and direct are what Killer built: nil and empty without one,
+	// or when it kills none of the gated tasks; planned is what it built
+	// in any case, which says why a task is left to Nomad.
+	killer, planned GatedTasks
+	direct          []string
+	// tasks are the gated tasks with their drivers; killerErr why Killer
+	// failed, if it did.
+	tasks     []GatedTask
+	killerErr error
+	// lease: the gate's lock is in lease mode (docs/lease.md): every gated
+	// task must be one it kills itself, dead by lease_fence +
+	// lease_kill_grace after its last acknowledged heartbeat.
+	lease bool
+	log   hclog.Logger
+}
+
+// GatedTask is one task a gate holds the lock for, as its allocation names
+// it: the task's name and its driver.
+type GatedTask struct {
+	Name, Driver string
+}
+
+// GatedTasks kills and proves dead, by itself, the gated tasks of one
+// allocation, without waiting for Nomad's client (whose pre-kill hooks, the
+// group's shutdown_delay and service deregistration among them, can delay a
+// kill by tens of seconds). It is built by the driver, which knows where
+// each task driver keeps its processes (Docker containers by Nomad's own
+// labels, exec and raw_exec tasks by their cgroups), and reaches the gate
+// through Gate.Killer.
+type GatedTasks interface {
+	// Direct names the gated tasks it can kill and prove dead itself. The
+	// others are left to Nomad's client, bounded by the server's expiry.
+	Direct() []string
+	// WhyLeft says why task is left to Nomad ("" when it is Direct, or
+	// when there is nothing to say), naming the setting that would change
+	// it.
+	WhyLeft(task string) string
+	// Stop stops every task in Direct that runs: its kill_signal first,
+	// then, once it has exited or has had its kill_timeout or grace,
+	// whichever is shorter, freeze and SIGKILL of every process of it, so
+	// that no code of theirs runs again. grace <= 0 freezes and SIGKILLs at
+	// once. It returns nil only once each is proven gone; ctx bounds it
+	// all. It is safe to call more than once.
+	Stop(ctx context.Context, grace time.Duration) error
+}
+
+// GatedTasksFunc builds the GatedTasks of an allocation once the gate has
+// read its gated tasks.
+type GatedTasksFunc func(allocID string, tasks []GatedTask) (GatedTasks, error)
+
 // A gate kills its gated tasks itself, and proves them dead, on every
-// ending but Nomad's own stop of its allocation: its lock lost (409, 404,
+// Ending but Nomad's own stop of its allocation: its lock lost (409, 404,
 // its fence deadline passed), a signal, a failed LB ADD, a gate command
 // that ended, a stop that raced a stop of the allocation. It does so before
 // it exits and before the lock can pass: Nomad's own kill of them, which
@@ -168,3 +257,54 @@ func (s *Supervisor) killDirectHeld(lease *lockclient.Lease, why string) bool {
 	}
 	return false
 }
+
+// The gated tasks as the run's Workload: Nomad starts, stops and restarts
+// them, so the core has no process to start, signal or wait for; what it
+// needs of them is the time their kill takes (KillBound). Their kill, by
+// the gate itself, is decided at the release by the gate's rule
+// (gateMayRelease, docs/gate.md), not by the core's KillAll.
+
+// Start has nothing to start: Nomad starts the gated tasks once the gate's
+// task runs. Its event says they may start, or run on after a restart.
+func (g *Gate) Start(lease *lockclient.Lease) (Started, error) {
+	if g.Adopt != nil {
+		return Started{Event: gateTookOverMessage(lease.Fence, gateSlotNote(lease))}, nil
+	}
+	return Started{Event: gateAcquiredMessage(lease.Fence, gateSlotNote(lease))}, nil
+}
+
+// Exited never closes: a gate with no command runs until it is stopped.
+func (g *Gate) Exited() <-chan struct{} { return nil }
+
+func (g *Gate) ExitCode() int { return 0 }
+
+func (g *Gate) Forward(sig os.Signal) {
+	g.log.Debug("signal while holding, no workload to forward it to", "signal", sig)
+}
+
+// Stop words the gate's stop by Nomad or by a signal; Nomad stops the
+// gated tasks itself.
+func (g *Gate) Stop(_ syscall.Signal, end Ending) (string, bool) {
+	switch end {
+	case EndStopRequest:
+		return gateStoppingMessage(false), false
+	case EndSignal:
+		return gateStoppingMessage(true), false
+	}
+	return "", false
+}
+
+func (g *Gate) Gone() bool { return true }
+
+// Arm: the plugin's watchdog, not a guard of the supervisor's, kills the
+// gated tasks of a frozen gate.
+func (g *Gate) Arm(time.Time) {}
+
+// KillBound is the gated tasks' kill bound and the slack Nomad needs to
+// notice that the gate failed and begin killing them: what must remain of
+// the time to the stop deadline once the gate fails.
+func (g *Gate) KillBound() time.Duration { return g.killBound + gateKillSlack }
+
+// KillAll proves nothing dead: the gated tasks' kill is the release's
+// decision (gateMayRelease).
+func (g *Gate) KillAll() bool { return true }

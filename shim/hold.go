@@ -1,0 +1,233 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// heldRun is the workload running under a held lease: what the hold loop
+// and shutdown act on.
+type heldRun struct {
+	s     *Supervisor
+	lease *lockclient.Lease
+	w     Workload
+	proc  Started    // the workload's processes, for the holding events
+	lb    *lbSession // nil without a load balancer
+	log   hclog.Logger
+	end   Ending // why the hold ended, once shutdown ran
+}
+
+// start starts the workload under the lease, its guard armed, and says
+// so. started is false, with the exit code, when it could not start; the
+// lease is then released as finish allows.
+func (s *Supervisor) start(lease *lockclient.Lease) (r *heldRun, code int, started bool) {
+	r = &heldRun{s: s, lease: lease, w: s.workload, log: s.Logger.With("fence", lease.Fence)}
+	proc, err := r.w.Start(lease)
+	var f *Failure
+	switch {
+	case errors.Is(err, errLostBeforeStart):
+		s.emit(Event{State: StateLost, Fence: lease.Fence, Message: lockLostMessage(lease.Err())})
+		r.finish(EndLost)
+		return nil, ExitLost, false
+	case errors.As(err, &f):
+		r.finish(f.End)
+		return nil, f.Code, false
+	}
+	r.proc = proc
+	r.w.Arm(s.guardDeadline(lease))
+	msg := proc.Event
+	if msg == "" {
+		msg = acquiredMessage(lease.Fence)
+		if lease.Holders > 0 {
+			msg = acquiredSlotMessage(lease.Slot, lease.Holders, lease.Path(), lease.Fence)
+		}
+	}
+	s.emit(r.held(StateHolding, msg))
+	return r, 0, true
+}
+
+// held is an event of the holding states, with the lease's deadlines and
+// the workload's PID and group, which the driver's watchdog reads.
+func (r *heldRun) held(state State, msg string) Event {
+	return Event{State: state, Fence: r.lease.Fence, Message: msg,
+		FenceDeadline: r.lease.FenceDeadline(), StopDeadline: r.lease.StopDeadline(), LastRenew: r.lease.LastRenew(),
+		WorkloadPID: r.proc.PID, WorkloadPGID: r.proc.PGID}
+}
+
+// guardDeadline is when the process-group guard kills the workload if the
+// supervisor is frozen and never re-arms it: the fence deadline plus the
+// kill timeout (what an unfrozen supervisor would have allowed the workload
+// after a loss), capped by the stop deadline, which comes before the server
+// can expire the lock and let a standby in.
+func (s *Supervisor) guardDeadline(lease *lockclient.Lease) time.Time {
+	return earliest(lease.FenceDeadline().Add(s.Config.KillTimeout+time.Second), lease.StopDeadline())
+}
+
+// hold is the holding state. Each renewal re-arms the guard and republishes
+// the deadlines; LB events are relayed and other signals forwarded to the
+// workload. The workload's exit, the lease's loss, a failed LB ADD, a stop
+// request or a terminating signal shuts down and ends the run with its
+// exit code. A hook may word the holding event and ask for the instance
+// to leave the load balancer while the hold goes on (a gate whose
+// allocation is being stopped, before Nomad kills the gated task).
+func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
+	s, lease, lb, w := r.s, r.lease, r.lb, r.w
+	hctx, cancelHold := context.WithCancel(ctx)
+	defer cancelHold()
+	var deregisterC []<-chan struct{}
+	for _, h := range hooksOf[holdHook](s) {
+		if c := h.holding(hctx, lease); c != nil {
+			deregisterC = append(deregisterC, c)
+		}
+	}
+	deregister := anyClosed(hctx, deregisterC...)
+	// A stop request a hook delays (delayHook): the request, when it
+	// came, and the hook's channel.
+	var delayed *StopRequest
+	var delayedAt time.Time
+	var delayC <-chan string
+
+	for {
+		select {
+		case <-lease.Renewed():
+			w.Arm(s.guardDeadline(lease))
+			s.emit(r.held(s.state, s.message))
+
+		case ev := <-lb.eventsC():
+			if err := s.handleLB(lb, ev, r.held); err != nil {
+				return r.lbAddFailed(err)
+			}
+
+		case <-deregister:
+			deregister = nil
+			r.log.Info("leaving the load balancer before the workload is stopped", "hooks", len(deregisterC))
+			s.deregister(lb, r.removeBudget(), r.held, lease.Renewed(), func() {
+				w.Arm(s.guardDeadline(lease))
+				s.emit(r.held(s.state, s.message))
+			})
+
+		case <-lb.recheckC():
+			if lb.registered && !lb.busy && !lb.deregistered {
+				lb.check()
+			}
+
+		case <-w.Exited():
+			code := w.ExitCode()
+			r.log.Info("workload exited", "code", code)
+			r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, EndExited)
+			return code
+
+		case <-lease.Lost():
+			return r.lost()
+
+		case req := <-s.Stop:
+			if delayed != nil {
+				r.log.Info("second stop request: stopping at once", "kill_timeout", req.Timeout)
+				r.shutdown(req.Signal, r.delayedLeft(*delayed, delayedAt), EndStopRequest)
+				return w.ExitCode()
+			}
+			r.log.Info("stop requested", "kill_signal", signalName(req.Signal), "kill_timeout", req.Timeout)
+			s.stopArrived(EndStopRequest)
+			if c := r.delayStop(hctx, req); c != nil {
+				delayed, delayedAt, delayC = &req, lockclient.BootNow(), c
+				continue
+			}
+			r.shutdown(req.Signal, req.Timeout, EndStopRequest)
+			return w.ExitCode()
+
+		case msg, ok := <-delayC:
+			if ok {
+				s.notify(r.held(s.state, msg))
+				continue
+			}
+			r.log.Info("stopping after the stop's delay", "waited", lockclient.BootNow().Sub(delayedAt).Round(time.Millisecond))
+			r.shutdown(delayed.Signal, r.delayedLeft(*delayed, delayedAt), EndStopRequest)
+			return w.ExitCode()
+
+		case sig := <-sigs:
+			if code, stopped := r.signal(sig); stopped {
+				return code
+			}
+		}
+	}
+}
+
+// delayStop asks the hooks whether the workload keeps serving a while
+// after the stop request req: budget is the request's kill_timeout less the
+// workload's own grace (lock.kill_timeout), so that the stop after the
+// delay still has that grace. nil: stop at once.
+func (r *heldRun) delayStop(ctx context.Context, req StopRequest) <-chan string {
+	budget := req.Timeout - r.s.Config.KillTimeout
+	if budget <= 0 {
+		return nil
+	}
+	for _, h := range hooksOf[delayHook](r.s) {
+		if c := h.delayStop(ctx, budget); c != nil {
+			return c
+		}
+	}
+	return nil
+}
+
+// delayedLeft is the grace left of a delayed stop request that came at
+// at: its kill_timeout less the delay, and never less than the workload's
+// own grace (the delay's budget leaves that much).
+func (r *heldRun) delayedLeft(req StopRequest, at time.Time) time.Duration {
+	return max(req.Timeout-lockclient.BootNow().Sub(at), r.s.Config.KillTimeout)
+}
+
+// stopArrived tells the hooks that a stop arrived, at once.
+func (s *Supervisor) stopArrived(end Ending) {
+	for _, h := range hooksOf[stopHook](s) {
+		h.stopArrived(end)
+	}
+}
+
+// lbAddFailed shuts down after the load balancer refused our ADD for good.
+func (r *heldRun) lbAddFailed(err error) int {
+	s := r.s
+	r.log.Error("stopping: the load balancer ADD failed", "error", err)
+	msg := lbAddFailedMessage(err, r.lb.client.Config())
+	for _, h := range hooksOf[messageHook](s) {
+		msg = h.lbFailedMessage(err, r.lb.client.Config(), false)
+	}
+	s.emit(r.held(StateStopping, msg))
+	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, endLBFailed)
+	return ExitLBFailed
+}
+
+// lost stops the workload after the lease was lost, within its stop deadline.
+func (r *heldRun) lost() int {
+	s, lease := r.s, r.lease
+	why := lease.Err()
+	r.log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", lockclient.BootUntil(lease.StopDeadline()).Round(time.Millisecond))
+	s.emit(r.held(StateLost, lockLostMessage(why)))
+	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, EndLost)
+	return ExitLost
+}
+
+// signal stops the workload on SIGTERM or SIGINT (with kill_signal instead,
+// when one is set) and forwards any other signal to it. stopped is true,
+// with the exit code, once the workload was stopped.
+func (r *heldRun) signal(sig os.Signal) (code int, stopped bool) {
+	s := r.s
+	sys, _ := sig.(syscall.Signal)
+	if sys == syscall.SIGTERM || sys == syscall.SIGINT {
+		stopSig := sys
+		if s.Config.KillSignalSet {
+			stopSig = s.Config.KillSignal
+		}
+		r.log.Info("stopping on signal", "signal", sig, "kill_signal", stopSig)
+		s.stopArrived(EndSignal)
+		r.shutdown(stopSig, s.Config.KillTimeout, EndSignal)
+		return r.w.ExitCode(), true
+	}
+	r.w.Forward(sig)
+	return 0, false
+}

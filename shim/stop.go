@@ -1,0 +1,162 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"time"
+
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// shutdown takes the instance out of the LB first, then stops the
+// workload and releases as the hooks allow.
+func (r *heldRun) shutdown(sig syscall.Signal, timeout time.Duration, end Ending) {
+	s, lease, w := r.s, r.lease, r.w
+	r.end = end
+	// The loop no longer re-arms the guard: give it the whole stop
+	// (LB remove, then the grace), still capped by the stop deadline.
+	until := lockclient.BootNow().Add(r.removeBudget() + s.lbCheckTime() + timeout + 2*time.Second)
+	w.Arm(earliest(until, lease.StopDeadline()))
+	s.deregister(r.lb, r.removeBudget(), r.held, lease.Renewed(), func() {
+		w.Arm(earliest(until, lease.StopDeadline()))
+		s.emit(r.held(s.state, s.message))
+	})
+	r.stop(sig, timeout, end)
+	r.finish(end)
+}
+
+// stop ends the workload: sig to every process of it (Workload.Stop),
+// grace until every one is gone or timeout passes, then SIGKILL (in
+// finish). A workload that is gone already is not signalled at all.
+//
+// A graceful stop of a healthy lock gets its whole timeout: renewals go on
+// and push the guard's deadline and the deadlines the driver's watchdog
+// reads. Only a lost lease cuts the grace, to the lease's stop deadline
+// (before the server can free the lock), and an event says so. A loss that
+// the server did not declare (renews late or failing past the fence
+// deadline, as on a loaded machine) is tried back (see retake): if the lock
+// is still ours, the grace is whole again on the lease retaken, which
+// replaces r.lease.
+func (r *heldRun) stop(sig syscall.Signal, timeout time.Duration, why Ending) {
+	s, w := r.s, r.w
+	event, wait := w.Stop(sig, why)
+	if event != "" {
+		s.emit(r.held(StateStopping, event))
+	}
+	if !wait {
+		return
+	}
+	began := lockclient.BootNow()
+	end := began.Add(timeout)
+	deadline := graceEnd(end, r.lease)
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	grace := lockclient.NewBootTimer(lockclient.BootUntil(deadline))
+	defer grace.Stop()
+	var lost <-chan struct{}
+	if !chans.Closed(r.lease.Lost()) {
+		lost = r.lease.Lost() // lost before the stop: lost() said so
+	}
+	rt := newRetaker(s)
+	defer func() {
+		if l := rt.stop(); l != nil {
+			r.lease = l // retaken as the stop ended: finish releases it
+		}
+	}()
+	for {
+		select {
+		case <-grace.C():
+			if deadline.Before(end) {
+				s.emit(r.held(StateStopping, killAfterLossMessage(lockclient.BootNow().Sub(began).Round(time.Second), timeout, r.lease.Err())))
+			} else {
+				s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", timeout)
+			}
+			return
+		case <-lost:
+			lost = nil
+			deadline = graceEnd(end, r.lease)
+			grace.Reset(lockclient.BootUntil(deadline))
+			renewing := rt.start(r.lease)
+			s.emit(r.held(StateStopping, lostWhileStoppingMessage(r.lease.Err(), deadline.Before(end),
+				lockclient.BootUntil(deadline).Round(time.Second), lockclient.BootUntil(end).Round(time.Second), renewing)))
+		case l := <-rt.retaken:
+			r.lease, lost = l, l.Lost()
+			deadline = graceEnd(end, l)
+			grace.Reset(lockclient.BootUntil(deadline))
+			w.Arm(earliest(deadline.Add(2*time.Second), l.StopDeadline()))
+			s.emit(r.held(StateStopping, renewedAgainMessage(timeout, lockclient.BootUntil(deadline).Round(time.Second))))
+		case <-r.lease.Renewed():
+			// Still ours: keep the guard, and the driver's watchdog (which
+			// reads the deadlines this event publishes), from cutting a long
+			// kill_timeout short.
+			w.Arm(earliest(deadline.Add(2*time.Second), r.lease.StopDeadline()))
+			s.emit(r.held(s.state, s.message))
+		case <-poll.C:
+			if w.Gone() {
+				return
+			}
+		}
+	}
+}
+
+// graceEnd is when a stop's grace ends: end (its kill_timeout after the
+// stop began), cut to the lease's stop deadline once the lease is lost.
+func graceEnd(end time.Time, lease *lockclient.Lease) time.Time {
+	if chans.Closed(lease.Lost()) {
+		return earliest(end, lease.StopDeadline())
+	}
+	return end
+}
+
+// finish makes sure no process of the workload survives, then releases as
+// the hooks allow (end is why the run ends). If the workload cannot be
+// proven dead the lock is NOT released: it then expires on the server
+// after 2*TTL + lock delay, so no second holder can overlap.
+func (r *heldRun) finish(end Ending) {
+	s, lease := r.s, r.lease
+	if !r.w.KillAll() {
+		return
+	}
+	hooks := hooksOf[releaseHook](s)
+	clean := len(hooks) > 0 // marked clean only if every hook says so
+	for _, h := range hooks {
+		release, c := h.mayRelease(lease, end)
+		if !release {
+			return
+		}
+		clean = clean && c
+	}
+	if clean {
+		s.markReleasedClean(lease)
+	}
+	s.release(lease)
+}
+
+func (s *Supervisor) release(lease *lockclient.Lease) {
+	timeout := s.Locker.Config().RequestTimeout + time.Second
+	ctx, cancel := lockclient.WithBootTimeout(context.Background(), timeout)
+	defer cancel()
+	err := lease.Release(ctx)
+	if s.OnReleaseTried != nil {
+		tried := err
+		if errors.Is(err, lockclient.ErrLost) || errors.Is(err, lockclient.ErrLeftToExpire) {
+			// Nothing for anyone to release: gone, or left to expire.
+			tried = nil
+		}
+		defer s.OnReleaseTried(tried)
+	}
+	switch {
+	case err == nil:
+		s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: releasedMessage()})
+	case errors.Is(err, lockclient.ErrLost):
+		s.Logger.Info("nothing to release: the lock was already gone", "reason", err)
+	case errors.Is(err, lockclient.ErrLeftToExpire):
+		s.Logger.Warn("not releasing the lock: left to expire", "reason", err)
+		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: LeftToExpireMessage(err)})
+	default:
+		s.Logger.Warn("release failed; the lock expires on its own", "error", err)
+		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config(), s.Config.PluginReleases)})
+	}
+}
