@@ -99,8 +99,8 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 	sup := &shim.Supervisor{
 		Config: run.Config, Locker: locker, Logger: log, Observe: pub.observe,
 		OnAcquire: recordLease(dir, run.Config, log),
-		OnLBPosted: func(lb *shim.LoadBalancer, hook *lbhook.Hook, self lbhook.UpstreamInfo) {
-			reg := lbRegistration{Config: lb.Config, AllocID: holder.AllocID, Fence: hook.Fence(), Upstream: self}
+		OnLBPosted: func(cfg lbhook.Config, hook *lbhook.Hook, self lbhook.UpstreamInfo) {
+			reg := lbRegistration{Config: cfg, AllocID: holder.AllocID, Fence: hook.Fence(), Upstream: self}
 			if err := writeJSON(dir, lbFile, reg); err != nil {
 				log.Warn("record the LB registration for a crash REMOVE", "error", err)
 			}

@@ -114,7 +114,7 @@ type allocWatchHook struct {
 	w *AllocWatch
 }
 
-func (h *allocWatchHook) hookName() string { return "alloc-watch" }
+func (h *allocWatchHook) Name() string { return "alloc-watch" }
 
 // check refuses to wait for the lock without read-job: the wait could not
 // be ended by a stop of the allocation.

@@ -12,9 +12,9 @@ import (
 // gateHook attaches a gate (see Gate) to the supervisor's life cycle: it
 // checks the job before the lock is taken, adopts a restarted gate's
 // lease, ends the wait for the lock when the allocation is being stopped,
-// waits for the previous holder's gated tasks, takes the gated task out of
-// the load balancer before Nomad kills it, and decides whether the lock may
-// be released, and marked clean, once the hold ends.
+// waits for the previous holder's gated tasks, drains the run (the gated
+// task's LB REMOVE) before Nomad kills it, and decides whether the lock
+// may be released, and marked clean, once the hold ends.
 type gateHook struct {
 	s *Supervisor
 	g *Gate
@@ -26,7 +26,7 @@ type gateHook struct {
 
 func newGateHook(s *Supervisor, g *Gate) *gateHook { return &gateHook{s: s, g: g} }
 
-func (h *gateHook) hookName() string { return "gate" }
+func (h *gateHook) Name() string { return "gate" }
 
 // check refuses a job that cannot be gated safely (gateCheck).
 func (h *gateHook) check(ctx context.Context) (int, error) {
@@ -70,15 +70,22 @@ func (h *gateHook) abortWait(ctx context.Context) <-chan struct{} { return h.s.g
 // acquired waits for the previous holder's gated tasks (gateAwaitPrevious).
 func (h *gateHook) acquired(lease *lockclient.Lease) bool { return h.s.gateAwaitPrevious(lease) }
 
-// holding, with a load balancer, watches the allocation: the gated task's
-// upstream is REMOVEd as soon as the allocation is being stopped, before
-// Nomad kills the gated task.
-func (h *gateHook) holding(ctx context.Context, lease *lockclient.Lease) <-chan struct{} {
+// Holding watches the allocation: once it is being stopped, the run is
+// drained (its upstream REMOVEd) before Nomad kills the gated tasks.
+func (h *gateHook) Holding(ctx context.Context, _ *lockclient.Lease) (<-chan HookEvent, error) {
 	h.watch = h.s.gateStopping(ctx)
-	if h.s.Config.LB == nil {
-		return nil
-	}
-	return h.watch
+	out := make(chan HookEvent)
+	go func() {
+		select {
+		case <-h.watch:
+			select {
+			case out <- HookEvent{Drain: true}:
+			case <-ctx.Done():
+			}
+		case <-ctx.Done():
+		}
+	}()
+	return out, nil
 }
 
 // stopArrived records, the moment Nomad's stop arrives, whether the

@@ -69,26 +69,24 @@ func (s *Supervisor) guardDeadline(lease *lockclient.Lease) time.Time {
 	return earliest(lease.FenceDeadline().Add(s.Config.KillTimeout+time.Second), lease.StopDeadline())
 }
 
-// hold is the holding state. Each renewal re-arms the guard and republishes
-// the deadlines; LB events are relayed and other signals forwarded to the
-// workload. The workload's exit, the lease's loss, a failed LB ADD, a stop
-// request or a terminating signal shuts down and ends the run with its
-// exit code. A hook may word the holding event and ask for the instance
-// to leave the load balancer while the hold goes on (a gate whose
-// allocation is being stopped, before Nomad kills the gated task).
+// hold is the holding state. Each renewal re-arms the workload's guard and
+// republishes the deadlines; the hooks' events are published, and other
+// signals forwarded to the workload. The workload's exit, the lease's
+// loss, a hook's failure, a stop request or a terminating signal shuts
+// down and ends the run with its exit code. A hook may drain the run
+// while the hold goes on (a gate whose allocation is being stopped, before
+// Nomad kills its gated tasks): the PreKill hooks run then.
 func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
-	s, lease, lb, w := r.s, r.lease, r.lb, r.w
+	s, lease, w := r.s, r.lease, r.w
 	hctx, cancelHold := context.WithCancel(ctx)
 	defer cancelHold()
-	var deregisterC []<-chan struct{}
-	for _, h := range hooksOf[holdHook](s) {
-		if c := h.holding(hctx, lease); c != nil {
-			deregisterC = append(deregisterC, c)
-		}
+	events, err := r.holding(hctx)
+	if err != nil {
+		return r.fail(err)
 	}
-	deregister := anyClosed(hctx, deregisterC...)
-	// A stop request a hook delays (delayHook): the request, when it
-	// came, and the hook's channel.
+	drained := false
+	// A stop request a hook delays: the request, when it came, and the
+	// hook's channel.
 	var delayed *StopRequest
 	var delayedAt time.Time
 	var delayC <-chan string
@@ -99,22 +97,19 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 			w.Arm(s.guardDeadline(lease))
 			s.emit(r.held(s.state, s.message))
 
-		case ev := <-lb.eventsC():
-			if err := s.handleLB(lb, ev, r.held); err != nil {
-				return r.lbAddFailed(err)
-			}
-
-		case <-deregister:
-			deregister = nil
-			r.log.Info("leaving the load balancer before the workload is stopped", "hooks", len(deregisterC))
-			s.deregister(lb, r.removeBudget(), r.held, lease.Renewed(), func() {
-				w.Arm(s.guardDeadline(lease))
-				s.emit(r.held(s.state, s.message))
-			})
-
-		case <-lb.recheckC():
-			if lb.registered && !lb.busy && !lb.deregistered {
-				lb.check()
+		case ev := <-events:
+			switch {
+			case ev.Fail != nil:
+				return r.fail(ev.Fail)
+			case ev.Drain && !drained:
+				drained = true
+				r.log.Info("drained: the hooks' pre-kill work runs before the workload is stopped")
+				r.preKill(func() {
+					w.Arm(s.guardDeadline(lease))
+					s.emit(r.held(s.state, s.message))
+				})
+			case !ev.Drain:
+				r.publish(ev)
 			}
 
 		case <-w.Exited():
@@ -158,6 +153,65 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 	}
 }
 
+// holding starts the hooks' part in the hold, and merges their events
+// into one channel, until ctx ends. A hook that cannot start its part
+// fails the run (a *Failure).
+func (r *heldRun) holding(ctx context.Context) (<-chan HookEvent, error) {
+	merged := make(chan HookEvent)
+	for _, h := range hooksOf[HoldingHook](r.s) {
+		events, err := h.Holding(ctx, r.lease)
+		if err != nil {
+			return nil, err
+		}
+		go func() {
+			for {
+				select {
+				case ev, ok := <-events:
+					if !ok {
+						return
+					}
+					select {
+					case merged <- ev:
+					case <-ctx.Done():
+						return
+					}
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	return merged, nil
+}
+
+// publish publishes a hook's event as one of the hold's.
+func (r *heldRun) publish(ev HookEvent) {
+	state := ev.State
+	if state == "" {
+		state = r.s.state
+	}
+	if ev.Notice {
+		r.s.notify(r.held(state, ev.Message))
+		return
+	}
+	r.s.emit(r.held(state, ev.Message))
+}
+
+// fail stops the workload after a hook failed the run (a *Failure), with
+// the failure's event, and returns its code.
+func (r *heldRun) fail(err error) int {
+	s := r.s
+	var f *Failure
+	if !errors.As(err, &f) {
+		f = &Failure{Code: ExitInfra, End: EndStartFailed, Err: err}
+	}
+	if f.Event != "" {
+		s.emit(r.held(StateStopping, f.Event))
+	}
+	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, f.End)
+	return f.Code
+}
+
 // delayStop asks the hooks whether the workload keeps serving a while
 // after the stop request req: budget is the request's kill_timeout less the
 // workload's own grace (lock.kill_timeout), so that the stop after the
@@ -187,19 +241,6 @@ func (s *Supervisor) stopArrived(end Ending) {
 	for _, h := range hooksOf[stopHook](s) {
 		h.stopArrived(end)
 	}
-}
-
-// lbAddFailed shuts down after the load balancer refused our ADD for good.
-func (r *heldRun) lbAddFailed(err error) int {
-	s := r.s
-	r.log.Error("stopping: the load balancer ADD failed", "error", err)
-	msg := lbAddFailedMessage(err, r.lb.client.Config())
-	for _, h := range hooksOf[messageHook](s) {
-		msg = h.lbFailedMessage(err, r.lb.client.Config(), false)
-	}
-	s.emit(r.held(StateStopping, msg))
-	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, endLBFailed)
-	return ExitLBFailed
 }
 
 // lost stops the workload after the lease was lost, within its stop deadline.

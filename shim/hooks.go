@@ -2,10 +2,11 @@ package shim
 
 import (
 	"context"
+	"fmt"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"sync"
 	"time"
 
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
@@ -18,16 +19,10 @@ import (
 // name. The gate (gatehook.go) is one; the allocation watch of a run that
 // Nomad sees start only once it holds the lock (allocwatch.go) another.
 
-// runHook is any hook.
-type runHook interface {
-	// hookName names the hook in logs.
-	hookName() string
-}
-
 // checkHook runs before the lock is taken: an error refuses the run with
 // code, after an event that says why.
 type checkHook interface {
-	runHook
+	Hook
 	check(ctx context.Context) (code int, err error)
 }
 
@@ -35,42 +30,34 @@ type checkHook interface {
 // adopts its previous run's). handled is false when the hook has no lease
 // to take; done is true when Run must return code without a lease.
 type leaseHook interface {
-	runHook
+	Hook
 	takeLease(ctx context.Context) (lease *lockclient.Lease, code int, handled, done bool)
 }
 
 // acquireHook shapes the acquire (what the holder's record says).
 type acquireHook interface {
-	runHook
+	Hook
 	acquireOptions(opts *lockclient.AcquireOptions)
 }
 
 // waitHook ends the wait for the lock when the channel it returns closes
 // (ctx ends with the wait).
 type waitHook interface {
-	runHook
+	Hook
 	abortWait(ctx context.Context) <-chan struct{}
 }
 
 // acquiredHook runs once the lease is held, before the workload (or the
 // gated tasks) may start: false when the lease was lost meanwhile.
 type acquiredHook interface {
-	runHook
+	Hook
 	acquired(lease *lockclient.Lease) bool
-}
-
-// holdHook takes part in the hold: the channel holding returns, when it
-// closes, takes the instance out of the load balancer while the hold goes
-// on (ctx ends with the hold).
-type holdHook interface {
-	runHook
-	holding(ctx context.Context, lease *lockclient.Lease) (deregister <-chan struct{})
 }
 
 // stopHook learns, at once, that a stop request or a terminating signal
 // arrived: what was true then may decide the release.
 type stopHook interface {
-	runHook
+	Hook
 	stopArrived(end Ending)
 }
 
@@ -80,7 +67,7 @@ type stopHook interface {
 // returns closes; each string sent on it first is an event to publish.
 // nil: the stop goes on at once.
 type delayHook interface {
-	runHook
+	Hook
 	delayStop(ctx context.Context, budget time.Duration) <-chan string
 }
 
@@ -88,29 +75,18 @@ type delayHook interface {
 // lease is released: release is false to keep the lock (it then expires on
 // the server), clean marks the release clean for the next holder.
 type releaseHook interface {
-	runHook
+	Hook
 	mayRelease(lease *lockclient.Lease, end Ending) (release, clean bool)
-}
-
-// messageHook words the event of an LB failure that ends the run.
-type messageHook interface {
-	runHook
-	// lbFailedMessage is the event when the LB ADD failed for good (start
-	// says it failed before the hold began).
-	lbFailedMessage(err error, cfg lbhook.Config, start bool) string
 }
 
 // exitHook may change the run's exit code once the hold has ended.
 type exitHook interface {
-	runHook
+	Hook
 	exitCode(end Ending, code int) int
 }
 
-// endLBFailed: the LB ADD failed for good.
-const endLBFailed Ending = "LB add failed"
-
 // hooksOf lists the hooks of s that implement T, in order.
-func hooksOf[T runHook](s *Supervisor) []T {
+func hooksOf[T Hook](s *Supervisor) []T {
 	var out []T
 	for _, h := range s.hooks {
 		if t, ok := h.(T); ok {
@@ -132,6 +108,40 @@ func (s *Supervisor) buildHooks() {
 		if h := newUpdateHook(s); h != nil {
 			s.hooks = append(s.hooks, h)
 		}
+	}
+	if lb := s.Config.LB; lb != nil {
+		h := &lbHook{cfg: lb, getenv: s.getenv, log: s.Logger,
+			startFailed: lbStartFailedMessage, addFailed: lbAddFailedMessage}
+		if s.OnLBPosted != nil || s.OnLBRemoved != nil {
+			h.rec = lbRecordFuncs{s.OnLBPosted, s.OnLBRemoved}
+		}
+		if s.Gate != nil {
+			// A gate fails on an LB failure: Nomad kills its gated tasks.
+			h.startFailed, h.addFailed = gateLBStartFailedMessage, gateLBAddFailedMessage
+		}
+		holder := s.Locker.Config().Holder
+		if h.allocID = holder.AllocID; h.allocID == "" {
+			h.allocID = fmt.Sprintf("pid%d", holder.PID)
+		}
+		s.hooks = append(s.hooks, h)
+	}
+}
+
+// lbRecordFuncs is an LBRecorder of two funcs, either nil.
+type lbRecordFuncs struct {
+	posted  func(lbhook.Config, *lbhook.Hook, lbhook.UpstreamInfo)
+	removed func()
+}
+
+func (f lbRecordFuncs) LBPosted(cfg lbhook.Config, hook *lbhook.Hook, self lbhook.UpstreamInfo) {
+	if f.posted != nil {
+		f.posted(cfg, hook, self)
+	}
+}
+
+func (f lbRecordFuncs) LBRemoved() {
+	if f.removed != nil {
+		f.removed()
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"net"
 	"reflect"
 	"strings"
 	"time"
@@ -13,6 +15,67 @@ import (
 	"github.com/zclconf/go-cty/cty"
 	ctyjson "github.com/zclconf/go-cty/cty/json"
 )
+
+// DefaultLBRecheck is how often a registered holder checks that the LB still
+// has its upstream, and re-adds it if it vanished out of band. MinLBRecheck
+// is the least recheck_interval: the check is a GET of the service's state.
+const (
+	DefaultLBRecheck = 10 * time.Second
+	MinLBRecheck     = time.Second
+)
+
+// LoadBalancer is the optional LB registration of the one live instance.
+type LoadBalancer struct {
+	lbhook.Config
+	// Upstream is our host:port, resolved from the port label.
+	Upstream string
+	// Recheck is the interval of the "is our upstream still there" check.
+	Recheck time.Duration
+	// Health gates the ADD; nil adds as soon as the workload started.
+	Health *HealthCheck
+}
+
+// Validate checks the LB block and the resolved upstream.
+func (lb *LoadBalancer) Validate() error {
+	errs := []error{lb.Config.Validate()}
+	if _, _, err := net.SplitHostPort(lb.Upstream); err != nil {
+		errs = append(errs, fmt.Errorf("load_balancer upstream %q is not host:port (from port label %q): %w", lb.Upstream, lb.PortLabel, err))
+	}
+	if lb.Recheck < 0 {
+		errs = append(errs, fmt.Errorf("load_balancer.recheck_interval %s must not be negative", lb.Recheck))
+	}
+	errs = append(errs, checkMin("load_balancer.recheck_interval", lb.Recheck, MinLBRecheck))
+	if lb.Health != nil {
+		errs = append(errs, lb.Health.Validate())
+	}
+	return errors.Join(errs...)
+}
+
+// checkMin refuses a positive d below min (zero takes the default; a
+// negative d has its own error).
+func checkMin(field string, d, min time.Duration) error {
+	if d > 0 && d < min {
+		return fmt.Errorf("%s = %s is below its minimum of %s", field, d, min)
+	}
+	return nil
+}
+
+// PortAddress resolves a Nomad port label to host:port from the task
+// environment: NOMAD_HOST_ADDR_<label>, else NOMAD_ADDR_<label>.
+func PortAddress(label string, getenv func(string) string) (string, error) {
+	key := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		return '_'
+	}, label)
+	for _, v := range []string{"NOMAD_HOST_ADDR_" + key, "NOMAD_ADDR_" + key} {
+		if addr := getenv(v); addr != "" {
+			return addr, nil
+		}
+	}
+	return "", fmt.Errorf("port label %q: the task has no NOMAD_HOST_ADDR_%s; add `port %q {}` to the group's network block", label, key, label)
+}
 
 // LBSpec is the load_balancer block as users write it: in the -config file,
 // in the driver's task config, and (field by field) as -lb-* flags.

@@ -10,21 +10,67 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
-// shutdown takes the instance out of the LB first, then stops the
+// shutdown runs the PreKill hooks (the LB REMOVE) first, then stops the
 // workload and releases as the hooks allow.
 func (r *heldRun) shutdown(sig syscall.Signal, timeout time.Duration, end Ending) {
 	s, lease, w := r.s, r.lease, r.w
 	r.end = end
-	// The loop no longer re-arms the guard: give it the whole stop
-	// (LB remove, then the grace), still capped by the stop deadline.
-	until := lockclient.BootNow().Add(r.removeBudget() + s.lbCheckTime() + timeout + 2*time.Second)
+	// The loop no longer re-arms the guard: give it the whole stop (the
+	// PreKill hooks, then the grace), still capped by the stop deadline.
+	until := lockclient.BootNow().Add(r.preKillBound() + timeout + 2*time.Second)
 	w.Arm(earliest(until, lease.StopDeadline()))
-	s.deregister(r.lb, r.removeBudget(), r.held, lease.Renewed(), func() {
+	r.preKill(func() {
 		w.Arm(earliest(until, lease.StopDeadline()))
 		s.emit(r.held(s.state, s.message))
 	})
 	r.stop(sig, timeout, end)
 	r.finish(end)
+}
+
+// preKillRequest is what the PreKill hooks get now.
+func (r *heldRun) preKillRequest() PreKillRequest {
+	return PreKillRequest{Lease: r.lease, KillBound: r.w.KillBound()}
+}
+
+// preKillBound is the longest the PreKill hooks take, one after another.
+func (r *heldRun) preKillBound() time.Duration {
+	var d time.Duration
+	for _, h := range hooksOf[PreKillHook](r.s) {
+		d += h.PreKillBound(r.preKillRequest())
+	}
+	return d
+}
+
+// preKill runs the PreKill hooks, one after another, and publishes their
+// events. Meanwhile every renew of the lease calls onRenew (re-arm the
+// guard, republish the deadlines): a REMOVE may take longer than a renew
+// interval, and a stale fence deadline would make the driver's watchdog
+// kill a supervisor that is only waiting for the LB.
+func (r *heldRun) preKill(onRenew func()) {
+	hooks := hooksOf[PreKillHook](r.s)
+	if len(hooks) == 0 {
+		return
+	}
+	req := r.preKillRequest()
+	done := make(chan PreKillResponse, 1)
+	go func() {
+		var resp PreKillResponse
+		for _, h := range hooks {
+			h.PreKill(context.Background(), req, &resp)
+		}
+		done <- resp
+	}()
+	for {
+		select {
+		case resp := <-done:
+			for _, ev := range resp.Events {
+				r.publish(ev)
+			}
+			return
+		case <-r.lease.Renewed():
+			onRenew()
+		}
+	}
 }
 
 // stop ends the workload: sig to every process of it (Workload.Stop),

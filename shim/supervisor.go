@@ -118,7 +118,7 @@ type Supervisor struct {
 	OnReleaseTried func(err error)
 	// OnLBPosted runs before the ADD is sent, OnLBRemoved after our REMOVE
 	// succeeded: the driver records the registration for a crash REMOVE.
-	OnLBPosted  func(*LoadBalancer, *lbhook.Hook, lbhook.UpstreamInfo)
+	OnLBPosted  func(lbhook.Config, *lbhook.Hook, lbhook.UpstreamInfo)
 	OnLBRemoved func()
 	// Getenv reads the task environment (LB auth key); nil means os.Getenv.
 	Getenv func(string) string
@@ -131,7 +131,7 @@ type Supervisor struct {
 
 	workload Workload
 	// hooks is the optional behaviour attached to the run (hooks.go).
-	hooks []runHook
+	hooks []Hook
 	// state and message are the last emitted, repeated by renew heartbeats.
 	state   State
 	message string
@@ -170,8 +170,9 @@ func (s *Supervisor) notify(ev Event) {
 // or the wait for the lock); the hooks' work once it is held (a gate waits
 // for the previous holder's gated tasks); start the workload under the
 // lease (start) and hold it (hold) until the workload exits, the lease is
-// lost or a stop comes, each of which ends in shutdown: LB REMOVE, stop,
-// proof of death, release as the hooks allow.
+// lost, a hook fails the run or a stop comes, each of which ends in
+// shutdown: the PreKill hooks (LB REMOVE), stop, proof of death, release
+// as the hooks allow.
 func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	s.setUp()
 	lease, code, done := s.acquire(ctx, sigs)
@@ -185,9 +186,6 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	r, code, started := s.start(lease)
 	if !started {
 		return code
-	}
-	if code, failed := r.registerLB(); failed {
-		return s.exitCode(r.end, code)
 	}
 	return s.exitCode(r.end, r.hold(ctx, sigs))
 }

@@ -70,7 +70,7 @@ func newUpdateHook(s *Supervisor) *updateHook {
 		serves: s.Gate == nil || len(s.Config.Command) > 0}
 }
 
-func (h *updateHook) hookName() string { return "update" }
+func (h *updateHook) Name() string { return "update" }
 
 func (h *updateHook) acquireOptions(opts *lockclient.AcquireOptions) { opts.Defer = h.deferTo }
 

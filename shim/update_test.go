@@ -413,7 +413,7 @@ func TestGateHasTheUpdateRule(t *testing.T) {
 	s.buildHooks()
 	var names []string
 	for _, h := range hooksOf[acquireHook](s) {
-		names = append(names, h.hookName())
+		names = append(names, h.Name())
 	}
 	if !slices.Contains(names, "update") {
 		t.Errorf("a gate's acquire hooks are %v, want the update hook among them", names)

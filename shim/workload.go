@@ -63,6 +63,9 @@ type Failure struct {
 	// End is why the run ends, as the release decisions see it.
 	End Ending
 	Err error
+	// Event, if set, is the task event that says so, which the core
+	// publishes as it stops the workload.
+	Event string
 }
 
 func (f *Failure) Error() string { return f.Err.Error() }
