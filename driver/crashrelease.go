@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -191,12 +192,16 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew t
 	ctx, cancel := lockclient.WithBootTimeout(d.ctx, crashReleaseTimeout)
 	defer cancel()
 	if gate != nil {
+		reader, err := allocs.New(allocs.ConfigOf(locker))
+		if err != nil {
+			return err
+		}
 		if !gatedDead {
-			if err := gateAllocStopped(ctx, locker, gate); err != nil {
+			if err := gateAllocStopped(ctx, reader, gate); err != nil {
 				return err
 			}
 		}
-		if why := gatedMayStart(ctx, locker, gate); why != "" {
+		if why := gatedMayStart(ctx, reader, gate); why != "" {
 			log.Warn("not marking the gate's release clean: the next gate waits for Nomad's report", "why", why)
 		} else if err := locker.MarkReleasedCleanID(ctx, held.LockID, held.Fence, lastRenew); err != nil {
 			log.Warn("cannot mark the gate's release clean; the next gate waits for Nomad's report", "error", err)
@@ -209,10 +214,10 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew t
 // tasks, which neither the kill nor the static restart rule holds back (a
 // restart or a first start pending, see shim.GatedPending), or "": a
 // release after which one may is not marked clean.
-func gatedMayStart(ctx context.Context, locker *lockclient.Locker, gate *shim.GateSpec) string {
-	alloc, _, err := locker.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
+func gatedMayStart(ctx context.Context, reader *allocs.Reader, gate *shim.GateSpec) string {
+	alloc, _, err := reader.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
 	switch {
-	case errors.Is(err, lockclient.ErrAllocGone) && !errors.Is(err, lockclient.ErrAllocHidden):
+	case errors.Is(err, allocs.ErrGone) && !errors.Is(err, allocs.ErrHidden):
 		return ""
 	case err != nil:
 		return fmt.Sprintf("cannot read the allocation (%v)", err)
@@ -225,13 +230,13 @@ func gatedMayStart(ctx context.Context, locker *lockclient.Locker, gate *shim.Ga
 
 // gateAllocStopped returns nil once Nomad says the gate's allocation is
 // stopped or gone: its client then kills the gated tasks before the gate.
-func gateAllocStopped(ctx context.Context, locker *lockclient.Locker, gate *shim.GateSpec) error {
-	alloc, _, err := locker.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
+func gateAllocStopped(ctx context.Context, reader *allocs.Reader, gate *shim.GateSpec) error {
+	alloc, _, err := reader.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
 	switch {
-	case errors.Is(err, lockclient.ErrAllocHidden):
+	case errors.Is(err, allocs.ErrHidden):
 		return fmt.Errorf("cannot confirm that the gate's allocation is stopped, so its gated tasks may run: "+
 			"the release token needs read-job (examples/acl/singleton-release.policy.hcl): %w", err)
-	case errors.Is(err, lockclient.ErrAllocGone):
+	case errors.Is(err, allocs.ErrGone):
 		return nil
 	case err != nil:
 		return fmt.Errorf("cannot confirm that the gate's allocation is stopped, so its gated tasks may run: %w", err)

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hashicorp/nomad/api"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/client/lib/cgroupslib"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -33,14 +35,18 @@ func gatedEnvOf(spec supervisorSpec) gatedEnv {
 	return env
 }
 
-// gatedTasksFunc is a gate supervisor's shim.Gate.Killer: it reads the
+// gatedTasksFunc is a gate supervisor's shim.Env.GatedTasks: it reads the
 // allocation (for cgroup overrides), records the plan for the plugin, and
 // returns the killer.
 func gatedTasksFunc(dir *securefs.Dir, spec supervisorSpec, locker *lockclient.Locker, log hclog.Logger) shim.GatedTasksFunc {
 	return func(allocID string, tasks []shim.GatedTask) (shim.GatedTasks, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), gatedReadTimeout)
 		defer cancel()
-		alloc, _, err := locker.Allocation(ctx, allocID, spec.Run.Gate.Namespace, 0)
+		reader, err := allocs.New(allocs.ConfigOf(locker))
+		var alloc *api.Allocation
+		if err == nil {
+			alloc, _, err = reader.Allocation(ctx, allocID, spec.Run.Gate.Namespace, 0)
+		}
 		if err != nil {
 			log.Warn("gate: cannot read the allocation's task configs: its exec and raw_exec tasks are left to Nomad", "error", err)
 			alloc = nil
@@ -67,16 +73,14 @@ func (d *Driver) gatedKillerOf(h *taskHandle, spec supervisorSpec) (*gatedKiller
 	if err := readJSON(h.dir, gatedFile, &rec); err == nil && rec.AllocID == spec.Run.Gate.AllocID {
 		return newGatedKiller(rec, env)
 	}
-	locker, err := lockclient.New(lockclient.Config{
-		Endpoint: h.taskEndpoint(), Namespace: spec.Run.Namespace, Path: spec.Run.Path,
-		Timing: lockclient.Timing{TTL: spec.Run.TTL, LockDelay: spec.Run.LockDelay}, Logger: h.logger,
-	})
+	reader, err := allocs.New(allocs.Config{Endpoint: h.taskEndpoint(),
+		Timing: lockclient.Timing{TTL: spec.Run.TTL, LockDelay: spec.Run.LockDelay}})
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(d.ctx, gatedReadTimeout)
 	defer cancel()
-	alloc, _, err := locker.Allocation(ctx, spec.Run.Gate.AllocID, spec.Run.Gate.Namespace, 0)
+	alloc, _, err := reader.Allocation(ctx, spec.Run.Gate.AllocID, spec.Run.Gate.Namespace, 0)
 	if err != nil {
 		return nil, fmt.Errorf("read the gate's allocation to find its gated tasks: %w", err)
 	}

@@ -88,43 +88,15 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 		log.Error("cannot set up the lock", "error", err)
 		return shim.ExitConfig, err.Error()
 	}
-	holder := run.Holder
-
 	starter, err := newTaskStarter(spec, log)
 	if err != nil {
 		log.Error("find the cgroups to start the workload in", "error", err)
 		return shim.ExitInfra, err.Error()
 	}
 	pub := &publisher{dir: dir, path: run.Path, log: log}
-	sup := &shim.Supervisor{
-		Config: run.Config, Locker: locker, Logger: log, Observe: pub.observe,
-		OnAcquire: recordLease(dir, run.Config, log),
-		OnLBPosted: func(cfg lbhook.Config, hook *lbhook.Hook, self lbhook.UpstreamInfo) {
-			reg := lbRegistration{Config: cfg, AllocID: holder.AllocID, Fence: hook.Fence(), Upstream: self}
-			if err := writeJSON(dir, lbFile, reg); err != nil {
-				log.Warn("record the LB registration for a crash REMOVE", "error", err)
-			}
-		},
-		OnLBRemoved: func() { _ = dir.Remove(lbFile) },
-		// After a loss the supervisor tries to release by itself (the lock
-		// may still be ours on the server); once it has, a second try by
-		// the plugin would only delay the task's exit by its budget.
-		//
-		// Unless the task's identity no longer authenticates (a purged job):
-		// the workload is proven dead, and the record tells the plugin to
-		// release with the operator's token (see releaseAfterCrash).
-		OnReleaseTried: func(err error) {
-			var held heldLease
-			if errors.Is(err, lockclient.ErrIdentityRejected) && readJSON(dir, leaseFile, &held) == nil {
-				held.IdentityRejected = true
-				if werr := writeJSON(dir, leaseFile, held); werr == nil {
-					return
-				}
-			}
-			_ = dir.Remove(leaseFile)
-		},
-
-		Stdin: nil, Stdout: os.Stdout, Stderr: os.Stderr,
+	sup := &shim.Supervisor{Config: run.Config, Locker: locker, Logger: log, Observe: pub.observe}
+	records := &recordHook{dir: dir, run: run, log: log}
+	proc := shim.Process{Stdout: os.Stdout, Stderr: os.Stderr,
 		Env: workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars),
 		// The forked child drops to the task user first and only then
 		// changes into spec.WorkDir (Go's exec does it in that order), so
@@ -134,13 +106,15 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 		StartIn:      starter.within,
 		Tree:         workloadTree(spec),
 		RequireGuard: true,
-		WatchAlloc:   run.WatchAlloc,
-	}
-	if g := run.Gate; g != nil {
-		sup.Gate = &shim.Gate{GateSpec: *g, Killer: gatedTasksFunc(dir, spec, locker, log)}
 	}
 	if spec.UID != nil {
-		sup.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
+		proc.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
+	}
+	sup.Workload, sup.Hooks, err = shim.Attach(run, shim.Env{Locker: locker, Emitter: sup, Logger: log, Process: proc,
+		GatedTasks: gatedTasksFunc(dir, spec, locker, log), LBRecords: records, Hooks: []shim.Hook{records}})
+	if err != nil {
+		log.Error("cannot attach the run's hooks", "error", err)
+		return shim.ExitConfig, err.Error()
 	}
 	if spec.CgroupPath == "" {
 		pub.note(noCgroupMessage())
@@ -162,19 +136,6 @@ func (spec supervisorSpec) holder() lockclient.Holder {
 	h.Node = cmp.Or(h.Node, h.Hostname)
 	h.PID = os.Getpid()
 	return h
-}
-
-// recordLease is the supervisor's OnAcquire: it records the lease, for the
-// plugin to release should the supervisor crash: a semaphore's, its slot's
-// lock.
-func recordLease(dir *securefs.Dir, cfg shim.Config, log hclog.Logger) func(*lockclient.Lease) {
-	return func(l *lockclient.Lease) {
-		held := heldLease{LockID: l.LockID(), Path: l.Path(), Namespace: cfg.Namespace, Fence: l.Fence,
-			TTL: cfg.TTL, LockDelay: cfg.LockDelay, LastRenewBoot: lockclient.BootNanos(l.LastRenew())}
-		if err := writeJSON(dir, leaseFile, held); err != nil {
-			log.Warn("record the lease for a crash release; a crash will wait for the lock to expire", "error", err)
-		}
-	}
 }
 
 // workloadTree is the task cgroup, which holds the workload's processes and

@@ -16,6 +16,7 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -387,17 +388,17 @@ func (d *Driver) startWardenWatch(w wardenState, log hclog.Logger) (stop context
 func (d *Driver) wardenWatch(ctx context.Context, w wardenState, done chan<- string, log hclog.Logger) {
 	var index uint64
 	for ctx.Err() == nil {
-		locker, err := d.wardenLocker(w, log)
+		reader, err := d.wardenReader(w)
 		if err != nil {
 			log.Debug("gate warden: no identity to read the allocation with", "error", err)
 			_ = ctxsleep.Sleep(ctx, wardenReadRetry)
 			continue
 		}
-		alloc, next, err := locker.Allocation(ctx, w.AllocID, w.Namespace, index)
+		alloc, next, err := reader.Allocation(ctx, w.AllocID, w.Namespace, index)
 		switch {
 		case ctx.Err() != nil:
 			return
-		case errors.Is(err, lockclient.ErrAllocGone) && !errors.Is(err, lockclient.ErrAllocHidden):
+		case errors.Is(err, allocs.ErrGone) && !errors.Is(err, allocs.ErrHidden):
 			done <- "the allocation is gone from the servers"
 			return
 		case err != nil:
@@ -433,10 +434,10 @@ func wardenDone(alloc *api.Allocation, w wardenState) string {
 	return "Nomad reports every gated task dead"
 }
 
-// wardenLocker reads with the gate's identity: a run's task environment
+// wardenReader reads with the gate's identity: a run's task environment
 // (identity { env = true }), else its token file (file = true), else the
 // operator's release_token_file.
-func (d *Driver) wardenLocker(w wardenState, log hclog.Logger) (*lockclient.Locker, error) {
+func (d *Driver) wardenReader(w wardenState) (*allocs.Reader, error) {
 	ep, err := lockclient.Endpoint{}, errors.New("no gate run known")
 	for _, h := range d.tasks.all() {
 		if h.cfg.AllocID == w.AllocID && h.cfg.Name == w.Task {
@@ -454,6 +455,5 @@ func (d *Driver) wardenLocker(w wardenState, log hclog.Logger) (*lockclient.Lock
 	if err != nil {
 		return nil, err
 	}
-	return lockclient.New(lockclient.Config{Endpoint: ep, Namespace: w.Namespace, Path: w.LockPath,
-		Timing: lockclient.Timing{TTL: w.TTL, LockDelay: w.LockDelay}, Logger: log})
+	return allocs.New(allocs.Config{Endpoint: ep, Timing: lockclient.Timing{TTL: w.TTL, LockDelay: w.LockDelay}})
 }

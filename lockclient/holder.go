@@ -31,12 +31,6 @@ type Holder struct {
 	// it has proven its work dead (Lease.MarkReleasedClean). A lock freed
 	// without it was released behind its holder's back or expired.
 	ReleasedClean bool
-	// GatedDirect is written by a gate whose gated tasks it kills and
-	// proves dead itself (shim.GatedTasks) on every ending but Nomad's own
-	// stop of its allocation: they are dead by its fence deadline, so the
-	// lock's expiry is safe to trust and the next gate need not wait for
-	// Nomad's report of them.
-	GatedDirect bool
 	// Holders is the N of the semaphore whose slot this is (0: a plain
 	// lock), and Slot the slot's number, 0 to N-1 (Config.Holders).
 	Holders int
@@ -44,6 +38,8 @@ type Holder struct {
 }
 
 // Items keys. They are part of our on-Nomad format: keep them stable.
+// Callers add items of their own (AcquireOptions.Items), which lockclient
+// writes and reads back as they are.
 const (
 	itemAlloc      = "holder_alloc_id"
 	itemJob        = "holder_job_id"
@@ -58,7 +54,6 @@ const (
 	itemTTL        = "ttl"
 	itemLockDelay  = "lock_delay"
 	itemClean      = "released_clean"
-	itemDirect     = "gated_direct"
 	itemHolders    = "semaphore_holders"
 	itemSlot       = "semaphore_slot"
 )
@@ -92,9 +87,6 @@ func (h Holder) items() map[string]string {
 		itemLockDelay:  h.LockDelay.String(),
 		itemPID:        strconv.Itoa(h.PID),
 	}
-	if h.GatedDirect {
-		m[itemDirect] = "true"
-	}
 	if h.Holders > 0 {
 		m[itemHolders] = strconv.Itoa(h.Holders)
 		m[itemSlot] = strconv.Itoa(h.Slot)
@@ -127,7 +119,6 @@ func holderFromItems(items map[string]string) Holder {
 	h.TTL, _ = time.ParseDuration(items[itemTTL])
 	h.LockDelay, _ = time.ParseDuration(items[itemLockDelay])
 	h.ReleasedClean = items[itemClean] == "true"
-	h.GatedDirect = items[itemDirect] == "true"
 	h.Holders, _ = strconv.Atoi(items[itemHolders])
 	h.Slot, _ = strconv.Atoi(items[itemSlot])
 	return h

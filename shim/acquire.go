@@ -4,70 +4,59 @@ import (
 	"context"
 	"errors"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
-// acquire takes the lease. The hooks check the run first (a refusal
-// ends it with their code); a hook may then take a lease over (a restarted
-// gate adopts the lease its previous run left held); otherwise the
-// supervisor waits for the lock (wait). done is true when Run must return
-// code without a lease.
+// acquire takes the lease. The PreAcquire hooks go first: a refusal ends
+// the run with its code; a lease a hook took over (a restarted gate
+// adopts the lease its previous run left held) is the run's; otherwise
+// the supervisor waits for the lock as they shaped the wait. Terminating
+// signals and stop requests abort the wait, and so does a hook (the
+// allocation is being stopped). done is true when Run must return code
+// without a lease.
 func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease *lockclient.Lease, code int, done bool) {
-	for _, h := range hooksOf[checkHook](s) {
-		if code, err := h.check(ctx); err != nil {
-			return nil, code, true
-		}
-	}
-	for _, h := range hooksOf[leaseHook](s) {
-		if l, code, handled, done := h.takeLease(ctx); handled {
-			return l, code, done
-		}
-	}
-	return s.wait(ctx, sigs)
-}
-
-// wait waits for the lock. Terminating signals and stop requests abort
-// the wait, and so does a hook (the allocation is being stopped). done is
-// true when Run must return code without a lease.
-func (s *Supervisor) wait(ctx context.Context, sigs <-chan os.Signal) (lease *lockclient.Lease, code int, done bool) {
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var pre PreAcquireResponse
+	for _, h := range hooksOf[PreAcquireHook](s) {
+		if err := h.PreAcquire(actx, &pre); err != nil {
+			return nil, failureCode(err), true
+		}
+		if pre.Lease != nil {
+			return pre.Lease, 0, false
+		}
+	}
 	type result struct {
 		lease *lockclient.Lease
 		err   error
 	}
 	results := make(chan result, 1)
-	s.emit(Event{State: StateWaiting}) // no message: "held by ..." follows if it is held
+	s.Emit(Event{State: StateWaiting}) // no message: "held by ..." follows if it is held
 	opts := lockclient.AcquireOptions{
 		Wait:    s.Config.Wait,
 		TryOnce: s.Config.EarlyReturn,
 		OnBlocked: func(h lockclient.Holder) {
-			s.emit(Event{State: StateWaiting, Holder: h,
+			s.Emit(Event{State: StateWaiting, Holder: h,
 				Message: waitingHeldMessage(s.Config.Path, h)})
 		},
 	}
-	for _, h := range hooksOf[acquireHook](s) {
-		h.acquireOptions(&opts)
-	}
+	opts.Items, opts.Defer = pre.Items, pre.Defer
 	go func() {
 		l, err := s.acquireWaitingForPolicy(actx, opts)
 		results <- result{l, err}
 	}()
 
 	var interrupted os.Signal
-	var aborts []<-chan struct{}
-	for _, h := range hooksOf[waitHook](s) {
-		aborts = append(aborts, h.abortWait(actx))
-	}
-	stopping := anyClosed(actx, aborts...)
+	stopping := anyClosed(actx, pre.AbortWait...)
 	for {
 		select {
 		case <-stopping:
 			s.Logger.Info("the allocation is being stopped, no longer waiting for the lock")
-			s.emit(Event{State: StateWaiting, Message: stoppedWhileWaitingMessage()})
+			s.Emit(Event{State: StateWaiting, Message: stoppedWhileWaitingMessage()})
 			interrupted, stopping = syscall.SIGTERM, nil
 			cancel()
 		case r := <-results:
@@ -119,7 +108,7 @@ func (s *Supervisor) acquireWaitingForPolicy(ctx context.Context, opts lockclien
 		}
 		if msg := lockDeniedMessage(pe); msg != said {
 			s.Logger.Error(pe.Error())
-			s.emit(Event{State: StateWaiting, Message: msg})
+			s.Emit(Event{State: StateWaiting, Message: msg})
 			said = msg
 		}
 		t := time.NewTimer(wait)
@@ -152,4 +141,36 @@ func (s *Supervisor) acquireErrorCode(err error) int {
 	}
 	s.Logger.Error("cannot acquire the lock", "error", err)
 	return ExitInfra
+}
+
+// failureCode is the exit code of a run a hook refused (a *Failure).
+func failureCode(err error) int {
+	var f *Failure
+	if errors.As(err, &f) {
+		return f.Code
+	}
+	return ExitInfra
+}
+
+// anyClosed returns a channel closed once any of chs is (nil for none),
+// until ctx ends.
+func anyClosed(ctx context.Context, chs ...<-chan struct{}) <-chan struct{} {
+	switch len(chs) {
+	case 0:
+		return nil
+	case 1:
+		return chs[0]
+	}
+	out := make(chan struct{})
+	var once sync.Once
+	for _, c := range chs {
+		go func() {
+			select {
+			case <-c:
+				once.Do(func() { close(out) })
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return out
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // Tests of a run that Nomad sees start only once it holds the lock (the
-// driver's start = "on_lock"): Supervisor.WatchAlloc over the in-memory lease
+// driver's start = "on_lock"): Spec.WatchAlloc over the in-memory lease
 // and the in-memory servers' view of its allocation.
 
 // newWatchRig is a runRig running sleeper whose supervisor watches
@@ -21,7 +21,7 @@ func newWatchRig(t *testing.T, desired string) *runRig {
 	if desired != "" {
 		r.srv.SetAllocation(&api.Allocation{ID: "alloc-self", DesiredStatus: desired})
 	}
-	r.sup.WatchAlloc = &AllocWatch{AllocID: "alloc-self", Who: "A task that starts on lock watches its allocation"}
+	r.spec.WatchAlloc = &AllocWatch{AllocID: "alloc-self", Who: "A task that starts on lock watches its allocation"}
 	return r
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/locktest"
 )
 
@@ -90,18 +91,16 @@ func newGateRig(t *testing.T, job gateJob) *gateRig {
 		Holder: lockclient.Holder{AllocID: gateAlloc, Task: gateTask}}
 	job.id = gateAlloc
 	r.srv.SetAllocation(job.alloc())
-	r.sup = &Supervisor{
-		Config:  Config{Path: cfg.Path, KillSignal: syscall.SIGTERM, KillTimeout: time.Second},
-		Gate:    &Gate{GateSpec: GateSpec{AllocID: gateAlloc, Task: gateTask}},
-		Locker:  r.srv.Locker(t, cfg),
-		Observe: r.observe,
-		Stop:    r.stop,
-	}
+	r.spec = Spec{Config: Config{Path: cfg.Path, KillSignal: syscall.SIGTERM, KillTimeout: time.Second},
+		Gate: &GateSpec{AllocID: gateAlloc, Task: gateTask}, Holder: cfg.Holder}
+	r.sup = &Supervisor{Locker: r.srv.Locker(t, cfg), Observe: r.observe, Stop: r.stop}
+	r.env = Env{Allocs: r.srv.Allocs(t, allocs.Config{Holder: cfg.Holder})}
 	return &gateRig{runRig: r, sigs: make(chan os.Signal, 1)}
 }
 
 // run starts Run; at cleanup a Run still going is stopped.
 func (r *gateRig) run() {
+	r.attach()
 	go func() { r.code <- r.sup.Run(context.Background(), r.sigs) }()
 	r.t.Cleanup(func() {
 		select {
@@ -128,19 +127,28 @@ func (r *gateRig) holding() Event {
 // check at start passed (or the test fails) and it holds the lock.
 func (r *gateRig) checkedAndHeld() *lockclient.Lease {
 	r.t.Helper()
-	s := r.sup
-	s.setUp()
-	for _, h := range hooksOf[checkHook](s) {
-		if code, err := h.check(context.Background()); err != nil {
-			r.t.Fatalf("gate refused: %d; events:\n%s", code, r.eventLog())
-		}
+	r.attach()
+	if err := r.gate().check(context.Background()); err != nil {
+		r.t.Fatalf("gate refused: %v; events:\n%s", err, r.eventLog())
 	}
-	lease, err := s.Locker.Acquire(context.Background(), lockclient.AcquireOptions{})
+	lease, err := r.sup.Locker.Acquire(context.Background(), lockclient.AcquireOptions{})
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	r.t.Cleanup(func() { _ = lease.Release(context.Background()) })
 	return lease
+}
+
+// gate is the gate's hook, once attached.
+func (r *gateRig) gate() *gateHook {
+	r.t.Helper()
+	for _, h := range r.sup.Hooks {
+		if g, ok := h.(*gateHook); ok {
+			return g
+		}
+	}
+	r.t.Fatal("no gate hook attached")
+	return nil
 }
 
 // setAlloc changes the servers' view of the gate's allocation.
@@ -390,7 +398,7 @@ func TestGateAdopt(t *testing.T) {
 				r.srv.Free()
 			}
 			fence, _ := r.srv.LastGrant()
-			r.sup.Gate.Adopt = &AdoptLease{LockID: "locktest-lock-1", Fence: fence}
+			r.spec.Gate.Adopt = &AdoptLease{LockID: "locktest-lock-1", Fence: fence}
 			r.run()
 			if !held {
 				if code := r.exit(); code != ExitLost {
@@ -431,7 +439,7 @@ func TestGateRefusesBadJob(t *testing.T) {
 // direct, and records at each release whether they were killed first.
 func (r *gateRig) withKiller(direct ...string) *fakeGated {
 	f := &fakeGated{direct: direct, srv: r.srv}
-	r.sup.Gate.Killer = func(allocID string, tasks []GatedTask) (GatedTasks, error) {
+	r.env.GatedTasks = func(allocID string, tasks []GatedTask) (GatedTasks, error) {
 		if allocID != gateAlloc {
 			r.t.Errorf("Killer built for allocation %q", allocID)
 		}
@@ -590,9 +598,8 @@ func TestGateStopRacingAllocationStop(t *testing.T) {
 			if tc.direct != nil {
 				f = r.withKiller(tc.direct...)
 			}
-			s := r.sup
 			lease := r.checkedAndHeld()
-			if release, clean := s.gateMayRelease(lease, EndStopRequest, tc.at); release != tc.release || clean != tc.clean {
+			if release, clean, _ := r.gate().mayRelease(lease, EndStopRequest, tc.at); release != tc.release || clean != tc.clean {
 				t.Errorf("may release %v clean %v, want %v %v; events:\n%s", release, clean, tc.release, tc.clean, r.eventLog())
 			}
 			kills := 0
@@ -687,8 +694,8 @@ func TestGateCommandEnds(t *testing.T) {
 			if tc.code != 1 {
 				code = tc.code
 			}
-			r.sup.Config.Command = []string{"/bin/sh", "-c", "sleep 0.2; exit " + strconv.Itoa(code)}
-			r.sup.Env = []string{"PATH=/usr/bin:/bin"}
+			r.spec.Command = []string{"/bin/sh", "-c", "sleep 0.2; exit " + strconv.Itoa(code)}
+			r.env.Process.Env = []string{"PATH=/usr/bin:/bin"}
 			var f *fakeGated
 			if tc.direct != nil {
 				f = r.withKiller(tc.direct...)
@@ -717,7 +724,7 @@ func TestGateCommandEnds(t *testing.T) {
 // them, released clean, and the next gate started at once.)
 func TestGateLeaseModeRestartKeeps(t *testing.T) {
 	r := newGateRig(t, gateJob{gatedState: "running", apps: twoApps})
-	r.sup.Config.Mode = ModeLease
+	r.spec.Mode = ModeLease
 	f := r.withKiller("app", "db")
 	r.run()
 	r.holding()

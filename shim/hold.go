@@ -17,22 +17,22 @@ type heldRun struct {
 	s     *Supervisor
 	lease *lockclient.Lease
 	w     Workload
-	proc  Started    // the workload's processes, for the holding events
-	lb    *lbSession // nil without a load balancer
+	proc  Started // the workload's processes, for the holding events
 	log   hclog.Logger
-	end   Ending // why the hold ended, once shutdown ran
+	// failRun: a Release hook asked the run to fail (ReleaseResponse.Fail).
+	failRun bool
 }
 
 // start starts the workload under the lease, its guard armed, and says
 // so. started is false, with the exit code, when it could not start; the
 // lease is then released as finish allows.
 func (s *Supervisor) start(lease *lockclient.Lease) (r *heldRun, code int, started bool) {
-	r = &heldRun{s: s, lease: lease, w: s.workload, log: s.Logger.With("fence", lease.Fence)}
+	r = &heldRun{s: s, lease: lease, w: s.Workload, log: s.Logger.With("fence", lease.Fence)}
 	proc, err := r.w.Start(lease)
 	var f *Failure
 	switch {
 	case errors.Is(err, errLostBeforeStart):
-		s.emit(Event{State: StateLost, Fence: lease.Fence, Message: lockLostMessage(lease.Err())})
+		s.Emit(Event{State: StateLost, Fence: lease.Fence, Message: lockLostMessage(lease.Err())})
 		r.finish(EndLost)
 		return nil, ExitLost, false
 	case errors.As(err, &f):
@@ -48,7 +48,7 @@ func (s *Supervisor) start(lease *lockclient.Lease) (r *heldRun, code int, start
 			msg = acquiredSlotMessage(lease.Slot, lease.Holders, lease.Path(), lease.Fence)
 		}
 	}
-	s.emit(r.held(StateHolding, msg))
+	s.Emit(r.held(StateHolding, msg))
 	return r, 0, true
 }
 
@@ -95,7 +95,7 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 		select {
 		case <-lease.Renewed():
 			w.Arm(s.guardDeadline(lease))
-			s.emit(r.held(s.state, s.message))
+			s.Emit(r.held(s.state, s.message))
 
 		case ev := <-events:
 			switch {
@@ -106,7 +106,7 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 				r.log.Info("drained: the hooks' pre-kill work runs before the workload is stopped")
 				r.preKill(func() {
 					w.Arm(s.guardDeadline(lease))
-					s.emit(r.held(s.state, s.message))
+					s.Emit(r.held(s.state, s.message))
 				})
 			case !ev.Drain:
 				r.publish(ev)
@@ -128,8 +128,7 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 				return w.ExitCode()
 			}
 			r.log.Info("stop requested", "kill_signal", signalName(req.Signal), "kill_timeout", req.Timeout)
-			s.stopArrived(EndStopRequest)
-			if c := r.delayStop(hctx, req); c != nil {
+			if c := r.stopping(hctx, EndStopRequest, req.Timeout); c != nil {
 				delayed, delayedAt, delayC = &req, lockclient.BootNow(), c
 				continue
 			}
@@ -138,7 +137,7 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 
 		case msg, ok := <-delayC:
 			if ok {
-				s.notify(r.held(s.state, msg))
+				s.Notice(r.held(s.state, msg))
 				continue
 			}
 			r.log.Info("stopping after the stop's delay", "waited", lockclient.BootNow().Sub(delayedAt).Round(time.Millisecond))
@@ -146,7 +145,7 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 			return w.ExitCode()
 
 		case sig := <-sigs:
-			if code, stopped := r.signal(sig); stopped {
+			if code, stopped := r.signal(hctx, sig); stopped {
 				return code
 			}
 		}
@@ -191,10 +190,10 @@ func (r *heldRun) publish(ev HookEvent) {
 		state = r.s.state
 	}
 	if ev.Notice {
-		r.s.notify(r.held(state, ev.Message))
+		r.s.Notice(r.held(state, ev.Message))
 		return
 	}
-	r.s.emit(r.held(state, ev.Message))
+	r.s.Emit(r.held(state, ev.Message))
 }
 
 // fail stops the workload after a hook failed the run (a *Failure), with
@@ -206,27 +205,29 @@ func (r *heldRun) fail(err error) int {
 		f = &Failure{Code: ExitInfra, End: EndStartFailed, Err: err}
 	}
 	if f.Event != "" {
-		s.emit(r.held(StateStopping, f.Event))
+		s.Emit(r.held(StateStopping, f.Event))
 	}
 	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, f.End)
 	return f.Code
 }
 
-// delayStop asks the hooks whether the workload keeps serving a while
-// after the stop request req: budget is the request's kill_timeout less the
-// workload's own grace (lock.kill_timeout), so that the stop after the
-// delay still has that grace. nil: stop at once.
-func (r *heldRun) delayStop(ctx context.Context, req StopRequest) <-chan string {
-	budget := req.Timeout - r.s.Config.KillTimeout
-	if budget <= 0 {
-		return nil
+// stopping tells the Stopping hooks that a stop arrived, at once, and
+// returns the delay one of them asks for (nil: stop at once). A stop
+// request's budget is its kill_timeout less the workload's own grace
+// (lock.kill_timeout), so that the stop after the delay still has that
+// grace.
+func (r *heldRun) stopping(ctx context.Context, end Ending, timeout time.Duration) <-chan string {
+	req := StoppingRequest{End: end}
+	if end == EndStopRequest {
+		req.Budget = max(timeout-r.s.Config.KillTimeout, 0)
 	}
-	for _, h := range hooksOf[delayHook](r.s) {
-		if c := h.delayStop(ctx, budget); c != nil {
-			return c
+	var delay <-chan string
+	for _, h := range hooksOf[StoppingHook](r.s) {
+		if c := h.Stopping(ctx, req); c != nil && delay == nil {
+			delay = c
 		}
 	}
-	return nil
+	return delay
 }
 
 // delayedLeft is the grace left of a delayed stop request that came at
@@ -236,11 +237,15 @@ func (r *heldRun) delayedLeft(req StopRequest, at time.Time) time.Duration {
 	return max(req.Timeout-lockclient.BootNow().Sub(at), r.s.Config.KillTimeout)
 }
 
-// stopArrived tells the hooks that a stop arrived, at once.
-func (s *Supervisor) stopArrived(end Ending) {
-	for _, h := range hooksOf[stopHook](s) {
-		h.stopArrived(end)
+// exitCode is the run's exit code: the hold's, or 1 where that is 0 and a
+// Release hook asked the run to fail (a gate that Nomad did not stop must
+// fail, so that Nomad kills its gated tasks).
+func (r *heldRun) exitCode(code int) int {
+	if code == 0 && r.failRun {
+		r.log.Info("exiting non-zero: a hook fails the run")
+		return 1
 	}
+	return code
 }
 
 // lost stops the workload after the lease was lost, within its stop deadline.
@@ -248,7 +253,7 @@ func (r *heldRun) lost() int {
 	s, lease := r.s, r.lease
 	why := lease.Err()
 	r.log.Error("lock lost, stopping the workload", "why", why, "stop_deadline", lockclient.BootUntil(lease.StopDeadline()).Round(time.Millisecond))
-	s.emit(r.held(StateLost, lockLostMessage(why)))
+	s.Emit(r.held(StateLost, lockLostMessage(why)))
 	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, EndLost)
 	return ExitLost
 }
@@ -256,7 +261,7 @@ func (r *heldRun) lost() int {
 // signal stops the workload on SIGTERM or SIGINT (with kill_signal instead,
 // when one is set) and forwards any other signal to it. stopped is true,
 // with the exit code, once the workload was stopped.
-func (r *heldRun) signal(sig os.Signal) (code int, stopped bool) {
+func (r *heldRun) signal(ctx context.Context, sig os.Signal) (code int, stopped bool) {
 	s := r.s
 	sys, _ := sig.(syscall.Signal)
 	if sys == syscall.SIGTERM || sys == syscall.SIGINT {
@@ -265,7 +270,7 @@ func (r *heldRun) signal(sig os.Signal) (code int, stopped bool) {
 			stopSig = s.Config.KillSignal
 		}
 		r.log.Info("stopping on signal", "signal", sig, "kill_signal", stopSig)
-		s.stopArrived(EndSignal)
+		r.stopping(ctx, EndSignal, 0)
 		r.shutdown(stopSig, s.Config.KillTimeout, EndSignal)
 		return r.w.ExitCode(), true
 	}

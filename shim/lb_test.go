@@ -63,7 +63,7 @@ func TestNoRemoveAfterFinalFailedAdd(t *testing.T) {
 				ctx: ctx, cancel: cancel, events: make(chan lbEvent, 4), recheck: time.NewTicker(time.Hour)}
 			lb.posted.Store(true)
 			removed := 0
-			h := testLBHook(lb, lbRecordFuncs{removed: func() { removed++ }})
+			h := testLBHook(lb, countRemoved{&removed})
 			if tc.stopping {
 				cancel()
 			}
@@ -81,6 +81,12 @@ func TestNoRemoveAfterFinalFailedAdd(t *testing.T) {
 		})
 	}
 }
+
+// countRemoved counts LBRemoved.
+type countRemoved struct{ n *int }
+
+func (countRemoved) LBPosted(lbhook.Config, *lbhook.Hook, lbhook.UpstreamInfo) {}
+func (c countRemoved) LBRemoved()                                              { *c.n++ }
 
 // testLBHook is an lbHook whose session lb runs, its loop not started.
 func testLBHook(lb *lbSession, rec LBRecorder) *lbHook {
@@ -123,8 +129,8 @@ func testSession(t *testing.T, uri string) *lbSession {
 // While a slow PreKill (a REMOVE) runs, each renew reaches the caller
 // (which re-arms its guard and republishes its deadlines for the watchdog).
 func TestPreKillRelaysRenewals(t *testing.T) {
-	r := &heldRun{s: &Supervisor{Logger: hclog.NewNullLogger(), hooks: []Hook{slowPreKill(600 * time.Millisecond)}},
-		lease: heldLease(t), w: &Gate{}}
+	r := &heldRun{s: &Supervisor{Logger: hclog.NewNullLogger(), Hooks: []Hook{slowPreKill(600 * time.Millisecond)}},
+		lease: heldLease(t), w: &gatedWorkload{}}
 	relayed := 0
 	r.preKill(func() { relayed++ })
 	if relayed == 0 {

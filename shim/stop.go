@@ -14,14 +14,13 @@ import (
 // workload and releases as the hooks allow.
 func (r *heldRun) shutdown(sig syscall.Signal, timeout time.Duration, end Ending) {
 	s, lease, w := r.s, r.lease, r.w
-	r.end = end
 	// The loop no longer re-arms the guard: give it the whole stop (the
 	// PreKill hooks, then the grace), still capped by the stop deadline.
 	until := lockclient.BootNow().Add(r.preKillBound() + timeout + 2*time.Second)
 	w.Arm(earliest(until, lease.StopDeadline()))
 	r.preKill(func() {
 		w.Arm(earliest(until, lease.StopDeadline()))
-		s.emit(r.held(s.state, s.message))
+		s.Emit(r.held(s.state, s.message))
 	})
 	r.stop(sig, timeout, end)
 	r.finish(end)
@@ -89,7 +88,7 @@ func (r *heldRun) stop(sig syscall.Signal, timeout time.Duration, why Ending) {
 	s, w := r.s, r.w
 	event, wait := w.Stop(sig, why)
 	if event != "" {
-		s.emit(r.held(StateStopping, event))
+		s.Emit(r.held(StateStopping, event))
 	}
 	if !wait {
 		return
@@ -115,7 +114,7 @@ func (r *heldRun) stop(sig syscall.Signal, timeout time.Duration, why Ending) {
 		select {
 		case <-grace.C():
 			if deadline.Before(end) {
-				s.emit(r.held(StateStopping, killAfterLossMessage(lockclient.BootNow().Sub(began).Round(time.Second), timeout, r.lease.Err())))
+				s.Emit(r.held(StateStopping, killAfterLossMessage(lockclient.BootNow().Sub(began).Round(time.Second), timeout, r.lease.Err())))
 			} else {
 				s.Logger.Warn("workload did not stop in time, sending SIGKILL", "grace", timeout)
 			}
@@ -125,20 +124,20 @@ func (r *heldRun) stop(sig syscall.Signal, timeout time.Duration, why Ending) {
 			deadline = graceEnd(end, r.lease)
 			grace.Reset(lockclient.BootUntil(deadline))
 			renewing := rt.start(r.lease)
-			s.emit(r.held(StateStopping, lostWhileStoppingMessage(r.lease.Err(), deadline.Before(end),
+			s.Emit(r.held(StateStopping, lostWhileStoppingMessage(r.lease.Err(), deadline.Before(end),
 				lockclient.BootUntil(deadline).Round(time.Second), lockclient.BootUntil(end).Round(time.Second), renewing)))
 		case l := <-rt.retaken:
 			r.lease, lost = l, l.Lost()
 			deadline = graceEnd(end, l)
 			grace.Reset(lockclient.BootUntil(deadline))
 			w.Arm(earliest(deadline.Add(2*time.Second), l.StopDeadline()))
-			s.emit(r.held(StateStopping, renewedAgainMessage(timeout, lockclient.BootUntil(deadline).Round(time.Second))))
+			s.Emit(r.held(StateStopping, renewedAgainMessage(timeout, lockclient.BootUntil(deadline).Round(time.Second))))
 		case <-r.lease.Renewed():
 			// Still ours: keep the guard, and the driver's watchdog (which
 			// reads the deadlines this event publishes), from cutting a long
 			// kill_timeout short.
 			w.Arm(earliest(deadline.Add(2*time.Second), r.lease.StopDeadline()))
-			s.emit(r.held(s.state, s.message))
+			s.Emit(r.held(s.state, s.message))
 		case <-poll.C:
 			if w.Gone() {
 				return
@@ -157,52 +156,72 @@ func graceEnd(end time.Time, lease *lockclient.Lease) time.Time {
 }
 
 // finish makes sure no process of the workload survives, then releases as
-// the hooks allow (end is why the run ends). If the workload cannot be
-// proven dead the lock is NOT released: it then expires on the server
-// after 2*TTL + lock delay, so no second holder can overlap.
+// the Release hooks allow (end is why the run ends). If the workload
+// cannot be proven dead the lock is NOT released: it then expires on the
+// server after 2*TTL + lock delay, so no second holder can overlap.
 func (r *heldRun) finish(end Ending) {
 	s, lease := r.s, r.lease
-	if !r.w.KillAll() {
+	req := ReleaseRequest{Lease: lease, End: end, Proven: r.w.KillAll()}
+	resp := ReleaseResponse{Keep: !req.Proven}
+	for _, h := range hooksOf[ReleaseHook](s) {
+		h.Release(context.Background(), req, &resp)
+	}
+	r.failRun = resp.Fail
+	switch {
+	case resp.Keep && resp.Why != nil:
+		s.released(resp.Why)
 		return
-	}
-	hooks := hooksOf[releaseHook](s)
-	clean := len(hooks) > 0 // marked clean only if every hook says so
-	for _, h := range hooks {
-		release, c := h.mayRelease(lease, end)
-		if !release {
-			return
-		}
-		clean = clean && c
-	}
-	if clean {
+	case resp.Keep:
+		return
+	case resp.MarkClean && !resp.NotClean:
 		s.markReleasedClean(lease)
 	}
 	s.release(lease)
 }
 
+// markReleasedClean tells the next holder that our work is proven dead, so
+// that it need not wait for it (a gate's gated tasks), and that the lock
+// is free (a standby whose token is not shown the lock's state).
+func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.Locker.Config().RequestTimeout)
+	defer cancel()
+	if err := lease.MarkReleasedClean(ctx); err != nil {
+		s.Logger.Warn("cannot mark the release clean: the next holder waits for our work as for one not proven dead (a gate's, for Nomad's report), and a standby whose token is not shown the lock's state does not see it free", "error", err)
+	}
+}
+
+// release releases the lease, says how it went, and tells the Release
+// hooks (released).
 func (s *Supervisor) release(lease *lockclient.Lease) {
 	timeout := s.Locker.Config().RequestTimeout + time.Second
 	ctx, cancel := lockclient.WithBootTimeout(context.Background(), timeout)
 	defer cancel()
 	err := lease.Release(ctx)
-	if s.OnReleaseTried != nil {
-		tried := err
-		if errors.Is(err, lockclient.ErrLost) || errors.Is(err, lockclient.ErrLeftToExpire) {
-			// Nothing for anyone to release: gone, or left to expire.
-			tried = nil
-		}
-		defer s.OnReleaseTried(tried)
+	tried := err
+	if errors.Is(err, lockclient.ErrLost) || errors.Is(err, lockclient.ErrLeftToExpire) {
+		// Nothing for anyone to release: gone, or left to expire.
+		tried = nil
 	}
+	defer s.released(tried)
 	switch {
 	case err == nil:
-		s.emit(Event{State: StateReleased, Fence: lease.Fence, Message: releasedMessage()})
+		s.Emit(Event{State: StateReleased, Fence: lease.Fence, Message: releasedMessage()})
 	case errors.Is(err, lockclient.ErrLost):
 		s.Logger.Info("nothing to release: the lock was already gone", "reason", err)
 	case errors.Is(err, lockclient.ErrLeftToExpire):
 		s.Logger.Warn("not releasing the lock: left to expire", "reason", err)
-		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: LeftToExpireMessage(err)})
+		s.Emit(Event{State: StateStopping, Fence: lease.Fence, Message: LeftToExpireMessage(err)})
 	default:
 		s.Logger.Warn("release failed; the lock expires on its own", "error", err)
-		s.emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config(), s.Config.PluginReleases)})
+		s.Emit(Event{State: StateStopping, Fence: lease.Fence, Message: releaseFailedMessage(err, s.Locker.Config(), s.Config.PluginReleases)})
+	}
+}
+
+// released tells the Release hooks how the release went: nil when released
+// or nothing was left to release; the error otherwise, or why a hook kept
+// the lock for someone else to release.
+func (s *Supervisor) released(err error) {
+	for _, h := range hooksOf[ReleaseHook](s) {
+		h.Released(err)
 	}
 }

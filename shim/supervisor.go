@@ -2,14 +2,12 @@ package shim
 
 import (
 	"context"
-	"io"
 	"os"
 	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
@@ -82,69 +80,27 @@ const (
 	ExitNotFound    = 127 // the command was not found
 )
 
-// Supervisor runs one workload under one lock.
+// Supervisor runs one workload under one lock: the core of the run's life
+// cycle, over a Workload and hooks (Attach builds both from a Spec).
 type Supervisor struct {
-	Config  Config
-	Locker  *lockclient.Locker
+	Config   Config
+	Locker   *lockclient.Locker
+	Workload Workload
+	// Hooks take part in the phases they implement, in this order (see
+	// phases.go).
+	Hooks   []Hook
 	Logger  hclog.Logger
 	Observe func(Event) // optional
-
-	Stdin          io.Reader
-	Stdout, Stderr io.Writer
-	// Env is the workload's base environment; nil means os.Environ().
-	Env []string
-	// Dir is the workload's working directory; "" keeps ours.
-	Dir string
-	// Credential runs the workload as another user; nil keeps ours.
-	Credential *syscall.Credential
 	// Stop delivers stop requests; nil means only SIGTERM/SIGINT stop.
 	Stop <-chan StopRequest
-	// Gate and WatchAlloc are the run's (Spec.Gate, Spec.WatchAlloc).
-	Gate       *Gate
-	WatchAlloc *AllocWatch
-	// OnAcquire, if set, runs after the lock is acquired and before the
-	// workload starts: the driver records the lease for a crash release.
-	OnAcquire func(*lockclient.Lease)
-	// OnReleaseTried, if set, runs once the supervisor has tried to release
-	// the lock it held, with the release's error: nil when released or
-	// already gone. The driver then drops the lease record, so the plugin's
-	// crash release is left for supervisors that died holding, unless err
-	// wraps lockclient.ErrIdentityRejected: the workload is proven dead but
-	// the task's identity no longer authenticates (a purged job), and the
-	// plugin may release with the operator's token (release_token_file). A
-	// gate that is being stopped but cannot read its allocation for that
-	// reason calls it with that error instead of releasing (gateMayRelease):
-	// the plugin then asks Nomad with its own token.
-	OnReleaseTried func(err error)
-	// OnLBPosted runs before the ADD is sent, OnLBRemoved after our REMOVE
-	// succeeded: the driver records the registration for a crash REMOVE.
-	OnLBPosted  func(lbhook.Config, *lbhook.Hook, lbhook.UpstreamInfo)
-	OnLBRemoved func()
-	// Getenv reads the task environment (LB auth key); nil means os.Getenv.
-	Getenv func(string) string
-	// Tree, StartIn, Subreaper and RequireGuard place the workload's
-	// process (see Process).
-	Tree         Tree
-	StartIn      func(start func() error) error
-	Subreaper    bool
-	RequireGuard bool
 
-	workload Workload
-	// hooks is the optional behaviour attached to the run (hooks.go).
-	hooks []Hook
 	// state and message are the last emitted, repeated by renew heartbeats.
 	state   State
 	message string
 }
 
-func (s *Supervisor) getenv(k string) string {
-	if s.Getenv != nil {
-		return s.Getenv(k)
-	}
-	return os.Getenv(k)
-}
-
-func (s *Supervisor) emit(ev Event) {
+// Emit publishes ev, a change of state or message (the hooks' Emitter).
+func (s *Supervisor) Emit(ev Event) {
 	ev.Time = time.Now()
 	ev.Path = s.Config.Path
 	s.state, s.message = ev.State, ev.Message
@@ -153,9 +109,9 @@ func (s *Supervisor) emit(ev Event) {
 	}
 }
 
-// notify publishes a notice (see Event.Notice) without changing the
+// Notice publishes a notice (see Event.Notice) without changing the
 // state or the message that renew heartbeats repeat.
-func (s *Supervisor) notify(ev Event) {
+func (s *Supervisor) Notice(ev Event) {
 	ev.Time, ev.Path, ev.Notice = time.Now(), s.Config.Path, true
 	if s.Observe != nil {
 		s.Observe(ev)
@@ -165,77 +121,50 @@ func (s *Supervisor) notify(ev Event) {
 // Run supervises until the workload is gone and the lock released, and
 // returns the exit code. sigs delivers the signals the supervisor received.
 //
-// Its steps, in order: set up (the workload and the hooks the config asks
-// for); take the lease (acquire: the hooks' checks first, then an adoption
-// or the wait for the lock); the hooks' work once it is held (a gate waits
-// for the previous holder's gated tasks); start the workload under the
-// lease (start) and hold it (hold) until the workload exits, the lease is
-// lost, a hook fails the run or a stop comes, each of which ends in
-// shutdown: the PreKill hooks (LB REMOVE), stop, proof of death, release
-// as the hooks allow.
+// The life cycle, in order (see phases.go): take the lease (acquire: the
+// PreAcquire hooks, then a lease they took over or the wait for the
+// lock); the Held hooks; start the workload under the lease (start) and
+// hold it (hold) until it exits, the lease is lost, a hook fails the run
+// or a stop comes, each of which ends in shutdown: the PreKill hooks, the
+// stop, the proof of death, the release as the Release hooks allow.
 func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
-	s.setUp()
+	if s.Logger == nil {
+		s.Logger = hclog.NewNullLogger()
+	}
 	lease, code, done := s.acquire(ctx, sigs)
 	if done {
 		return code
 	}
-	if !s.held(lease) {
-		s.emit(Event{State: StateLost, Fence: lease.Fence, Message: lockLostMessage(lease.Err())})
+	if err := s.held(ctx, lease); err != nil {
+		s.Emit(Event{State: StateLost, Fence: lease.Fence, Message: lockLostMessage(lease.Err())})
 		return ExitLost
 	}
 	r, code, started := s.start(lease)
 	if !started {
 		return code
 	}
-	return s.exitCode(r.end, r.hold(ctx, sigs))
+	return r.exitCode(r.hold(ctx, sigs))
 }
 
-// setUp readies the supervisor for Run: a logger, the workload, the hooks.
-func (s *Supervisor) setUp() {
-	if s.Logger == nil {
-		s.Logger = hclog.NewNullLogger()
-	}
-	s.workload = s.newWorkload()
-	s.buildHooks()
-}
-
-// newWorkload is the run's workload: its command, a gate's gated tasks, or
-// both.
-func (s *Supervisor) newWorkload() Workload {
-	p := Process{Stdin: s.Stdin, Stdout: s.Stdout, Stderr: s.Stderr, Env: s.Env, Dir: s.Dir, Credential: s.Credential,
-		Tree: s.Tree, StartIn: s.StartIn, Subreaper: s.Subreaper, RequireGuard: s.RequireGuard}
-	switch g := s.Gate; {
-	case g != nil && len(s.Config.Command) > 0:
-		g.log = s.Logger
-		return pairWorkload{newProcessWorkload(s.Config, p, s.Logger), g}
-	case g != nil:
-		g.log = s.Logger
-		return g
-	}
-	return newProcessWorkload(s.Config, p, s.Logger)
-}
-
-// held runs the hooks' work once the lease is held, before the workload
-// starts: false when the lease was lost meanwhile.
-func (s *Supervisor) held(lease *lockclient.Lease) bool {
-	if s.OnAcquire != nil {
-		s.OnAcquire(lease)
-	}
-	for _, h := range hooksOf[acquiredHook](s) {
-		if !h.acquired(lease) {
-			return false
+// held runs the Held hooks: an error means the lease ended meanwhile.
+func (s *Supervisor) held(ctx context.Context, lease *lockclient.Lease) error {
+	for _, h := range hooksOf[HeldHook](s) {
+		if err := h.Held(ctx, lease); err != nil {
+			return err
 		}
 	}
-	return true
+	return nil
 }
 
-// exitCode is the run's exit code once the hold ended with end, as the
-// hooks may change it.
-func (s *Supervisor) exitCode(end Ending, code int) int {
-	for _, h := range hooksOf[exitHook](s) {
-		code = h.exitCode(end, code)
+// hooksOf lists the hooks of s that implement T, in order.
+func hooksOf[T Hook](s *Supervisor) []T {
+	var out []T
+	for _, h := range s.Hooks {
+		if t, ok := h.(T); ok {
+			out = append(out, t)
+		}
 	}
-	return code
+	return out
 }
 
 func signalCode(sig os.Signal) int {

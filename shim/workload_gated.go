@@ -13,58 +13,6 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
-// Gate makes the supervisor hold the lock for the other tasks of its
-// allocation (its gated tasks), of any driver. It builds on three facts of
-// Nomad's task lifecycle (client/allocrunner, v1.11):
-//
-//   - main tasks start only once every prestart sidecar is running, and the
-//     driver reports the gate running only once the lock is held, so a
-//     standby never starts a gated task;
-//   - when an allocation stops, Nomad kills its main tasks first, waits for
-//     them, and only then kills its sidecars, so the gate is asked to stop
-//     after its gated tasks are dead;
-//   - when a task fails for good (restart attempts = 0), Nomad kills every
-//     other task of the allocation ("sibling failed"), locally, without the
-//     servers.
-//
-// The gate releases only when Nomad reports every gated task dead (read with
-// the gate's own identity, which needs "read-job"); otherwise it keeps the
-// lock and lets the server expire it. If the gate loses the lock (or its
-// supervisor dies) it fails, and Nomad kills the gated tasks: they are dead
-// within their kill_timeout, which the gate checks at start to fit before
-// the server can expire the lock (see checkGateJob).
-type Gate struct {
-	GateSpec
-
-	// gated are the tasks the gate holds the lock for, found at start.
-	gated []string
-
-	// killBound is the longest the gated tasks may take to die once the
-	// gate has failed, found at start: the group's shutdown_delay + the
-	// task's kill_timeout + shutdown_delay for those Nomad kills, the
-	// gate's own kill (gateKillAllTimeout) for the others.
-	killBound time.Duration
-
-	// Killer, when set, builds at start the GatedTasks that kill and prove
-	// dead, by the gate itself, those of its gated tasks that it can (the
-	// driver's docker containers and task cgroups).
-	Killer GatedTasksFunc
-	// killer and direct are what Killer built: nil and empty without one,
-	// or when it kills none of the gated tasks; planned is what it built
-	// in any case, which says why a task is left to Nomad.
-	killer, planned GatedTasks
-	direct          []string
-	// tasks are the gated tasks with their drivers; killerErr why Killer
-	// failed, if it did.
-	tasks     []GatedTask
-	killerErr error
-	// lease: the gate's lock is in lease mode (docs/lease.md): every gated
-	// task must be one it kills itself, dead by lease_fence +
-	// lease_kill_grace after its last acknowledged heartbeat.
-	lease bool
-	log   hclog.Logger
-}
-
 // GatedTask is one task a gate holds the lock for, as its allocation names
 // it: the task's name and its driver.
 type GatedTask struct {
@@ -112,61 +60,125 @@ type GatedTasksFunc func(allocID string, tasks []GatedTask) (GatedTasks, error)
 // stop of the allocation stays Nomad's: the gated tasks get their
 // kill_signal, kill_timeout and shutdown_delays.
 
-// buildKiller builds the gate's GatedTasks (Gate.Killer) for the gated
-// tasks of alloc and returns the set of those it kills itself.
-func (g *Gate) buildKiller(s *Supervisor, alloc *api.Allocation) map[string]bool {
-	g.tasks = GatedTasksOf(alloc, g.Task)
-	g.killer, g.planned, g.direct, g.killerErr = nil, nil, nil, nil
-	if g.Killer == nil || len(g.tasks) == 0 {
+// gatedWorkload is a gate's gated tasks, as the run's Workload: Nomad
+// starts, stops and restarts them, so the core has no process to start,
+// signal or wait for; what it needs of them is the time their kill takes
+// (KillBound). Their kill, by the gate itself, is the gate's to decide at
+// the release by its rule (gateHook.Release, docs/gate.md), not the
+// core's KillAll.
+type gatedWorkload struct {
+	// adopted: the run took its previous run's lease over (a restart of
+	// the gate), and the gated tasks run on.
+	adopted bool
+	// lease: the gate's lock is in lease mode (docs/lease.md): every gated
+	// task must be one it kills itself, dead by lease_fence +
+	// lease_kill_grace after its last acknowledged heartbeat.
+	lease bool
+	// build, when set, builds at start the GatedTasks that kill and prove
+	// dead, by the gate itself, those of its gated tasks that it can (the
+	// driver's docker containers and task cgroups).
+	build GatedTasksFunc
+	log   hclog.Logger
+	emit  Emitter
+
+	// gated are the tasks the gate holds the lock for, found at start.
+	gated []string
+	// killBound is the longest the gated tasks may take to die once the
+	// gate has failed, found at start: the group's shutdown_delay + the
+	// task's kill_timeout + shutdown_delay for those Nomad kills, the
+	// gate's own kill (gateKillAllTimeout) for the others.
+	killBound time.Duration
+	// killer and direct are what build built: nil and empty without one,
+	// or when it kills none of the gated tasks; planned is what it built
+	// in any case, which says why a task is left to Nomad.
+	killer, planned GatedTasks
+	direct          []string
+	// tasks are the gated tasks with their drivers; killerErr why build
+	// failed, if it did.
+	tasks     []GatedTask
+	killerErr error
+}
+
+// plan builds the gate's GatedTasks (gatedWorkload.build) for the gated
+// tasks of alloc, the gate task gate's allocation, and returns the set of
+// those it kills itself.
+func (w *gatedWorkload) plan(alloc *api.Allocation, gate string) map[string]bool {
+	w.tasks = GatedTasksOf(alloc, gate)
+	w.killer, w.planned, w.direct, w.killerErr = nil, nil, nil, nil
+	if w.build == nil || len(w.tasks) == 0 {
 		return nil
 	}
-	k, err := g.Killer(g.AllocID, g.tasks)
+	k, err := w.build(alloc.ID, w.tasks)
 	if err != nil {
-		s.Logger.Warn("gate: cannot kill the gated tasks itself; Nomad kills them", "error", err)
-		g.killerErr = err
+		w.log.Warn("gate: cannot kill the gated tasks itself; Nomad kills them", "error", err)
+		w.killerErr = err
 		return nil
 	}
 	if k == nil {
 		return nil
 	}
-	g.planned = k
+	w.planned = k
 	direct := map[string]bool{}
 	for _, name := range k.Direct() {
-		if slices.ContainsFunc(g.tasks, func(t GatedTask) bool { return t.Name == name }) {
+		if slices.ContainsFunc(w.tasks, func(t GatedTask) bool { return t.Name == name }) {
 			direct[name] = true
 		}
 	}
 	if len(direct) == 0 {
 		return nil
 	}
-	g.killer = k
-	for _, t := range g.tasks {
+	w.killer = k
+	for _, t := range w.tasks {
 		if direct[t.Name] {
-			g.direct = append(g.direct, t.Name)
+			w.direct = append(w.direct, t.Name)
 		}
 	}
 	return direct
 }
 
 // allDirect reports whether the gate kills every gated task itself.
-func (g *Gate) allDirect() bool {
-	return g.killer != nil && len(g.direct) == len(g.gated) && len(g.gated) > 0
+func (w *gatedWorkload) allDirect() bool {
+	return w.killer != nil && len(w.direct) == len(w.gated) && len(w.gated) > 0
 }
 
 // whyLeft says why the gate leaves task to Nomad, as its killer knows
 // ("" if it says nothing).
-func (g *Gate) whyLeft(task string) string {
-	if g.planned == nil {
+func (w *gatedWorkload) whyLeft(task string) string {
+	if w.planned == nil {
 		return ""
 	}
-	return g.planned.WhyLeft(task)
+	return w.planned.WhyLeft(task)
+}
+
+// notDirectWhy says why the gate does not kill gated task task itself.
+func (w *gatedWorkload) notDirectWhy(task string) string {
+	switch {
+	case w.killerErr != nil:
+		return w.killerErr.Error()
+	case w.build == nil:
+		return "no direct kill on this client"
+	case w.whyLeft(task) != "":
+		return w.whyLeft(task)
+	}
+	return "see the gate's start event for why"
+}
+
+// driverOf is the driver of a task of the gate's group, as the gate found
+// it at start (task's own otherwise).
+func (w *gatedWorkload) driverOf(task *api.Task) string {
+	for _, t := range w.tasks {
+		if t.Name == task.Name {
+			return t.Driver
+		}
+	}
+	return task.Driver
 }
 
 // leftToNomad lists the gated tasks the gate does not kill itself.
-func (g *Gate) leftToNomad() []string {
+func (w *gatedWorkload) leftToNomad() []string {
 	var out []string
-	for _, name := range g.gated {
-		if !slices.Contains(g.direct, name) {
+	for _, name := range w.gated {
+		if !slices.Contains(w.direct, name) {
 			out = append(out, name)
 		}
 	}
@@ -177,47 +189,53 @@ func (g *Gate) leftToNomad() []string {
 // before the lease's stop deadline, for their SIGKILL and its proof.
 const gateKillReserve = time.Second
 
-// killDirect stops and proves dead the gated tasks the gate kills itself.
-// Each gets its kill_signal and its kill_timeout, cut to what the lease's
-// stop deadline leaves (lock mode: before the server can expire the lock,
-// the fence deadline after a 409; lease mode: lease_fence +
-// lease_kill_grace after the last heartbeat), then SIGKILL. The kill
-// itself is never bounded by that deadline: every attempt gets a budget of
-// its own, and a failed one is retried, past the deadline too, for
-// gateKillRetryFor; once the gate has exited, the plugin's warden goes on.
-// It reports whether they are all proven dead (true when there are none).
-// An empty why proves them dead without an event unless that fails (Nomad
-// stopped them first, as far as the gate knows).
-func (s *Supervisor) killDirect(lease *lockclient.Lease, why string) bool {
-	g := s.Gate
-	if g.killer == nil {
+// kill stops and proves dead the gated tasks the gate kills itself. Each
+// gets its kill_signal and its kill_timeout, cut to what the lease's stop
+// deadline leaves (lock mode: before the server can expire the lock, the
+// fence deadline after a 409; lease mode: lease_fence + lease_kill_grace
+// after the last heartbeat), then SIGKILL. The kill itself is never
+// bounded by that deadline: every attempt gets a budget of its own, and a
+// failed one is retried, past the deadline too, for gateKillRetryFor; once
+// the gate has exited, the plugin's warden goes on. It reports whether
+// they are all proven dead (true when there are none). An empty why proves
+// them dead without an event unless that fails (Nomad stopped them first,
+// as far as the gate knows).
+func (w *gatedWorkload) kill(lease *lockclient.Lease, why string) bool {
+	if w.killer == nil {
 		return true
 	}
 	grace := lockclient.BootUntil(lease.StopDeadline()) - gateKillReserve
-	s.Logger.Info("gate: killing the gated tasks itself", "tasks", strings.Join(g.direct, ","), "why", why, "grace", max(grace, 0).Round(time.Millisecond))
+	w.log.Info("gate: killing the gated tasks itself", "tasks", strings.Join(w.direct, ","), "why", why, "grace", max(grace, 0).Round(time.Millisecond))
 	began := lockclient.BootNow()
 	var err error
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), gateKillAllTimeout+max(grace, 0))
-		err = g.killer.Stop(ctx, grace)
+		err = w.killer.Stop(ctx, grace)
 		cancel()
 		if err == nil {
-			s.Logger.Info("gate: the gated tasks are proven dead", "tasks", strings.Join(g.direct, ","))
+			w.log.Info("gate: the gated tasks are proven dead", "tasks", strings.Join(w.direct, ","))
 			if why != "" {
-				s.emit(stoppingEvent(lease, gateKilledMessage(g.direct, why)))
+				w.emit.Emit(stoppingEvent(lease, gateKilledMessage(w.direct, why)))
 			}
 			return true
 		}
-		s.Logger.Error("gate: cannot prove the gated tasks dead", "error", err, "attempt", attempt+1)
+		w.log.Error("gate: cannot prove the gated tasks dead", "error", err, "attempt", attempt+1)
 		grace = 0
 		if lockclient.BootNow().Sub(began) >= gateKillRetryFor {
 			break
 		}
 		time.Sleep(gateKillRetryEvery)
 	}
-	s.emit(stoppingEvent(lease, gateKillUnprovenMessage(g.direct, err)))
+	w.emit.Emit(stoppingEvent(lease, gateKillUnprovenMessage(w.direct, err)))
 	return false
 }
+
+// gateKillRetryFor bounds the gate's retries of a kill that fails; the
+// plugin's warden retries once the gate has exited. gateKillRetryEvery is
+// the pause between two attempts.
+var gateKillRetryFor = 2 * gateKillAllTimeout
+
+const gateKillRetryEvery = 500 * time.Millisecond
 
 // stoppingEvent is a stopping event with the lease's deadlines and last
 // renew, which the plugin's watchdog, crash release and kept leases read.
@@ -232,59 +250,27 @@ func leaseEvent(state State, lease *lockclient.Lease, msg string) Event {
 		FenceDeadline: lease.FenceDeadline(), StopDeadline: lease.StopDeadline(), LastRenew: lease.LastRenew()}
 }
 
-// gateKillRetryFor bounds the gate's retries of a kill that fails; the
-// plugin's warden retries once the gate has exited. gateKillRetryEvery is
-// the pause between two attempts.
-var gateKillRetryFor = 2 * gateKillAllTimeout
-
-const gateKillRetryEvery = 500 * time.Millisecond
-
-// killDirectHeld is killDirect for a lease that is still ours: if the
-// gated tasks cannot be proven dead, the holder's record no longer claims
-// that the gate kills them all (so the next holder waits for Nomad's report
-// of them instead of trusting the lock's expiry), and the lease is left to
-// expire.
-func (s *Supervisor) killDirectHeld(lease *lockclient.Lease, why string) bool {
-	if s.killDirect(lease, why) {
-		return true
-	}
-	if s.Gate.allDirect() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.Locker.Config().RequestTimeout)
-		defer cancel()
-		if err := lease.MarkNotGatedDirect(ctx); err != nil {
-			s.Logger.Error("gate: cannot withdraw the record that it kills its gated tasks itself", "error", err)
-		}
-	}
-	return false
-}
-
-// The gated tasks as the run's Workload: Nomad starts, stops and restarts
-// them, so the core has no process to start, signal or wait for; what it
-// needs of them is the time their kill takes (KillBound). Their kill, by
-// the gate itself, is decided at the release by the gate's rule
-// (gateMayRelease, docs/gate.md), not by the core's KillAll.
-
 // Start has nothing to start: Nomad starts the gated tasks once the gate's
 // task runs. Its event says they may start, or run on after a restart.
-func (g *Gate) Start(lease *lockclient.Lease) (Started, error) {
-	if g.Adopt != nil {
+func (w *gatedWorkload) Start(lease *lockclient.Lease) (Started, error) {
+	if w.adopted {
 		return Started{Event: gateTookOverMessage(lease.Fence, gateSlotNote(lease))}, nil
 	}
 	return Started{Event: gateAcquiredMessage(lease.Fence, gateSlotNote(lease))}, nil
 }
 
 // Exited never closes: a gate with no command runs until it is stopped.
-func (g *Gate) Exited() <-chan struct{} { return nil }
+func (w *gatedWorkload) Exited() <-chan struct{} { return nil }
 
-func (g *Gate) ExitCode() int { return 0 }
+func (w *gatedWorkload) ExitCode() int { return 0 }
 
-func (g *Gate) Forward(sig os.Signal) {
-	g.log.Debug("signal while holding, no workload to forward it to", "signal", sig)
+func (w *gatedWorkload) Forward(sig os.Signal) {
+	w.log.Debug("signal while holding, no workload to forward it to", "signal", sig)
 }
 
 // Stop words the gate's stop by Nomad or by a signal; Nomad stops the
 // gated tasks itself.
-func (g *Gate) Stop(_ syscall.Signal, end Ending) (string, bool) {
+func (w *gatedWorkload) Stop(_ syscall.Signal, end Ending) (string, bool) {
 	switch end {
 	case EndStopRequest:
 		return gateStoppingMessage(false), false
@@ -294,17 +280,17 @@ func (g *Gate) Stop(_ syscall.Signal, end Ending) (string, bool) {
 	return "", false
 }
 
-func (g *Gate) Gone() bool { return true }
+func (w *gatedWorkload) Gone() bool { return true }
 
 // Arm: the plugin's watchdog, not a guard of the supervisor's, kills the
 // gated tasks of a frozen gate.
-func (g *Gate) Arm(time.Time) {}
+func (w *gatedWorkload) Arm(time.Time) {}
 
 // KillBound is the gated tasks' kill bound and the slack Nomad needs to
 // notice that the gate failed and begin killing them: what must remain of
 // the time to the stop deadline once the gate fails.
-func (g *Gate) KillBound() time.Duration { return g.killBound + gateKillSlack }
+func (w *gatedWorkload) KillBound() time.Duration { return w.killBound + gateKillSlack }
 
 // KillAll proves nothing dead: the gated tasks' kill is the release's
-// decision (gateMayRelease).
-func (g *Gate) KillAll() bool { return true }
+// decision (gateHook.Release).
+func (w *gatedWorkload) KillAll() bool { return true }

@@ -83,7 +83,6 @@ func supervise(cfg shim.Config, stderr io.Writer) int {
 
 	sup := &shim.Supervisor{
 		Config: cfg, Locker: locker, Logger: log,
-		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 		Observe: func(ev shim.Event) {
 			if ev.Notice {
 				log.Warn(ev.Message)
@@ -91,13 +90,21 @@ func supervise(cfg shim.Config, stderr io.Writer) int {
 			}
 			log.Debug("state", "state", ev.State, "message", ev.Message)
 		},
-		// Daemons the workload starts stay lock's descendants, and are
-		// proven dead before the release.
-		Subreaper: true,
-		// Lease mode: a standby may take the lock over L after the last
-		// heartbeat, so the workload must be dead by D + K even if lock
-		// itself is stuck: only the process-group guard ensures that.
-		RequireGuard: cfg.Mode == shim.ModeLease,
+	}
+	sup.Workload, sup.Hooks, err = shim.Attach(spec, shim.Env{Locker: locker, Emitter: sup, Logger: log,
+		Process: shim.Process{
+			Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+			// Daemons the workload starts stay lock's descendants, and are
+			// proven dead before the release.
+			Subreaper: true,
+			// Lease mode: a standby may take the lock over L after the last
+			// heartbeat, so the workload must be dead by D + K even if lock
+			// itself is stuck: only the process-group guard ensures that.
+			RequireGuard: cfg.Mode == shim.ModeLease,
+		}})
+	if err != nil {
+		fmt.Fprintf(stderr, "lock: %v\n", err)
+		return shim.ExitConfig
 	}
 	return sup.Run(context.Background(), forwardable)
 }
