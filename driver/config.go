@@ -78,14 +78,10 @@ var pluginConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 
 // defaults parses the plugin-level lock defaults.
 func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
-	ttl, delay = shim.DefaultTTL, shim.DefaultLockDelay
-	if err := shim.ParseDuration("plugin config default_ttl", pc.DefaultTTL, "10s", &ttl); err != nil {
+	if ttl, err = shim.DriverDefault("ttl", pc.DefaultTTL, "plugin config default_ttl"); err != nil {
 		return 0, 0, err
 	}
-	if err := shim.ParseDuration("plugin config default_delay", pc.DefaultDelay, "10s", &delay); err != nil {
-		return 0, 0, err
-	}
-	if err := shim.LockSettings.CheckMin("delay", delay, "plugin config default_delay"); err != nil {
+	if delay, err = shim.DriverDefault("delay", pc.DefaultDelay, "plugin config default_delay"); err != nil {
 		return 0, 0, err
 	}
 	t := lockclient.Timing{TTL: ttl, LockDelay: delay}
@@ -98,16 +94,16 @@ func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
 // TaskConfig is a task's `config {}` block.
 type TaskConfig struct {
 	// Gate makes the task hold the lock for the other tasks of its group
-	// (any driver) instead of, or besides, running a command: see shim.Gate.
+	// (any driver) instead of, or besides, running a command (docs/gate.md).
 	Gate bool `codec:"gate"`
 	// Start says when Nomad sees the task started: StartAtOnce (the
 	// default) or StartOnLock.
-	Start        string          `codec:"start"`
-	Command      string          `codec:"command"`
-	Args         []string        `codec:"args"`
-	Lock         LockConfig      `codec:"lock"`
-	LoadBalancer shim.LBSpec     `codec:"load_balancer"`
-	HealthCheck  shim.HealthSpec `codec:"health_check"`
+	Start   string   `codec:"start"`
+	Command string   `codec:"command"`
+	Args    []string `codec:"args"`
+	// DriverBlocks are config.lock, load_balancer and health_check, whose
+	// settings package shim declares.
+	shim.DriverBlocks
 	// ShareNomadToken passes the workload identity token (NOMAD_TOKEN) on
 	// to the workload. Off by default: the token can write the lock path,
 	// so a workload holding it could release or renew the lock itself.
@@ -124,10 +120,6 @@ type TaskConfig struct {
 	DeniedEnvvars []string `codec:"denied_envvars"`
 }
 
-// LockConfig is the task's `lock {}` block: the settings shim.LockSettings
-// allows InDriver, by name, as the jobspec gives them.
-type LockConfig = shim.LockValues
-
 var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"command":           hclspec.NewAttr("command", "string", false),
 	"gate":              hclspec.NewAttr("gate", "bool", false),
@@ -137,31 +129,20 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"oom_score_adj":     hclspec.NewAttr("oom_score_adj", "number", false),
 	"work_dir":          hclspec.NewAttr("work_dir", "string", false),
 	"denied_envvars":    hclspec.NewAttr("denied_envvars", "list(string)", false),
-	"lock":              hclspec.NewBlock("lock", false, lockBlockSpec()),
-	"load_balancer":     hclspec.NewBlock("load_balancer", false, settingsSpec(shim.LBSettings)),
-	"health_check":      hclspec.NewBlock("health_check", false, settingsSpec(shim.HealthSettings)),
+	"lock":              blockSpec("lock"),
+	"load_balancer":     blockSpec("load_balancer"),
+	"health_check":      blockSpec("health_check"),
 })
 
-// settingsSpec is the HCL schema of the load_balancer or health_check
-// block, from its settings' declarations (shim.LBSettings).
-func settingsSpec(settings []shim.LBSetting) *hclspec.Spec {
+// blockSpec is the HCL schema of the block named name, from its settings'
+// declarations (shim.DriverBlocks): each an optional attribute (the lock's
+// durations and signals are strings: "10s", "SIGTERM").
+func blockSpec(name string) *hclspec.Spec {
 	attrs := map[string]*hclspec.Spec{}
-	for _, s := range settings {
-		attrs[s.Name] = hclspec.NewAttr(s.Name, s.Type, false)
+	for attr, typ := range (shim.DriverBlocks{}).Schema()[name] {
+		attrs[attr] = hclspec.NewAttr(attr, typ, false)
 	}
-	return hclspec.NewObject(attrs)
-}
-
-// lockBlockSpec is config.lock: the settings shim.LockSettings allows
-// InDriver, each an optional string attribute (durations and signals are
-// written "10s", "SIGTERM"), decoded into LockConfig's strings and parsed
-// by shim.LockSpec.Apply.
-func lockBlockSpec() *hclspec.Spec {
-	attrs := map[string]*hclspec.Spec{}
-	for _, s := range shim.LockSettings.In(shim.InDriver) {
-		attrs[s.Name] = hclspec.NewAttr(s.Name, "string", false)
-	}
-	return hclspec.NewObject(attrs)
+	return hclspec.NewBlock(name, false, hclspec.NewObject(attrs))
 }
 
 // DefaultLockPath is the lock of a task when its lock block names none:
@@ -261,9 +242,16 @@ func (tc TaskConfig) validateStart() error {
 // runSpec turns a task's config into the run its supervisor supervises,
 // validated. Every error names the jobspec field to fix.
 func (tc TaskConfig) runSpec(cfg *drivers.TaskConfig, ttl, delay time.Duration) (shim.Spec, error) {
-	run := shim.Spec{Version: shim.SpecVersion, Config: shim.DefaultConfig(), Holder: taskHolder(cfg)}
+	var errs []error
+	if err := tc.validateStart(); err != nil {
+		errs = append(errs, err)
+	}
+	run, err := tc.DriverBlocks.Spec(ttl, delay, func(k string) string { return cfg.Env[k] })
+	if err != nil {
+		errs = append(errs, err)
+	}
+	run.Holder = taskHolder(cfg)
 	c := &run.Config
-	c.TTL, c.LockDelay = ttl, delay
 	if tc.Command != "" || !tc.Gate {
 		c.Command = append([]string{tc.Command}, tc.Args...)
 	}
@@ -272,18 +260,10 @@ func (tc TaskConfig) runSpec(cfg *drivers.TaskConfig, ttl, delay time.Duration) 
 	} else if tc.Start == StartOnLock {
 		run.WatchAlloc = &shim.AllocWatch{AllocID: cfg.AllocID, Namespace: cfg.Namespace, Who: onLockWho}
 	}
-	var errs []error
-	if err := tc.validateStart(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := shim.LockSettings.In(shim.InDriver).Apply(c, tc.Lock,
-		func(s shim.LockSetting) string { return "config.lock." + s.Name }); err != nil {
-		errs = append(errs, err)
-	}
 	if c.Path == "" {
 		c.Path = DefaultLockPath(cfg)
 	}
-	if c.Mode == shim.ModeLease {
+	if c.LeaseMode() {
 		if err := checkLeasePath(cfg, c.Path); err != nil {
 			errs = append(errs, err)
 		}
@@ -294,17 +274,12 @@ func (tc TaskConfig) runSpec(cfg *drivers.TaskConfig, ttl, delay time.Duration) 
 	// the task environment, which a job can set): its Task API socket.
 	c.RootSecretsDir = cfg.TaskDir().SecretsDir
 	c.AllocIndex = allocIndex(cfg)
-	lb, err := shim.BuildLoadBalancer(tc.LoadBalancer, tc.HealthCheck, func(k string) string { return cfg.Env[k] }, "config.")
-	if err != nil {
-		errs = append(errs, err)
-	}
-	c.LB = lb
 	errs = append(errs, tc.validateProcess()...)
 	if tc.Command == "" && !tc.Gate {
 		errs = append(errs, errors.New("config.command is missing: give the program to run, or set config.gate = true "+
 			"to hold the lock for the group's other tasks"))
 	}
-	if c.Mode == shim.ModeLease && tc.ShareNomadToken {
+	if c.LeaseMode() && tc.ShareNomadToken {
 		errs = append(errs, errors.New(`config.lock.mode = "lease" with config.share_nomad_token = true: `+
 			"a workload with the token could write the heartbeat the standby trusts; remove share_nomad_token"))
 	}
@@ -366,7 +341,7 @@ func checkIdentity(cfg *drivers.TaskConfig) error {
 // can write the heartbeat that a standby trusts (docs/lease.md). With
 // identity { env = true } alone the workload never gets it (workloadEnv).
 func checkLeaseIdentity(cfg *drivers.TaskConfig, run shim.Spec) error {
-	if run.Mode != shim.ModeLease {
+	if !run.LeaseMode() {
 		return nil
 	}
 	if _, err := os.Lstat(filepath.Join(cfg.TaskDir().SecretsDir, "nomad_token")); err != nil {
@@ -381,11 +356,9 @@ func checkLeaseIdentity(cfg *drivers.TaskConfig, run shim.Spec) error {
 // spec: the files the jobspec names read in, the identity checked, and the
 // plugin's and the task's denied_envvars joined.
 func planTask(cfg *drivers.TaskConfig, tc TaskConfig, ttl, delay time.Duration, users userPolicy, denied []string) (supervisorSpec, error) {
-	lbSpec, err := resolveLBFiles(cfg, tc.LoadBalancer)
-	if err != nil {
+	if err := resolveLBFiles(cfg, &tc.DriverBlocks); err != nil {
 		return supervisorSpec{}, err
 	}
-	tc.LoadBalancer = lbSpec
 	run, err := tc.runSpec(cfg, ttl, delay)
 	if err != nil {
 		return supervisorSpec{}, err

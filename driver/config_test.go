@@ -71,17 +71,17 @@ func TestShimConfig(t *testing.T) {
 		wantErr string
 	}{
 		{name: "defaults from the plugin", tc: TaskConfig{Command: "/bin/app", Args: []string{"a b"}}},
-		{name: "explicit lock block", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{
-			"path": "nomad/jobs/web/leader", "ttl": "20s", "delay": "2s", "renew": "5s", "wait": "1m", "kill_signal": "SIGINT", "kill_timeout": "9s"}}},
-		{name: "ttl below Nomad's minimum", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"ttl": "5s"}},
+		{name: "explicit lock block", tc: taskWithLock("/bin/app", LockConfig{
+			"path": "nomad/jobs/web/leader", "ttl": "20s", "delay": "2s", "renew": "5s", "wait": "1m", "kill_signal": "SIGINT", "kill_timeout": "9s"})},
+		{name: "ttl below Nomad's minimum", tc: taskWithLock("/bin/app", LockConfig{"ttl": "5s"}),
 			wantErr: "Nomad accepts 10s to 24h"},
-		{name: "duration without unit", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"ttl": "10"}},
+		{name: "duration without unit", tc: taskWithLock("/bin/app", LockConfig{"ttl": "10"}),
 			wantErr: `config.lock.ttl = "10" is not a duration`},
-		{name: "path outside nomad/jobs", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"path": "nomad/web"}},
+		{name: "path outside nomad/jobs", tc: taskWithLock("/bin/app", LockConfig{"path": "nomad/web"}),
 			wantErr: "below nomad/jobs/"},
-		{name: "unknown kill signal", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"kill_signal": "SIGNOPE"}},
+		{name: "unknown kill signal", tc: taskWithLock("/bin/app", LockConfig{"kill_signal": "SIGNOPE"}),
 			wantErr: "config.lock.kill_signal"},
-		{name: "zero delay", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"delay": "0s"}},
+		{name: "zero delay", tc: taskWithLock("/bin/app", LockConfig{"delay": "0s"}),
 			wantErr: "replaces 0 with 15s"},
 	}
 	for _, tc := range cases {

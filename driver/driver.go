@@ -97,12 +97,13 @@ type Driver struct {
 // once only to read PluginInfo and ConfigSchema.
 func New(ctx context.Context, logger hclog.Logger) *Driver {
 	logger = logger.Named(PluginName)
+	ttl, delay, _ := PluginConfig{}.defaults() // the lock settings' own
 	return &Driver{
 		ctx:     ctx,
 		logger:  logger,
 		eventer: eventer.NewEventer(ctx, logger),
-		ttl:     shim.DefaultTTL,
-		delay:   shim.DefaultLockDelay,
+		ttl:     ttl,
+		delay:   delay,
 		tasks:   newTaskStore(),
 	}
 }
@@ -291,7 +292,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	h := &taskHandle{
 		cfg: cfg, dir: dir, proc: proc, cgroup: cg, startedAt: time.Now(),
 		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
-		done:   make(chan struct{}), gate: tc.Gate, lease: spec.Run.Mode == shim.ModeLease,
+		done:   make(chan struct{}), gate: tc.Gate, lease: spec.Run.LeaseMode(),
 	}
 	if tc.startsOnLock() {
 		h.holding = make(chan struct{})
@@ -395,7 +396,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	}
 	// A recovered gate is still a gate: its watchdog kills its gated tasks.
 	h.gate = readSpec(dir, &spec) == nil && spec.Run.Gate != nil
-	h.lease = spec.Run.Mode == shim.ModeLease
+	h.lease = spec.Run.LeaseMode()
 	tail := &eventTail{dir: dir}
 	tail.restore()
 
@@ -424,7 +425,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	d.tasks.set(cfg.ID, h)
 	go d.run(h, tail)
 	h.logger.Info("recovered supervisor", "pid", st.PID)
-	if spec.Run.Mode == shim.ModeLease && d.checkLeaseMode(spec) == nil {
+	if spec.Run.LeaseMode() && d.checkLeaseMode(spec) == nil {
 		go d.leaseStandby(h, spec.Run, *spec.Run.Heartbeat())
 	}
 	return nil

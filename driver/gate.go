@@ -128,7 +128,7 @@ func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 	}
 	var st supervisorStatus
 	_ = readJSON(h.dir, statusFile, &st)
-	a, ok := keptDeadlines(held, st, spec.Run.Mode)
+	a, ok := keptDeadlines(held, st, spec.Run.LeaseMode())
 	if !ok {
 		return
 	}
@@ -156,7 +156,7 @@ func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 // supervisor last published (lease mode: its heartbeat's), never past the
 // release cutoff; without one, lock mode takes it from the last renew and
 // lease mode keeps nothing (when its last heartbeat was is unknown).
-func keptDeadlines(held heldLease, st supervisorStatus, mode string) (shim.AdoptLease, bool) {
+func keptDeadlines(held heldLease, st supervisorStatus, leaseMode bool) (shim.AdoptLease, bool) {
 	renewed := lastRenew(held, st)
 	if renewed.IsZero() {
 		return shim.AdoptLease{}, false
@@ -166,7 +166,7 @@ func keptDeadlines(held heldLease, st supervisorStatus, mode string) (shim.Adopt
 	switch {
 	case st.Fence == held.Fence && st.FenceDeadlineBoot > 0:
 		a.FenceBoot, a.StopBoot = min(st.FenceDeadlineBoot, cutoff), min(st.StopDeadlineBoot, cutoff)
-	case mode == shim.ModeLease:
+	case leaseMode:
 		return a, false
 	default:
 		a.FenceBoot, a.StopBoot = cutoff-int64(held.TTL), cutoff
@@ -237,7 +237,7 @@ func (d *Driver) supersedeStart(cfg *drivers.TaskConfig, root *securefs.Dir) *sh
 		if err := removeTaskState(root, old.cfg); err != nil {
 			old.logger.Warn("remove the superseded task's state dir", "error", err)
 		}
-		if a, ok := keptDeadlines(held, st, spec.Run.Mode); held.LockID != "" && old.gate && ok {
+		if a, ok := keptDeadlines(held, st, spec.Run.LeaseMode()); held.LockID != "" && old.gate && ok {
 			old.logger.Info("a new start of this gate takes its lease over", "fence", held.Fence)
 			adopt = &a
 		}
@@ -340,7 +340,7 @@ func (d *Driver) endUnknownStart(cfg *drivers.TaskConfig, alloc *securefs.Dir, n
 		log.Warn("remove the earlier start's state dir", "error", err)
 	}
 	d.emitEvent(cfg, supersededStartMessage(), map[string]string{"lock_state": string(shim.StateWaiting)})
-	if a, ok := keptDeadlines(held, st, spec.Run.Mode); held.LockID != "" && spec.Run.Gate != nil && ok {
+	if a, ok := keptDeadlines(held, st, spec.Run.LeaseMode()); held.LockID != "" && spec.Run.Gate != nil && ok {
 		return &a
 	}
 	return nil

@@ -35,25 +35,14 @@ func gatedEnvOf(spec supervisorSpec) gatedEnv {
 	return env
 }
 
-// gatedTasksFunc is a gate supervisor's shim.Env.GatedTasks: it reads the
-// allocation (for cgroup overrides), records the plan for the plugin, and
-// returns the killer.
-func gatedTasksFunc(dir *securefs.Dir, spec supervisorSpec, locker *lockclient.Locker, log hclog.Logger) shim.GatedTasksFunc {
-	return func(allocID string, tasks []shim.GatedTask) (shim.GatedTasks, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), gatedReadTimeout)
-		defer cancel()
-		reader, err := allocs.New(allocs.ConfigOf(locker))
-		var alloc *api.Allocation
-		if err == nil {
-			alloc, _, err = reader.Allocation(ctx, allocID, spec.Run.Gate.Namespace, 0)
-		}
-		if err != nil {
-			log.Warn("gate: cannot read the allocation's task configs: its exec and raw_exec tasks are left to Nomad", "error", err)
-			alloc = nil
-		}
+// gatedTasksFunc is a gate supervisor's shim.Env.GatedTasks: from the
+// allocation as the gate read it at start (for cgroup overrides), it
+// records the plan for the plugin and returns the killer.
+func gatedTasksFunc(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) func(*api.Allocation, []shim.GatedTask) (shim.GatedTasks, error) {
+	return func(alloc *api.Allocation, tasks []shim.GatedTask) (shim.GatedTasks, error) {
 		env := gatedEnvOf(spec)
 		checkEngine(context.Background(), &env)
-		rec := planGated(allocID, tasks, alloc, env)
+		rec := planGated(spec.Run.Gate.AllocID, tasks, alloc, env)
 		if err := writeJSON(dir, gatedFile, rec); err != nil {
 			log.Warn("gate: record the gated tasks for the plugin", "error", err)
 		}

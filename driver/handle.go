@@ -158,7 +158,7 @@ func (d *Driver) watchdog(h *taskHandle) {
 	now, grace := bootNow(), int64(watchdogGrace)
 	if gate && h.lease {
 		// A lease-mode gate's gated tasks must be dead by lease_kill_grace
-		// after its fence deadline (at least shim.GateLeaseKillGrace): the
+		// after its fence deadline (at least a gate's least lease_kill_grace): the
 		// watchdog leaves the supervisor less time to act.
 		grace = int64(watchdogLeaseGateGrace)
 	}
@@ -256,8 +256,11 @@ func (h *taskHandle) finish(res *drivers.ExitResult) {
 // (request_timeout). StopTask waits that much longer.
 func (h *taskHandle) lbRemoveReserve() time.Duration {
 	var spec supervisorSpec
-	if err := readSpec(h.dir, &spec); err != nil || spec.Run.LB == nil {
+	switch err := readSpec(h.dir, &spec); {
+	case err != nil:
 		return 0
+	case spec.Run.LB == nil:
+		return spec.legacyLBReserve
 	}
 	lb := spec.Run.LB.WithDefaults()
 	return lb.RemoveDeadline + lb.RequestTimeout

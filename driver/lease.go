@@ -26,7 +26,7 @@ var errLeaseNeedsToken = errors.New(`config.lock.mode = "lease" needs the plugin
 
 // checkLeaseMode refuses a lease-mode task this plugin could not stand by for.
 func (d *Driver) checkLeaseMode(spec supervisorSpec) error {
-	if spec.Run.Mode != shim.ModeLease {
+	if !spec.Run.LeaseMode() {
 		return nil
 	}
 	d.mu.RLock()

@@ -20,7 +20,7 @@ func TestLeaseModeConfig(t *testing.T) {
 		for k, v := range extra {
 			l[k] = v
 		}
-		return TaskConfig{Command: "/bin/app", Lock: l}
+		return taskWithLock("/bin/app", l)
 	}
 	tests := []struct {
 		name    string
@@ -33,9 +33,9 @@ func TestLeaseModeConfig(t *testing.T) {
 			lockclient.Heartbeat{Interval: 500 * time.Millisecond, Fence: 2 * time.Second, KillGrace: time.Second}, ""},
 		{"a setting over the profile", lease(LockConfig{"lease_fence": "8s"}),
 			lockclient.Heartbeat{Interval: time.Second, Fence: 8 * time.Second, KillGrace: 2 * time.Second}, ""},
-		{"unknown mode", TaskConfig{Command: "/bin/app", Lock: LockConfig{"mode": "fast"}}, lockclient.Heartbeat{}, `config.lock.mode = "fast"`},
+		{"unknown mode", taskWithLock("/bin/app", LockConfig{"mode": "fast"}), lockclient.Heartbeat{}, `config.lock.mode = "fast"`},
 		{"unknown profile", lease(LockConfig{"lease_profile": "fast"}), lockclient.Heartbeat{}, `config.lock.lease_profile = "fast"`},
-		{"lease settings without lease mode", TaskConfig{Command: "/bin/app", Lock: LockConfig{"lease_fence": "8s"}},
+		{"lease settings without lease mode", taskWithLock("/bin/app", LockConfig{"lease_fence": "8s"}),
 			lockclient.Heartbeat{}, `add mode = "lease"`},
 		{"fence past the lock's own", lease(LockConfig{"lease_fence": "14s"}), lockclient.Heartbeat{}, "lease_fence 14s must be below"},
 		{"interval below its minimum", lease(LockConfig{"lease_interval": "100ms"}), lockclient.Heartbeat{}, "config.lock.lease_interval = 100ms is below"},

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -72,19 +72,22 @@ func checkSpecVersion(version int) error {
 }
 
 // legacySpec is spec.json as version 1 wrote it. Its lock settings bear
-// the names of shim.Config's fields, so the embedded Config takes them as
-// they are (over DefaultConfig, as that version's supervisor did); the few
-// fields that differ are read beside it.
+// the names of the run config's fields, and its holder that of the run's, so
+// the embedded run takes them as they are; the few fields that differ are
+// read beside it. What a setting left out defaults to is the older
+// supervisor's business: the plugin reads the lock, its timing and its
+// mode, which that version always wrote.
 type legacySpec struct {
-	shim.Config
-	// LB and Health are the task's blocks as written: the old supervisor
-	// resolved their port labels itself. They shadow Config.LB.
-	LB          shim.LBSpec
-	Health      shim.HealthSpec
+	shim.Spec
+	// LB is the task's load_balancer block as written (the old supervisor
+	// resolved its port labels itself): the plugin reads its deadlines. It
+	// shadows the run's LB; Gate, the run's Gate.
+	LB struct {
+		URI, RemoveDeadline, RequestTimeout string
+	}
 	KillSigSet  bool
 	SecretsDir  string
 	StartOnLock bool
-	Holder      lockclient.Holder
 	TaskID      string
 	Gate        *struct {
 		AllocID, Task, Namespace string
@@ -96,14 +99,17 @@ type legacySpec struct {
 
 // decodeLegacySpec reads a version 1 spec.json as this version's spec.
 func decodeLegacySpec(b []byte) (supervisorSpec, error) {
-	old := legacySpec{Config: shim.DefaultConfig()}
+	var old legacySpec
 	if err := json.Unmarshal(b, &old); err != nil {
 		return supervisorSpec{}, fmt.Errorf("decode %s (version %d): %w", specFile, legacySpecVersion, err)
 	}
-	run := shim.Spec{Version: legacySpecVersion, Config: old.Config, Holder: old.Holder}
+	run := old.Spec
+	run.Version, run.LB = legacySpecVersion, nil
 	run.KillSignalSet, run.RootSecretsDir = old.KillSigSet, old.SecretsDir
-	run.LB = legacyLB(old.LB)
 	spec := supervisorSpec{Run: run, TaskID: old.TaskID, taskProcess: old.taskProcess}
+	if old.LB.URI != "" {
+		spec.legacyLBReserve = legacyLBReserve(old.LB.RemoveDeadline, old.LB.RequestTimeout)
+	}
 	switch g := old.Gate; {
 	case g != nil:
 		spec.Run.Gate = &shim.GateSpec{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}
@@ -114,15 +120,15 @@ func decodeLegacySpec(b []byte) (supervisorSpec, error) {
 	return spec, nil
 }
 
-// legacyLB is what the plugin reads of a version 1 task's load_balancer
-// block: its deadlines (lbRemoveReserve). Its supervisor, of that version,
-// resolved the rest itself. nil without a block.
-func legacyLB(lb shim.LBSpec) *shim.LoadBalancer {
-	if lb.IsZero() {
-		return nil
+// legacyLBReserve is lbRemoveReserve for a version 1 task's
+// load_balancer block: its remove_deadline and request_timeout as written,
+// or their defaults.
+func legacyLBReserve(removeDeadline, requestTimeout string) time.Duration {
+	parse := func(v string, def time.Duration) time.Duration {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			return d
+		}
+		return def
 	}
-	out := &shim.LoadBalancer{}
-	out.RemoveDeadline, _ = time.ParseDuration(lb.RemoveDeadline)
-	out.RequestTimeout, _ = time.ParseDuration(lb.RequestTimeout)
-	return out
+	return parse(removeDeadline, lbhook.DefaultRemoveDeadline) + parse(requestTimeout, lbhook.DefaultRequestTimeout)
 }

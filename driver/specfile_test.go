@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -64,15 +63,14 @@ func TestLegacySpecIsRead(t *testing.T) {
 		run.TTL != 15*time.Second || run.LockDelay != 5*time.Second || run.UpdateGrace != shim.DurationOff ||
 		run.KillSignal != syscall.SIGINT || !run.KillSignalSet || run.KillTimeout != 4*time.Second ||
 		run.Mode != shim.ModeLease || run.LeaseProfile != shim.ProfileAggressive || run.LeaseKillGrace != 3*time.Second ||
-		run.RootSecretsDir != "/alloc/gate/secrets" || run.Backoff != shim.DefaultMaxBackoff {
+		run.RootSecretsDir != "/alloc/gate/secrets" {
 		t.Errorf("lock settings %+v", run.Config)
 	}
 	if hb := run.Heartbeat(); hb == nil || hb.KillGrace != 3*time.Second {
 		t.Errorf("lease mode's heartbeat %+v, want lease_kill_grace 3s", hb)
 	}
-	if lb := run.LB.WithDefaults(); lb.RemoveDeadline != 7*time.Second || lb.RequestTimeout != 3*time.Second ||
-		lb.AddDeadline != lbhook.DefaultAddDeadline {
-		t.Errorf("the LB's deadlines %+v, want remove 7s and requests 3s", lb)
+	if spec.legacyLBReserve != 10*time.Second {
+		t.Errorf("the LB's REMOVE reserve %s, want remove_deadline 7s + request_timeout 3s", spec.legacyLBReserve)
 	}
 	if run.Holder.AllocID != "a1" || run.Holder.Node != "n1" || spec.TaskID != "a1/gate/1" {
 		t.Errorf("holder %+v, task %s", run.Holder, spec.TaskID)
@@ -108,4 +106,15 @@ func TestSpecOfALaterVersionIsRefused(t *testing.T) {
 			t.Errorf("version %d: %v", v, err)
 		}
 	}
+}
+
+// LockConfig is a task's config.lock block in tests.
+type LockConfig = shim.LockValues
+
+// taskWithLock is a task config that runs command with lock as its
+// config.lock block.
+func taskWithLock(command string, lock LockConfig) TaskConfig {
+	tc := TaskConfig{Command: command}
+	tc.Lock = lock
+	return tc
 }

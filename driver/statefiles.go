@@ -112,6 +112,9 @@ type supervisorSpec struct {
 	// Nomad).
 	DockerEndpoint string `json:",omitempty"`
 	taskProcess
+	// legacyLBReserve is lbRemoveReserve of a version 1 spec, whose run has
+	// no resolved load balancer (decodeLegacySpec).
+	legacyLBReserve time.Duration
 }
 
 // taskProcess is where and as whom the task's workload runs: the part of a

@@ -83,38 +83,26 @@ func setOOMScoreAdj(v int) error {
 func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (int, string) {
 	run := spec.Run
 	run.Holder = spec.holder()
-	locker, err := shim.NewLocker(run, log)
-	if err != nil {
-		log.Error("cannot set up the lock", "error", err)
-		return shim.ExitConfig, err.Error()
-	}
 	starter, err := newTaskStarter(spec, log)
 	if err != nil {
 		log.Error("find the cgroups to start the workload in", "error", err)
 		return shim.ExitInfra, err.Error()
 	}
 	pub := &publisher{dir: dir, path: run.Path, log: log}
-	sup := &shim.Supervisor{Config: run.Config, Locker: locker, Logger: log, Observe: pub.observe}
 	records := &recordHook{dir: dir, run: run, log: log}
-	proc := shim.Process{Stdout: os.Stdout, Stderr: os.Stderr,
-		Env: workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars),
-		// The forked child drops to the task user first and only then
-		// changes into spec.WorkDir (Go's exec does it in that order), so
-		// work_dir reaches only what the task user may reach.
-		Dir: spec.WorkDir,
-		// The workload is born in the task cgroup (see taskStarter).
-		StartIn:      starter.within,
-		Tree:         workloadTree(spec),
-		RequireGuard: true,
-	}
+	env := shim.Env{Logger: log, Observe: pub.observe,
+		GatedTasks: gatedTasksFunc(dir, spec, log), LBRecords: records}
+	env.Hooks = append(env.Hooks, records)
+	env.Stdout, env.Stderr = os.Stdout, os.Stderr
+	env.Env = workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars)
+	// The forked child drops to the task user first and only then changes
+	// into spec.WorkDir (Go's exec does it in that order), so work_dir
+	// reaches only what the task user may reach.
+	env.Dir = spec.WorkDir
+	// The workload is born in the task cgroup (see taskStarter).
+	env.StartIn, env.Tree, env.RequireGuard = starter.within, workloadTree(spec), true
 	if spec.UID != nil {
-		proc.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
-	}
-	sup.Workload, sup.Hooks, err = shim.Attach(run, shim.Env{Locker: locker, Emitter: sup, Logger: log, Process: proc,
-		GatedTasks: gatedTasksFunc(dir, spec, locker, log), LBRecords: records, Hooks: []shim.Hook{records}})
-	if err != nil {
-		log.Error("cannot attach the run's hooks", "error", err)
-		return shim.ExitConfig, err.Error()
+		env.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
 	}
 	if spec.CgroupPath == "" {
 		pub.note(noCgroupMessage())
@@ -122,10 +110,14 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 
 	forward := make(chan os.Signal, 16)
 	stops := make(chan shim.StopRequest, 1)
-	sup.Stop = stops
+	env.Stop = stops
 	go routeSignals(dir, log, forward, stops)
 
-	return sup.Run(context.Background(), forward), ""
+	code, err := shim.Supervise(context.Background(), run, env, forward)
+	if err != nil {
+		return code, err.Error()
+	}
+	return code, ""
 }
 
 // holder is the lock's holder record: the task as the plugin named it in

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -10,13 +11,18 @@ import (
 )
 
 // Env is what a front end gives a run besides its Spec: the lock, where
-// the command's process runs, what the hooks read and write with, and
-// hooks of its own.
+// the command's process runs (Process), what the hooks read and write
+// with, and hooks of its own.
 type Env struct {
+	// Locker is the lock's client (NewLocker); Supervise builds it when nil.
 	Locker *lockclient.Locker
-	// Emitter publishes the hooks' events: the Supervisor that runs them.
+	// Emitter publishes the hooks' events: the Supervisor that runs them
+	// (Supervise sets it).
 	Emitter Emitter
 	Logger  hclog.Logger
+	// Observe and Stop are the Supervisor's (Supervise).
+	Observe func(Event)
+	Stop    <-chan StopRequest
 	// Getenv reads the task environment (the LB auth key,
 	// NOMAD_NAMESPACE); nil means os.Getenv.
 	Getenv func(string) string
@@ -24,7 +30,7 @@ type Env struct {
 	// rule's); nil reads them through the Locker's endpoint.
 	Allocs *allocs.Reader
 	// Process places a command's process.
-	Process Process
+	Process
 	// GatedTasks builds the killer of a gate's gated tasks (the driver's);
 	// nil leaves them all to Nomad.
 	GatedTasks GatedTasksFunc
@@ -100,4 +106,30 @@ func Attach(spec Spec, env Env) (Workload, []Hook, error) {
 		hooks = append(hooks, h)
 	}
 	return w, hooks, nil
+}
+
+// Supervise runs spec to its end, as a front end does: the lock's client
+// (unless env has one), the Supervisor with env's Observe and Stop, the
+// run's workload and hooks (Attach), then Run. It returns the exit code,
+// and why the run could not be set up (then ExitConfig).
+func Supervise(ctx context.Context, spec Spec, env Env, sigs <-chan os.Signal) (int, error) {
+	log := env.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	if env.Locker == nil {
+		var err error
+		if env.Locker, err = NewLocker(spec, log); err != nil {
+			log.Error("cannot set up the lock", "error", err)
+			return ExitConfig, err
+		}
+	}
+	sup := &Supervisor{Config: spec.Config, Locker: env.Locker, Logger: log, Observe: env.Observe, Stop: env.Stop}
+	env.Emitter = sup
+	var err error
+	if sup.Workload, sup.Hooks, err = Attach(spec, env); err != nil {
+		log.Error("cannot attach the run's hooks", "error", err)
+		return ExitConfig, err
+	}
+	return sup.Run(ctx, sigs), nil
 }

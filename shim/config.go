@@ -125,6 +125,9 @@ func (c Config) Timing() lockclient.Timing {
 	return lockclient.Timing{TTL: c.TTL, LockDelay: c.LockDelay, RenewInterval: renew, MaxBackoff: c.Backoff}
 }
 
+// LeaseMode reports whether the lock is in lease mode (docs/lease.md).
+func (c Config) LeaseMode() bool { return c.Mode == ModeLease }
+
 // Lock modes and lease profiles (config.lock.mode, config.lock.lease_profile).
 const (
 	ModeLock          = "lock"

@@ -439,9 +439,9 @@ func TestGateRefusesBadJob(t *testing.T) {
 // direct, and records at each release whether they were killed first.
 func (r *gateRig) withKiller(direct ...string) *fakeGated {
 	f := &fakeGated{direct: direct, srv: r.srv}
-	r.env.GatedTasks = func(allocID string, tasks []GatedTask) (GatedTasks, error) {
-		if allocID != gateAlloc {
-			r.t.Errorf("Killer built for allocation %q", allocID)
+	r.env.GatedTasks = func(alloc *api.Allocation, tasks []GatedTask) (GatedTasks, error) {
+		if alloc.ID != gateAlloc {
+			r.t.Errorf("Killer built for allocation %q", alloc.ID)
 		}
 		return f, nil
 	}

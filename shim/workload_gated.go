@@ -43,9 +43,9 @@ type GatedTasks interface {
 	Stop(ctx context.Context, grace time.Duration) error
 }
 
-// GatedTasksFunc builds the GatedTasks of an allocation once the gate has
-// read its gated tasks.
-type GatedTasksFunc func(allocID string, tasks []GatedTask) (GatedTasks, error)
+// GatedTasksFunc builds the GatedTasks of the gate's allocation, as the
+// gate read it at start, for its gated tasks.
+type GatedTasksFunc func(alloc *api.Allocation, tasks []GatedTask) (GatedTasks, error)
 
 // A gate kills its gated tasks itself, and proves them dead, on every
 // Ending but Nomad's own stop of its allocation: its lock lost (409, 404,
@@ -108,7 +108,7 @@ func (w *gatedWorkload) plan(alloc *api.Allocation, gate string) map[string]bool
 	if w.build == nil || len(w.tasks) == 0 {
 		return nil
 	}
-	k, err := w.build(alloc.ID, w.tasks)
+	k, err := w.build(alloc, w.tasks)
 	if err != nil {
 		w.log.Warn("gate: cannot kill the gated tasks itself; Nomad kills them", "error", err)
 		w.killerErr = err
