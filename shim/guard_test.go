@@ -158,3 +158,45 @@ func TestGuardKillsTheTree(t *testing.T) {
 		t.Fatalf("daemon %d (out of the process group, in the guard's tree) alive 10s after the guard's deadline", daemon.Process.Pid)
 	}
 }
+
+// A supervisor of an older build (before the absolute deadline) arms its
+// guard with a duration; after an upgrade that guard is started from the
+// new binary (os.Executable names the replaced file), so the guard still
+// reads a bare number as a duration from now. Read as a boot time, it lies
+// in the past, and the guard killed the old supervisor's workload at once
+// (seen in TestPluginUpgradeKeepsHolders: the old-build standby's workload
+// died as it started).
+func TestGuardTakesAnOlderSupervisorsDuration(t *testing.T) {
+	g, cmd := startGuarded(t)
+	armed := time.Now()
+	const d = 2 * time.Second
+	if _, err := fmt.Fprintf(g.fence, "%d\n", d.Nanoseconds()); err != nil {
+		t.Fatal(err)
+	}
+	if !waitDead(cmd.Process.Pid, 10*time.Second) {
+		t.Fatalf("workload %d alive 10s after the older supervisor's %s deadline", cmd.Process.Pid, d)
+	}
+	if took := time.Since(armed); took < d/2 {
+		t.Fatalf("killed %s after an arming for %s: the duration was read as a boot time", took.Round(time.Millisecond), d)
+	}
+}
+
+func TestParseArm(t *testing.T) {
+	now := lockclient.BootNow()
+	for _, tc := range []struct {
+		line string
+		want time.Time
+		ok   bool
+	}{
+		{"at 1234", lockclient.BootTime(1234), true},
+		{"at 1234\n", lockclient.BootTime(1234), true},
+		{"5000000000", now.Add(5 * time.Second), true},
+		{"at x", time.Time{}, false},
+		{"", time.Time{}, false},
+	} {
+		got, ok := parseArm(tc.line, now)
+		if ok != tc.ok || !got.Equal(tc.want) {
+			t.Errorf("parseArm(%q) = %v, %v; want %v, %v", tc.line, got, ok, tc.want, tc.ok)
+		}
+	}
+}

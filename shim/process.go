@@ -78,7 +78,29 @@ func (g *group) arm(d time.Time) {
 	if g == nil || g.fence == nil {
 		return
 	}
-	_, _ = fmt.Fprintf(g.fence, "%d\n", lockclient.BootNanos(d))
+	_, _ = fmt.Fprintf(g.fence, "%s%d\n", guardAt, lockclient.BootNanos(d))
+}
+
+// guardAt marks an arm line as a CLOCK_BOOTTIME reading. A line without it
+// is a duration from now: what the supervisors of builds before the
+// absolute deadline send, which still run after an upgrade replaced the
+// binary under them and start their guards from the new one
+// (os.Executable names the replaced file's path).
+const guardAt = "at "
+
+// parseArm reads one arm line of the guard's stdin as the boot time it
+// arms the fence for, read at now for an older supervisor's duration.
+func parseArm(line string, now time.Time) (time.Time, bool) {
+	line = strings.TrimSpace(line)
+	abs := strings.HasPrefix(line, guardAt)
+	n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimPrefix(line, guardAt)), 10, 64)
+	switch {
+	case err != nil:
+		return time.Time{}, false
+	case abs:
+		return lockclient.BootTime(n), true
+	}
+	return now.Add(time.Duration(n)), true
 }
 
 // GuardTree is a Tree that the guard, a process of its own, can open
@@ -191,13 +213,13 @@ func runGuard(parent int, tree Tree) int {
 	_ = os.Stdout.Close()
 	// Each stdin line arms the fence: a CLOCK_BOOTTIME reading in
 	// nanoseconds by which the group must be gone unless a newer line
-	// arrives. EOF keeps the last one.
-	arms := make(chan int64, 1)
+	// arrives (parseArm). EOF keeps the last one.
+	arms := make(chan time.Time, 1)
 	go func() {
 		sc := bufio.NewScanner(os.Stdin)
 		for sc.Scan() {
-			if n, err := strconv.ParseInt(strings.TrimSpace(sc.Text()), 10, 64); err == nil {
-				arms <- n
+			if at, ok := parseArm(sc.Text(), lockclient.BootNow()); ok {
+				arms <- at
 			}
 		}
 	}()
@@ -209,11 +231,11 @@ func runGuard(parent int, tree Tree) int {
 		select {
 		case <-died:
 			return killAll()
-		case n := <-arms:
+		case at := <-arms:
 			if timer != nil {
 				timer.Stop()
 			}
-			timer = lockclient.NewBootTimer(max(lockclient.BootUntil(lockclient.BootTime(n)), 0))
+			timer = lockclient.NewBootTimer(max(lockclient.BootUntil(at), 0))
 			fence = timer.C()
 		case <-fence:
 			fmt.Fprintln(os.Stderr, "lock: process-group guard: the supervisor missed its stop deadline; killing the workload")
