@@ -68,6 +68,10 @@ type Gate struct {
 	// task must be one it kills itself, dead by lease_fence +
 	// lease_kill_grace after its last acknowledged heartbeat.
 	lease bool
+	// killedAt is when the gate began its first kill of its gated tasks
+	// (zero: none): Nomad's restarts scheduled from then on are that
+	// kill's (see GatedPending).
+	killedAt time.Time
 }
 
 // AdoptLease names a lease to take over: its lock ID and fencing token,
@@ -544,7 +548,7 @@ func (s *Supervisor) noneRestartable() bool {
 		s.Logger.Warn("gate: cannot read whether a gated task is about to start again; not marking the release clean", "error", err)
 		return false
 	}
-	if pending := GatedPending(alloc, g.Task); len(pending) > 0 {
+	if pending := GatedPending(alloc, g.Task, g.killedAt); len(pending) > 0 {
 		s.Logger.Warn("gate: Nomad may start these gated tasks again; not marking the release clean, so the next gate waits for Nomad to report them dead",
 			"tasks", strings.Join(pending, ","))
 		return false
@@ -556,18 +560,40 @@ func (s *Supervisor) noneRestartable() bool {
 // poststop tasks, that Nomad reports pending: waiting to start, or to be
 // restarted. An allocation its client reported complete or failed has
 // none. A release after which one of them may start is not marked clean.
-func GatedPending(alloc *api.Allocation, gate string) []string {
+//
+// killedAt, when set, is when the caller began its own kill of the gated
+// tasks: a restart that Nomad scheduled after it (its Restarting event is
+// no older) is that kill's, which comes no sooner than the static restart
+// rule allows (checkDirectRestart: Nomad's kill of the failing allocation
+// cancels it first) and which the plugin's warden kills should it start;
+// it is not listed. The event's time is the client's clock, on this host.
+func GatedPending(alloc *api.Allocation, gate string, killedAt time.Time) []string {
 	if alloc.ClientStatus == api.AllocClientStatusComplete || alloc.ClientStatus == api.AllocClientStatusFailed {
 		return nil
 	}
 	var out []string
 	for name, st := range alloc.TaskStates {
-		if name != gate && st != nil && st.State == "pending" && !isPoststop(alloc, name) {
+		if name != gate && st != nil && st.State == "pending" && !isPoststop(alloc, name) && !restartedSince(st, killedAt) {
 			out = append(out, name)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// restartedSince reports whether st is pending for a restart that Nomad
+// scheduled at or after since (never, for a zero since or a task that is
+// pending its first start).
+func restartedSince(st *api.TaskState, since time.Time) bool {
+	if since.IsZero() {
+		return false
+	}
+	for i := len(st.Events) - 1; i >= 0; i-- {
+		if ev := st.Events[i]; ev != nil && ev.Type == api.TaskRestarting {
+			return ev.Time >= since.UnixNano()
+		}
+	}
+	return false
 }
 
 // markReleasedClean tells the next holder that the gated tasks are dead, so
@@ -681,7 +707,7 @@ func (s *Supervisor) gateAwaitPrevious(lease *lockclient.Lease) bool {
 				s.Logger.Info("gate: the previous holder's gated tasks are dead", "previous_alloc", prev.AllocID)
 			}
 			return true
-		case sealed && len(GatedPending(alloc, g.Task)) == 0:
+		case sealed && len(GatedPending(alloc, g.Task, time.Time{})) == 0:
 			s.Logger.Info("gate: the previous holder's heartbeat was sealed by a standby: its gated tasks are dead", "previous_alloc", prev.AllocID)
 			return true
 		case clientOutOfReach(alloc) && (prev.GatedDirect || !time.Now().Before(until)):

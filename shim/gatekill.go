@@ -107,6 +107,9 @@ func (s *Supervisor) killDirect(lease *lockclient.Lease, why string) bool {
 	grace := lockclient.BootUntil(lease.StopDeadline()) - gateKillReserve
 	s.Logger.Info("gate: killing the gated tasks itself", "tasks", strings.Join(g.direct, ","), "why", why, "grace", max(grace, 0).Round(time.Millisecond))
 	began := lockclient.BootNow()
+	if g.killedAt.IsZero() {
+		g.killedAt = time.Now() // wall clock, as Nomad's task events on this host
+	}
 	var err error
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), gateKillAllTimeout+max(grace, 0))
