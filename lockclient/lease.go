@@ -28,6 +28,9 @@ type Lease struct {
 	// Slot is the semaphore slot this lease holds, 0 to Holders-1, and
 	// Holders the semaphore's N; Holders is 0 for a plain lock.
 	Slot, Holders int
+	// Adopted: taken over from this holder's previous run (Adopt), not
+	// acquired.
+	Adopted bool
 
 	locker *Locker
 	id     string
