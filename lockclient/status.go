@@ -3,6 +3,7 @@ package lockclient
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -99,6 +100,11 @@ func (l *Locker) Status(ctx context.Context) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
+	return l.fullStatus(ctx, snap), nil
+}
+
+// fullStatus is the status of the variable as read in snap, by every rule.
+func (l *Locker) fullStatus(ctx context.Context, snap snapshot) Status {
 	st := l.statusOf(ctx, snap)
 	if st.Exists {
 		l.readHeartbeat(ctx, &st)
@@ -109,7 +115,72 @@ func (l *Locker) Status(ctx context.Context) (Status, error) {
 			st.beatEvidence(snap.v.ModifyIndex)
 		}
 	}
-	return st, nil
+	return st
+}
+
+// variableLister is the list of Nomad's variables API (*api.Variables).
+type variableLister interface {
+	PrefixList(prefix string, q *api.QueryOptions) ([]*api.VariableMetadata, *api.QueryMeta, error)
+}
+
+// List is the Status of every lock under prefix that the token may list,
+// in the Locker's namespace ("*" for all): each variable whose record
+// names a holder, or whose lock Nomad shows. A lease-mode heartbeat, a
+// semaphore's record and any other variable are left out.
+func (l *Locker) List(ctx context.Context, prefix string) ([]Status, error) {
+	lister, ok := l.vars.(variableLister)
+	if !ok {
+		return nil, errors.New("list: this lock API cannot list variables")
+	}
+	var metas []*api.VariableMetadata
+	q := &api.QueryOptions{Namespace: l.cfg.Namespace}
+	for {
+		rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
+		page, meta, err := lister.PrefixList(prefix, q.WithContext(rctx))
+		cancel()
+		if err != nil {
+			return nil, l.classify("list", err)
+		}
+		metas = append(metas, page...)
+		if meta == nil || meta.NextToken == "" {
+			break
+		}
+		q.NextToken = meta.NextToken
+	}
+	var out []Status
+	for _, m := range metas {
+		at := l.at(m.Path, m.Namespace)
+		snap, _, err := at.read(ctx, 0)
+		if err != nil {
+			if permanent(err) {
+				continue // listed, but not readable by this token
+			}
+			return nil, err
+		}
+		if isLock(snap) {
+			out = append(out, at.fullStatus(ctx, snap))
+		}
+	}
+	return out, nil
+}
+
+// isLock reports whether a variable is a lock: its lock shown, or a
+// holder's record in it.
+func isLock(s snapshot) bool {
+	if s.v == nil {
+		return false
+	}
+	_, pid := s.v.Items[itemPID]
+	_, acquired := s.v.Items[itemAcquiredAt]
+	return s.v.Lock != nil || pid || acquired
+}
+
+// at is a Locker that reads the lock at path in namespace with l's client.
+func (l *Locker) at(path, namespace string) *Locker {
+	c := l.cfg
+	c.Path, c.Namespace, c.Holders = path, namespace, 0
+	return &Locker{cfg: c, api: l.api, vars: l.vars, cas: l.cas, allocs: l.allocs, jobs: l.jobs, clock: l.clock,
+		log: l.cfg.Logger.With("path", path)}
 }
 
 // StatusAfter is a blocking read of the lock: it answers once the
