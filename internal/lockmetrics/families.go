@@ -89,8 +89,6 @@ var (
 		Help: "Lease-mode takeovers by this task's standby (the plugin): taken (it released a dead holder's lock), skipped (the heartbeat went stale but the lock was left to the server's expiry)."}
 	WatchdogKillsDesc = &Desc{Name: "nomad_singleton_plugin_watchdog_kills_total", Kind: KindCounter,
 		Help: "Times the plugin's watchdog killed this task because its supervisor let a deadline pass."}
-	LBCrashRemovesDesc = &Desc{Name: "nomad_singleton_plugin_lb_crash_removes_total", Kind: KindCounter, Labels: []string{"result"},
-		Help: "Load balancer REMOVEs the plugin sent for a supervisor that died registered, by result: success, failed, skipped."}
 	HeartbeatAgeDesc = &Desc{Name: "nomad_singleton_lease_heartbeat_age_seconds", Kind: KindGauge,
 		Help: "Lease mode: how long this task's standby (the plugin) has seen the holder's heartbeat unchanged; present while it watches."}
 )
@@ -99,7 +97,7 @@ var (
 var (
 	Supervisor = []*Desc{HeldDesc, FenceDesc, AcquiredDesc, AcquisitionsDesc, LossesDesc, RenewDurationDesc, RenewFailuresDesc,
 		FenceLeftDesc, WaitingDesc, WaitDurationDesc, LBRequestsDesc, LBDurationDesc}
-	PluginFamilies = []*Desc{CrashReleasesDesc, LeaseTakeoversDesc, WatchdogKillsDesc, LBCrashRemovesDesc, HeartbeatAgeDesc}
+	PluginFamilies = []*Desc{CrashReleasesDesc, LeaseTakeoversDesc, WatchdogKillsDesc, HeartbeatAgeDesc}
 )
 
 // Reasons of an acquisition (AcquisitionsDesc).
@@ -224,9 +222,6 @@ func gatherPlugin(add adder, t Task) {
 		add(LeaseTakeoversDesc, lbl(LeaseTakeoversDesc, r), float64(p.LeaseTakeovers[r]), nil)
 	}
 	add(WatchdogKillsDesc, lbl(WatchdogKillsDesc), float64(p.WatchdogKills), nil)
-	for _, k := range slices.Sorted(maps.Keys(p.LBCrashRemoves)) {
-		add(LBCrashRemovesDesc, lbl(LBCrashRemovesDesc, k), float64(p.LBCrashRemoves[k]), nil)
-	}
 	if p.StandbyWatching && !t.Exited {
 		add(HeartbeatAgeDesc, lbl(HeartbeatAgeDesc), p.HeartbeatAge.Seconds(), nil)
 	}

@@ -147,11 +147,17 @@ type PluginCounts struct {
 	CrashReleases  map[string]uint64 // by result
 	LeaseTakeovers map[string]uint64 // by result
 	WatchdogKills  uint64
-	LBCrashRemoves map[string]uint64 // by result
 	// StandbyWatching: the plugin's lease-mode standby watches this task's
 	// lock's heartbeat, which it saw unchanged for HeartbeatAge.
 	StandbyWatching bool
 	HeartbeatAge    time.Duration
+}
+
+// Clone is a deep copy of p.
+func (p PluginCounts) Clone() PluginCounts {
+	c := p
+	c.CrashReleases, c.LeaseTakeovers = cloneMap(p.CrashReleases), cloneMap(p.LeaseTakeovers)
+	return c
 }
 
 // Labels name one task in every series of it.

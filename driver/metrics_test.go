@@ -1,0 +1,106 @@
+package driver
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/lockmetrics"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+)
+
+// metricsTask is a task the plugin tracks for its metrics, with a private
+// state dir; its environment claims another job and allocation.
+func metricsTask(t *testing.T, m *pluginMetrics) *taskHandle {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "task")
+	if err := os.Mkdir(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := securefs.OpenPrivate(path, false)
+	if err != nil {
+		t.Skipf("no private state dir here: %v", err)
+	}
+	t.Cleanup(func() { dir.Close() })
+	cfg := &drivers.TaskConfig{ID: "alloc-1/web", AllocID: "alloc-1", JobID: "web-periodic-123", ParentJobID: "web",
+		TaskGroupName: "g", Name: "web", Namespace: "prod",
+		Env: map[string]string{"NOMAD_JOB_ID": "evil", "NOMAD_ALLOC_ID": "evil", "NOMAD_NAMESPACE": "evil"}}
+	h := &taskHandle{cfg: cfg, dir: dir, done: make(chan struct{}), logger: hclog.NewNullLogger()}
+	m.track(h, supervisorSpec{Path: "nomad/jobs/web/lock"})
+	return h
+}
+
+// The plugin counts the task events it words itself (crash releases, lease
+// takeovers, watchdog kills), not the supervisor's that it relays, and
+// labels the task from Nomad's task config, never from its environment.
+func TestPluginMetricsCountTheEventsTheyWord(t *testing.T) {
+	m := &pluginMetrics{}
+	h := metricsTask(t, m)
+	for _, msg := range []string{
+		crashReleasedMessage(whoseCrashed, 12, ""),
+		crashReleasedMessage(whoseIdentityRejected, 13, ", with the plugin's release_token_file"),
+		crashNotReleasedMessage(whoseCrashed, errors.New("boom"), time.Minute),
+		crashLeftToExpireMessage(whoseCrashed, 14, lockclient.ErrLeftToExpire),
+		crashGateLockKeptMessage(whoseCrashed, time.Minute),
+		leaseTakeoverMessage(9 * time.Second),
+		leaseNoTakeoverMessage("the escrow holds no lock ID"),
+		watchdogMessage(watchdogUnresponsive(time.Second)),
+		watchdogGateMessage(nil, watchdogStillRunning(time.Second)),
+		// The supervisor's, relayed: none counts.
+		"Released lock",
+		"Lock lost: no successful renew before the fence deadline",
+		"Lock left to expire, not released: past the release cutoff",
+	} {
+		m.taskEvent(h.cfg.ID, msg)
+	}
+	tasks := m.gather(time.Now())
+	if len(tasks) != 1 {
+		t.Fatalf("%d tasks, want 1", len(tasks))
+	}
+	got := tasks[0]
+	want := lockmetrics.Labels{Namespace: "prod", Job: "web", Group: "g", Task: "web", AllocID: "alloc-1", Path: "nomad/jobs/web/lock"}
+	if got.Labels != want {
+		t.Errorf("labels %+v, want %+v", got.Labels, want)
+	}
+	p := got.Plugin
+	if p.CrashReleases["released"] != 2 || p.CrashReleases["not_released"] != 1 || p.CrashReleases["left_to_expire"] != 1 ||
+		p.CrashReleases["kept"] != 1 || p.LeaseTakeovers["taken"] != 1 || p.LeaseTakeovers["skipped"] != 1 || p.WatchdogKills != 2 {
+		t.Errorf("counts %+v", p)
+	}
+}
+
+// The supervisor's metrics come from the file it writes; a supervisor that
+// writes none still shows whether it holds the lock, from its status. A
+// stopped task holds nothing, and its series go stoppedRetention after it
+// stopped, or once it is destroyed.
+func TestPluginMetricsOfATask(t *testing.T) {
+	m := &pluginMetrics{}
+	h := metricsTask(t, m)
+	h.status = supervisorStatus{State: "holding", Fence: 41}
+	if s := m.gather(time.Now())[0].Snap; !s.Held || s.Fence != 41 {
+		t.Errorf("without metrics.json: %+v, want held at fence 41 (the status)", s)
+	}
+	w := newMetricsWriter(h.dir, hclog.NewNullLogger())
+	w.flush()
+	if s := m.gather(time.Now())[0].Snap; s.Held || s.Fence != 0 {
+		t.Errorf("with an empty metrics.json: %+v, want the supervisor's count", s)
+	}
+
+	close(h.done)
+	h.completedAt = time.Now()
+	if ts := m.gather(time.Now()); len(ts) != 1 || !ts[0].Exited {
+		t.Errorf("just stopped: %+v, want the task, stopped", ts)
+	}
+	if ts := m.gather(time.Now().Add(stoppedRetention + time.Second)); len(ts) != 0 {
+		t.Errorf("%s after it stopped: %d tasks, want none", stoppedRetention, len(ts))
+	}
+	m.forget(h.cfg.ID)
+	if ts := m.gather(time.Now()); len(ts) != 0 {
+		t.Errorf("destroyed: %d tasks, want none", len(ts))
+	}
+}
