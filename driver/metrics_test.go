@@ -2,14 +2,19 @@ package driver
 
 import (
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/lockmetrics"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/promtooltest"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
@@ -102,5 +107,39 @@ func TestPluginMetricsOfATask(t *testing.T) {
 	m.forget(h.cfg.ID)
 	if ts := m.gather(time.Now()); len(ts) != 0 {
 		t.Errorf("destroyed: %d tasks, want none", len(ts))
+	}
+}
+
+// The plugin's /metrics passes promtool's check, with a holder's count (a
+// histogram of each kind among it) and the plugin's own process metrics.
+func TestPluginMetricsEndpoint(t *testing.T) {
+	m := &pluginMetrics{}
+	h := metricsTask(t, m)
+	snap := lockmetrics.Snapshot{Held: true, Fence: 9, HeldSince: time.Now(), Acquisitions: map[string]uint64{"first": 1},
+		LBRequests: map[string]uint64{"add/success": 1}}
+	lockmetrics.ObserveIn(&snap.RenewLatency, lockmetrics.RenewDurationDesc, "renew", .01)
+	lockmetrics.ObserveIn(&snap.FenceLeft, lockmetrics.FenceLeftDesc, "renew", 12)
+	lockmetrics.ObserveIn(&snap.LBLatency, lockmetrics.LBDurationDesc, "add", .2)
+	if err := writeJSON(h.dir, metricsFile, snap); err != nil {
+		t.Fatal(err)
+	}
+	m.taskEvent(h.cfg.ID, watchdogMessage(watchdogUnresponsive(time.Second)))
+	srv := httptest.NewServer(m.handler(hclog.NewNullLogger()))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	promtooltest.CheckMetrics(t, body)
+	for _, want := range []string{
+		`nomad_singleton_lock_held{alloc_id="alloc-1",group="g",job="web",namespace="prod",path="nomad/jobs/web/lock",slot="",task="web"} 1`,
+		`nomad_singleton_plugin_watchdog_kills_total{alloc_id="alloc-1",group="g",job="web",namespace="prod",path="nomad/jobs/web/lock",task="web"} 1`,
+		`process_resident_memory_bytes `,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 }
