@@ -31,7 +31,9 @@ import (
 // is destroyed, or stoppedRetention after it stopped.
 
 // stoppedRetention is how long a stopped task's series stay (held 0): long
-// enough for a "no holder" alert to see a job whose only holder stopped.
+// enough for a "no holder" alert to see a job whose only holder stopped,
+// and for a scrape to see what the plugin counted as the task ended (a
+// crash release).
 const stoppedRetention = 10 * time.Minute
 
 // metricsFile is the supervisor's metrics (lockmetrics.Snapshot).
@@ -52,17 +54,21 @@ type pluginMetrics struct {
 // taskMetrics is one task's.
 type taskMetrics struct {
 	h      *taskHandle
-	dir    *securefs.Dir // the task's state dir, opened for the metrics alone
+	dir    *securefs.Dir // the task's state dir, opened for the metrics alone; nil once destroyed
 	labels lockmetrics.Labels
 	counts lockmetrics.PluginCounts
+	// last is the supervisor's count as last read: a destroyed task's.
+	last *lockmetrics.Snapshot
 }
 
 // track adds a started or recovered task. Its state dir is opened again,
-// so that a scrape never reads through a dir the task's handle closed.
+// so that a scrape never reads through a dir the task's handle closed. A
+// task Nomad restarts in place keeps what the plugin counted for it.
 func (m *pluginMetrics) track(h *taskHandle, spec supervisorSpec) {
 	dir, err := securefs.OpenPrivate(h.dir.Path(), false)
 	if err != nil {
 		h.logger.Warn("metrics: cannot open the task's state dir; its supervisor's metrics are left out", "error", err)
+		dir = nil
 	}
 	c := h.cfg
 	tm := &taskMetrics{h: h, dir: dir, labels: lockmetrics.Labels{Namespace: cmp.Or(c.Namespace, "default"),
@@ -73,18 +79,47 @@ func (m *pluginMetrics) track(h *taskHandle, spec supervisorSpec) {
 		m.tasks = map[string]*taskMetrics{}
 	}
 	if old := m.tasks[c.ID]; old != nil {
-		old.dir.Close()
+		old.closeDir()
+		tm.counts = old.counts
+		tm.counts.StandbyWatching = false
 	}
 	m.tasks[c.ID] = tm
 }
 
-// forget drops a destroyed task's series.
+// forget is DestroyTask's: the task's series stay until stoppedRetention
+// after it stopped (Nomad destroys a task it restarts in place, too, and
+// the plugin's counts of it must go on), from what was last read of it.
 func (m *pluginMetrics) forget(taskID string) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if tm := m.tasks[taskID]; tm != nil {
+	tm := m.tasks[taskID]
+	m.mu.Unlock()
+	if tm == nil {
+		return
+	}
+	snap := tm.snapshot()
+	m.mu.Lock()
+	tm.last = snap
+	tm.closeDir()
+	var stale []*taskMetrics
+	for _, other := range m.tasks {
+		if other.last != nil {
+			stale = append(stale, other)
+		}
+	}
+	m.mu.Unlock()
+	// Without scrapes, nothing else drops the destroyed tasks' entries.
+	now := time.Now()
+	for _, other := range stale {
+		if _, old := other.stopped(now); old {
+			m.drop(other)
+		}
+	}
+}
+
+func (tm *taskMetrics) closeDir() {
+	if tm.dir != nil {
 		tm.dir.Close()
-		delete(m.tasks, taskID)
+		tm.dir = nil
 	}
 }
 
@@ -138,11 +173,22 @@ func (m *pluginMetrics) gather(now time.Time) []lockmetrics.Task {
 	for i, tm := range tms {
 		exited, stale := tm.stopped(now)
 		if stale {
+			m.drop(tm)
 			continue
 		}
 		out = append(out, lockmetrics.Task{Labels: tm.labels, Snap: tm.snapshot(), Exited: exited, Plugin: &counts[i]})
 	}
 	return out
+}
+
+// drop removes a stale task's entry, unless a restart replaced it.
+func (m *pluginMetrics) drop(tm *taskMetrics) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tasks[tm.h.cfg.ID] == tm {
+		tm.closeDir()
+		delete(m.tasks, tm.h.cfg.ID)
+	}
 }
 
 // stopped reports whether the task's supervisor has exited, and whether
@@ -161,6 +207,9 @@ func (tm *taskMetrics) stopped(now time.Time) (exited, stale bool) {
 // (started while metrics were off), held and fence from its status.
 func (tm *taskMetrics) snapshot() *lockmetrics.Snapshot {
 	var s lockmetrics.Snapshot
+	if tm.last != nil {
+		return tm.last
+	}
 	if tm.dir != nil && readJSON(tm.dir, metricsFile, &s) == nil {
 		return &s
 	}

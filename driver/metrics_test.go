@@ -81,8 +81,9 @@ func TestPluginMetricsCountTheEventsTheyWord(t *testing.T) {
 
 // The supervisor's metrics come from the file it writes; a supervisor that
 // writes none still shows whether it holds the lock, from its status. A
-// stopped task holds nothing, and its series go stoppedRetention after it
-// stopped, or once it is destroyed.
+// stopped task holds nothing; its series stay stoppedRetention after it
+// stopped, destroyed or not, and a task Nomad restarts in place keeps what
+// the plugin counted for it.
 func TestPluginMetricsOfATask(t *testing.T) {
 	m := &pluginMetrics{}
 	h := metricsTask(t, m)
@@ -101,12 +102,25 @@ func TestPluginMetricsOfATask(t *testing.T) {
 	if ts := m.gather(time.Now()); len(ts) != 1 || !ts[0].Exited {
 		t.Errorf("just stopped: %+v, want the task, stopped", ts)
 	}
+	m.taskEvent(h.cfg.ID, crashReleasedMessage(whoseCrashed, 12, ""))
+	m.forget(h.cfg.ID)
+	if ts := m.gather(time.Now()); len(ts) != 1 || !ts[0].Exited || ts[0].Plugin.CrashReleases["released"] != 1 {
+		t.Errorf("destroyed just after it stopped: %+v, want the task, stopped, with its crash release", ts)
+	}
+	// Nomad restarts it in place: what the plugin counted goes on.
+	again := &taskHandle{cfg: h.cfg, dir: h.dir, done: make(chan struct{}), logger: hclog.NewNullLogger()}
+	m.track(again, supervisorSpec{Path: "nomad/jobs/web/lock"})
+	if ts := m.gather(time.Now()); len(ts) != 1 || ts[0].Exited || ts[0].Plugin.CrashReleases["released"] != 1 {
+		t.Errorf("restarted: %+v, want the task, running, with its crash release", ts)
+	}
+	close(again.done)
+	again.completedAt = time.Now()
+	m.forget(h.cfg.ID)
 	if ts := m.gather(time.Now().Add(stoppedRetention + time.Second)); len(ts) != 0 {
 		t.Errorf("%s after it stopped: %d tasks, want none", stoppedRetention, len(ts))
 	}
-	m.forget(h.cfg.ID)
-	if ts := m.gather(time.Now()); len(ts) != 0 {
-		t.Errorf("destroyed: %d tasks, want none", len(ts))
+	if len(m.tasks) != 0 {
+		t.Errorf("%d tasks kept after their series went", len(m.tasks))
 	}
 }
 

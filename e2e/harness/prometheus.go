@@ -106,7 +106,9 @@ func StartPrometheus(t testing.TB, opts PrometheusOptions) *Prometheus {
 	return p
 }
 
-func (p *Prometheus) targetsFile(job string) string { return filepath.Join(p.dir, "targets-"+job+".json") }
+func (p *Prometheus) targetsFile(job string) string {
+	return filepath.Join(p.dir, "targets-"+job+".json")
+}
 
 // SetTargets makes targets the scrape job's targets.
 func (p *Prometheus) SetTargets(t testing.TB, job string, targets ...string) {
