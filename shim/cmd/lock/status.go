@@ -90,7 +90,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	out := statusOutput{Schema: statusSchema, Path: cfg.Path}
 	if *holders == 0 {
 		out.Locks = []lockJSON{newLockJSON(st, now)}
-		out.Locks[0].Holder.JobVersion = jobVersion(ctx, locker, st)
+		if h := out.Locks[0].Holder; h != nil {
+			h.JobVersion = jobVersion(ctx, locker, st)
+		}
 	} else {
 		cfg.Holders = *holders
 		if locker, code = statusLocker(cfg, stderr); locker == nil {
