@@ -2,6 +2,7 @@ package driver
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -155,5 +156,50 @@ func TestPluginMetricsEndpoint(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// BenchmarkPluginScrape is one scrape of a plugin supervising 100 tasks:
+// a holder with renews and LB requests, and 99 standbys.
+func BenchmarkPluginScrape(b *testing.B) {
+	m := &pluginMetrics{}
+	root := b.TempDir()
+	for i := range 100 {
+		path := filepath.Join(root, fmt.Sprint(i))
+		if err := os.Mkdir(path, 0o700); err != nil {
+			b.Fatal(err)
+		}
+		dir, err := securefs.OpenPrivate(path, false)
+		if err != nil {
+			b.Skipf("no private state dir here: %v", err)
+		}
+		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("alloc-%d/web", i), AllocID: fmt.Sprintf("alloc-%d", i), JobID: "web",
+			TaskGroupName: "g", Name: "web", Namespace: "default"}
+		h := &taskHandle{cfg: cfg, dir: dir, done: make(chan struct{}), logger: hclog.NewNullLogger()}
+		m.track(h, supervisorSpec{Path: "nomad/jobs/web/lock"})
+		snap := lockmetrics.Snapshot{WaitingSince: time.Now(), Acquisitions: map[string]uint64{"released": 3}}
+		if i == 0 {
+			snap = lockmetrics.Snapshot{Held: true, Fence: 9, HeldSince: time.Now(), LBRequests: map[string]uint64{"add/success": 1}}
+			for range 50 {
+				lockmetrics.ObserveIn(&snap.RenewLatency, lockmetrics.RenewDurationDesc, "renew", .01)
+				lockmetrics.ObserveIn(&snap.FenceLeft, lockmetrics.FenceLeftDesc, "renew", 12)
+			}
+			lockmetrics.ObserveIn(&snap.LBLatency, lockmetrics.LBDurationDesc, "add", .2)
+		}
+		if err := writeJSON(dir, metricsFile, snap); err != nil {
+			b.Fatal(err)
+		}
+	}
+	handler := m.handler(hclog.NewNullLogger())
+	b.ResetTimer()
+	for range b.N {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		req.Header.Set("Accept-Encoding", "gzip") // as Prometheus asks
+		handler.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			b.Fatal(rec.Code)
+		}
+		b.ReportMetric(float64(rec.Body.Len()), "bytes")
 	}
 }

@@ -8,7 +8,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -173,7 +172,7 @@ func testMetricsLock(t *testing.T, a *harness.Agent, prom *harness.Prometheus) {
 
 	// /holder: 200 on the holder, 503 on the standby; no secret.
 	for alloc, addr := range targets {
-		code, body := httpGet(t, "http://"+addr+"/holder")
+		code, body := harness.HTTPGet(t, "http://"+addr+"/holder")
 		want := http.StatusServiceUnavailable
 		if alloc == first.AllocID {
 			want = http.StatusOK
@@ -281,15 +280,4 @@ func checkNoSecret(t *testing.T, a *harness.Agent, what, text, lockPath string) 
 	if jwtPattern.MatchString(text) {
 		t.Errorf("%s shows a workload identity token", what)
 	}
-}
-
-func httpGet(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }

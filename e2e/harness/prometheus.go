@@ -223,14 +223,24 @@ func (p *Prometheus) WaitQuery(t testing.TB, what, expr string, timeout time.Dur
 // own (promtooltest.CheckMetrics).
 func Scrape(t testing.TB, target string) []byte {
 	t.Helper()
-	resp, err := http.Get("http://" + target + "/metrics")
+	code, body := HTTPGet(t, "http://"+target+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("harness: scrape %s: HTTP %d: %s", target, code, body)
+	}
+	return []byte(body)
+}
+
+// HTTPGet GETs url and returns the answer's status and body.
+func HTTPGet(t testing.TB, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
-		t.Fatalf("harness: scrape %s: %v", target, err)
+		t.Fatalf("harness: GET %s: %v", url, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("harness: scrape %s: %d %v", target, resp.StatusCode, err)
+	if err != nil {
+		t.Fatalf("harness: GET %s: %v", url, err)
 	}
-	return b
+	return resp.StatusCode, string(b)
 }

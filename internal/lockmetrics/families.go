@@ -184,26 +184,30 @@ func gatherSnapshot(add adder, t Task, now time.Time) {
 	for _, c := range lockclient.LostCauses() {
 		add(LossesDesc, lbl(LossesDesc, string(c)), float64(s.Losses[string(c)]), nil)
 	}
-	for _, op := range sortedKeys(s.RenewLatency, "renew") {
-		add(RenewDurationDesc, lbl(RenewDurationDesc, op), 0, orEmpty(s.RenewLatency[op]))
+	// A histogram shows once it has an observation: a standby, which never
+	// renewed, has none (a plugin's standbys are most of its tasks).
+	for _, op := range sortedKeys(s.RenewLatency) {
+		add(RenewDurationDesc, lbl(RenewDurationDesc, op), 0, s.RenewLatency[op])
 	}
-	for _, op := range sortedKeys(s.RenewLatency, "renew") {
+	for _, op := range slices.Sorted(maps.Keys(s.RenewFailures)) {
 		add(RenewFailuresDesc, lbl(RenewFailuresDesc, op), float64(s.RenewFailures[op]), nil)
 	}
-	for _, op := range sortedKeys(s.FenceLeft, "renew") {
-		add(FenceLeftDesc, lbl(FenceLeftDesc, op), 0, orEmpty(s.FenceLeft[op]))
+	for _, op := range sortedKeys(s.FenceLeft) {
+		add(FenceLeftDesc, lbl(FenceLeftDesc, op), 0, s.FenceLeft[op])
 	}
 	waiting := 0.0
 	if !t.Exited && !s.WaitingSince.IsZero() {
 		waiting = max(now.Sub(s.WaitingSince).Seconds(), 0)
 	}
 	add(WaitingDesc, lbl(WaitingDesc), waiting, nil)
-	add(WaitDurationDesc, lbl(WaitDurationDesc), 0, orEmpty(s.Waits))
+	if s.Waits != nil && s.Waits.Count > 0 {
+		add(WaitDurationDesc, lbl(WaitDurationDesc), 0, s.Waits)
+	}
 	for _, k := range slices.Sorted(maps.Keys(s.LBRequests)) {
 		op, result, _ := strings.Cut(k, "/")
 		add(LBRequestsDesc, lbl(LBRequestsDesc, op, result), float64(s.LBRequests[k]), nil)
 	}
-	for _, op := range slices.Sorted(maps.Keys(s.LBLatency)) {
+	for _, op := range sortedKeys(s.LBLatency) {
 		add(LBDurationDesc, lbl(LBDurationDesc, op), 0, s.LBLatency[op])
 	}
 }
@@ -227,21 +231,16 @@ func gatherPlugin(add adder, t Task) {
 	}
 }
 
-// sortedKeys is m's keys, sorted, with always among them.
-func sortedKeys(m map[string]*Histogram, always string) []string {
-	keys := slices.Collect(maps.Keys(m))
-	if !slices.Contains(keys, always) {
-		keys = append(keys, always)
+// sortedKeys is the keys of m's histograms that have an observation, sorted.
+func sortedKeys(m map[string]*Histogram) []string {
+	var keys []string
+	for k, h := range m {
+		if h != nil && h.Count > 0 {
+			keys = append(keys, k)
+		}
 	}
 	slices.Sort(keys)
 	return keys
-}
-
-func orEmpty(h *Histogram) *Histogram {
-	if h == nil {
-		return &Histogram{}
-	}
-	return h
 }
 
 func b2f(b bool) float64 {
