@@ -54,9 +54,15 @@ type pluginMetrics struct {
 // taskMetrics is one task's.
 type taskMetrics struct {
 	h      *taskHandle
-	dir    *securefs.Dir // the task's state dir, opened for the metrics alone; nil once destroyed
 	labels lockmetrics.Labels
-	counts lockmetrics.PluginCounts
+	counts lockmetrics.PluginCounts // under pluginMetrics.mu
+	// destroyed: Nomad destroyed the task (under pluginMetrics.mu).
+	destroyed bool
+
+	// mu keeps a read of dir from its close: a closed fd's number may be
+	// another directory's by the time of the read.
+	mu  sync.Mutex
+	dir *securefs.Dir // the task's state dir, opened for the metrics alone; nil once destroyed
 	// last is the supervisor's count as last read: a destroyed task's.
 	last *lockmetrics.Snapshot
 }
@@ -92,24 +98,26 @@ func (m *pluginMetrics) track(h *taskHandle, spec supervisorSpec) {
 func (m *pluginMetrics) forget(taskID string) {
 	m.mu.Lock()
 	tm := m.tasks[taskID]
+	if tm != nil {
+		tm.destroyed = true
+	}
+	var destroyed []*taskMetrics
+	for _, other := range m.tasks {
+		if other.destroyed {
+			destroyed = append(destroyed, other)
+		}
+	}
 	m.mu.Unlock()
 	if tm == nil {
 		return
 	}
-	snap := tm.snapshot()
-	m.mu.Lock()
-	tm.last = snap
+	tm.mu.Lock()
+	tm.last = tm.snapshotLocked()
+	tm.mu.Unlock()
 	tm.closeDir()
-	var stale []*taskMetrics
-	for _, other := range m.tasks {
-		if other.last != nil {
-			stale = append(stale, other)
-		}
-	}
-	m.mu.Unlock()
 	// Without scrapes, nothing else drops the destroyed tasks' entries.
 	now := time.Now()
-	for _, other := range stale {
+	for _, other := range destroyed {
 		if _, old := other.stopped(now); old {
 			m.drop(other)
 		}
@@ -117,6 +125,8 @@ func (m *pluginMetrics) forget(taskID string) {
 }
 
 func (tm *taskMetrics) closeDir() {
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
 	if tm.dir != nil {
 		tm.dir.Close()
 		tm.dir = nil
@@ -206,6 +216,12 @@ func (tm *taskMetrics) stopped(now time.Time) (exited, stale bool) {
 // snapshot is the supervisor's count; for a supervisor that writes none
 // (started while metrics were off), held and fence from its status.
 func (tm *taskMetrics) snapshot() *lockmetrics.Snapshot {
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	return tm.snapshotLocked()
+}
+
+func (tm *taskMetrics) snapshotLocked() *lockmetrics.Snapshot {
 	var s lockmetrics.Snapshot
 	if tm.last != nil {
 		return tm.last
