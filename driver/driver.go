@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"syscall"
@@ -79,6 +80,8 @@ type Driver struct {
 	stateRoot *securefs.Dir
 
 	tasks *taskStore
+	// metrics is what /metrics serves (plugin config metrics_addr).
+	metrics pluginMetrics
 	// gateLeases are the leases of gates that Nomad may restart.
 	gateLeases gateLeases
 	// wardens keep the gated tasks of each gate that held dead while it
@@ -142,6 +145,11 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 			return err
 		}
 	}
+	if pc.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(pc.MetricsAddr); err != nil {
+			return fmt.Errorf("plugin config metrics_addr %q: %w; give host:port, e.g. \"127.0.0.1:9464\", or remove it", pc.MetricsAddr, err)
+		}
+	}
 	root, err := securefs.OpenPrivate(cmp.Or(pc.StateDir, DefaultStateDir), true)
 	if err != nil {
 		return fmt.Errorf("plugin config state_dir: %w", err)
@@ -154,6 +162,7 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	d.config, d.ttl, d.delay, d.users, d.stateRoot = pc, ttl, delay, users, root
 	d.agent = agentExe()
 	go d.resumeWardens(root)
+	d.metrics.serve(d.ctx, pc.MetricsAddr, d.logger)
 	return nil
 }
 
@@ -224,6 +233,7 @@ func (d *Driver) emitEvent(cfg *drivers.TaskConfig, msg string, annotations map[
 		Message:     eventMessage(msg),
 		Annotations: annotations,
 	}
+	d.metrics.taskEvent(cfg.ID, msg)
 	d.eventsMu.Lock()
 	if !d.subscribed {
 		d.pending = append(d.pending, ev)
@@ -260,6 +270,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	d.mu.RLock()
 	ttl, delay, root, users, denied := d.ttl, d.delay, d.stateRoot, d.users, d.config.DeniedEnvvars
+	metrics := d.config.MetricsAddr != ""
 	d.mu.RUnlock()
 	if root == nil {
 		return nil, nil, errors.New("the plugin has no state dir: see the agent log for the plugin config error")
@@ -272,6 +283,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err := d.checkLeaseMode(spec); err != nil {
 		return nil, nil, err
 	}
+	spec.Metrics = metrics
 	cg, err := d.setUpCgroup(cfg, &spec)
 	if err != nil {
 		return nil, nil, err
@@ -300,6 +312,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, fmt.Errorf("set driver state: %w", err)
 	}
 	d.tasks.set(cfg.ID, h)
+	d.metrics.track(h, spec)
 	go d.run(h, &eventTail{dir: dir})
 	h.logger.Info("started supervisor", "pid", proc.pid, "lock", spec.Path)
 	d.startLeaseStandby(h, spec)
@@ -387,6 +400,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	var spec supervisorSpec
 	h.gate = readJSON(dir, specFile, &spec) == nil && spec.Gate != nil
 	h.lease = spec.Mode == shim.ModeLease
+	d.metrics.track(h, spec)
 	tail := &eventTail{dir: dir}
 	tail.restore()
 
@@ -504,6 +518,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 		}
 	}
 	d.tasks.delete(taskID)
+	d.metrics.forget(taskID)
 	d.mu.RLock()
 	root := d.stateRoot
 	d.mu.RUnlock()

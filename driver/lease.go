@@ -78,6 +78,7 @@ func (d *Driver) leaseStandby(h *taskHandle, sc shim.Config, hb lockclient.Heart
 		}
 	}()
 	log := h.logger.Named("lease-standby")
+	defer d.metrics.standby(h.cfg.ID, false, 0)
 	ep, err := d.operatorEndpoint(h)
 	if err == nil {
 		var l *lockclient.Locker
@@ -89,6 +90,7 @@ func (d *Driver) leaseStandby(h *taskHandle, sc shim.Config, hb lockclient.Heart
 				OnSkip: func(why string) {
 					d.emitEvent(h.cfg, leaseNoTakeoverMessage(why), map[string]string{"lock_state": string(shim.StateWaiting)})
 				},
+				OnRead: func(age time.Duration) { d.metrics.standby(h.cfg.ID, true, age) },
 			})
 		}
 	}

@@ -153,6 +153,11 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 	if spec.CgroupPath == "" {
 		pub.note(noCgroupMessage())
 	}
+	if spec.Metrics {
+		w := newMetricsWriter(dir, log)
+		sup.Metrics = w.metrics
+		defer w.flush()
+	}
 
 	forward := make(chan os.Signal, 16)
 	stops := make(chan shim.StopRequest, 1)

@@ -31,6 +31,11 @@ type Holder struct {
 	// it has proven its work dead (Lease.MarkReleasedClean). A lock freed
 	// without it was released behind its holder's back or expired.
 	ReleasedClean bool
+	// ReleasedAt is written right after a release (Locker.ReleaseID), by
+	// check-and-set on the index the release left: a record that shows it
+	// is of a lock that nobody has taken since. Zero: not released, or
+	// released by someone who does not write it (the server's expiry).
+	ReleasedAt time.Time
 	// GatedDirect is written by a gate whose gated tasks it kills and
 	// proves dead itself (shim.GatedTasks) on every ending but Nomad's own
 	// stop of its allocation: they are dead by its fence deadline, so the
@@ -58,6 +63,7 @@ const (
 	itemTTL        = "ttl"
 	itemLockDelay  = "lock_delay"
 	itemClean      = "released_clean"
+	itemReleasedAt = "released_at"
 	itemDirect     = "gated_direct"
 	itemHolders    = "semaphore_holders"
 	itemSlot       = "semaphore_slot"
@@ -127,6 +133,7 @@ func holderFromItems(items map[string]string) Holder {
 	h.TTL, _ = time.ParseDuration(items[itemTTL])
 	h.LockDelay, _ = time.ParseDuration(items[itemLockDelay])
 	h.ReleasedClean = items[itemClean] == "true"
+	h.ReleasedAt, _ = time.Parse(time.RFC3339Nano, items[itemReleasedAt])
 	h.GatedDirect = items[itemDirect] == "true"
 	h.Holders, _ = strconv.Atoi(items[itemHolders])
 	h.Slot, _ = strconv.Atoi(items[itemSlot])

@@ -3,6 +3,7 @@ package shim
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"syscall"
 	"time"
@@ -93,6 +94,10 @@ type Config struct {
 	// recorded instead.
 	UpstreamPort string
 	Upstream     string
+
+	// HTTPAddr is where `lock` serves /metrics and /holder (-http-addr);
+	// "" serves nothing.
+	HTTPAddr string
 }
 
 // DefaultConfig is the configuration before flags and files apply.
@@ -223,6 +228,11 @@ func (c Config) Validate() error {
 	if c.LB != nil {
 		if err := c.LB.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("load balancer: %w", err))
+		}
+	}
+	if c.HTTPAddr != "" {
+		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("http-addr %q: %w; give host:port, e.g. 127.0.0.1:9465", c.HTTPAddr, err))
 		}
 	}
 	if c.KillSignal == syscall.SIGKILL || c.KillSignal == syscall.SIGSTOP {

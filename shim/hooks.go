@@ -111,6 +111,20 @@ type messageHook interface {
 	lbFailedMessage(err error, cfg lbhook.Config, start bool) string
 }
 
+// eventHook sees every event the run emits (metricshook.go), after
+// Supervisor.Observe.
+type eventHook interface {
+	runHook
+	observe(ev Event)
+}
+
+// lbRequestHook hears of every request the run's LB client ran to its end.
+// It must not block.
+type lbRequestHook interface {
+	runHook
+	lbRequest(r lbhook.RequestReport)
+}
+
 // exitHook may change the run's exit code once the hold has ended.
 type exitHook interface {
 	runHook
@@ -147,6 +161,9 @@ func hooksOf[T runHook](s *Supervisor) []T {
 // buildHooks attaches the hooks the config asks for.
 func (s *Supervisor) buildHooks() {
 	s.hooks = nil
+	if s.Metrics != nil {
+		s.hooks = append(s.hooks, newMetricsHook(s))
+	}
 	if s.Config.Gate != nil {
 		s.hooks = append(s.hooks, newGateHook(s, s.Config.Gate))
 	} else if w := s.Config.WatchAlloc; w != nil {
@@ -155,6 +172,20 @@ func (s *Supervisor) buildHooks() {
 	if s.Locker != nil {
 		if h := newUpdateHook(s); h != nil {
 			s.hooks = append(s.hooks, h)
+		}
+	}
+}
+
+// lbRequestObserver is the LB client's OnRequest: each hook that hears of
+// LB requests (nil: none).
+func (s *Supervisor) lbRequestObserver() func(lbhook.RequestReport) {
+	hooks := hooksOf[lbRequestHook](s)
+	if len(hooks) == 0 {
+		return nil
+	}
+	return func(r lbhook.RequestReport) {
+		for _, h := range hooks {
+			h.lbRequest(r)
 		}
 	}
 }

@@ -175,6 +175,7 @@ func (s *Supervisor) startLB(lease *lockclient.Lease) (*lbSession, error) {
 		// interval (and within the client's own cap, if lower).
 		MaxRetryWait: min(recheck, 8*cfg.WithDefaults().PollInterval),
 		OnUnanswered: func(u lbhook.Unanswered) { lb.unanswered(u) },
+		OnRequest:    s.lbRequestObserver(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("load balancer client: %w", err)

@@ -96,6 +96,8 @@ type Supervisor struct {
 	Locker  *lockclient.Locker
 	Logger  hclog.Logger
 	Observe func(Event) // optional
+	// Metrics, if set, counts the run's metrics (metricshook.go).
+	Metrics *Metrics
 
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
@@ -200,8 +202,16 @@ func (s *Supervisor) emit(ev Event) {
 	ev.Time = time.Now()
 	ev.Path = s.Config.Path
 	s.state, s.message = ev.State, ev.Message
+	s.observe(ev)
+}
+
+// observe passes ev to Observe and to the hooks that see events.
+func (s *Supervisor) observe(ev Event) {
 	if s.Observe != nil {
 		s.Observe(ev)
+	}
+	for _, h := range hooksOf[eventHook](s) {
+		h.observe(ev)
 	}
 }
 
@@ -209,9 +219,7 @@ func (s *Supervisor) emit(ev Event) {
 // state or the message that renew heartbeats repeat.
 func (s *Supervisor) notify(ev Event) {
 	ev.Time, ev.Path, ev.Notice = time.Now(), s.Config.Path, true
-	if s.Observe != nil {
-		s.Observe(ev)
-	}
+	s.observe(ev)
 }
 
 // Run supervises until the workload is gone and the lock released, and
