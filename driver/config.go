@@ -49,6 +49,9 @@ type PluginConfig struct {
 	// gate kills and proves dead its gated docker tasks (see gatedtasks.go).
 	// Empty ("") leaves them to Nomad's client.
 	DockerEndpoint string `codec:"docker_endpoint"`
+	// MetricsAddr, if set, is the host:port where the plugin serves
+	// /metrics for every task it supervises (docs/operations.md).
+	MetricsAddr string `codec:"metrics_addr"`
 }
 
 // Plugin config defaults.
@@ -74,14 +77,15 @@ var pluginConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"release_token_file": hclspec.NewAttr("release_token_file", "string", false),
 	"docker_endpoint": hclspec.NewDefault(hclspec.NewAttr("docker_endpoint", "string", false),
 		hclspec.NewLiteral(`"`+dockerengine.DefaultEndpoint+`"`)),
+	"metrics_addr": hclspec.NewAttr("metrics_addr", "string", false),
 })
 
 // defaults parses the plugin-level lock defaults.
 func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
-	if ttl, err = shim.DriverDefault("ttl", pc.DefaultTTL, "plugin config default_ttl"); err != nil {
+	if ttl, err = (shim.DriverBlocks{}).LockDefault("ttl", pc.DefaultTTL, "plugin config default_ttl"); err != nil {
 		return 0, 0, err
 	}
-	if delay, err = shim.DriverDefault("delay", pc.DefaultDelay, "plugin config default_delay"); err != nil {
+	if delay, err = (shim.DriverBlocks{}).LockDefault("delay", pc.DefaultDelay, "plugin config default_delay"); err != nil {
 		return 0, 0, err
 	}
 	t := lockclient.Timing{TTL: ttl, LockDelay: delay}

@@ -74,7 +74,11 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 
 	var spec supervisorSpec
 	err := readSpec(h.dir, &spec)
-	gatedDead := false
+	// gatedKilledAt is when the plugin began the kill of gated tasks it
+	// then proved dead (zero: it did not): restarts Nomad schedules after
+	// it are its own kill's, which Nomad's kill of the failing allocation
+	// cancels first (the static restart rule) and the warden covers.
+	var gatedKilledAt time.Time
 	h.mu.Lock()
 	planned := h.killedByPlugin
 	h.mu.Unlock()
@@ -84,6 +88,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 		// and then releases at once.
 		st := h.lastStatus()
 		removed := lbRemoved(time.Duration(st.StopDeadlineBoot-bootNow()) - 2*confirmDeadWithin)
+		killedAt := time.Now()
 		all, kerr := d.killGated(h, spec, confirmDeadWithin)
 		switch {
 		case kerr != nil:
@@ -94,12 +99,12 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 		case !all:
 			whose += " (some gated tasks are left to Nomad's kill)"
 		default:
-			gatedDead = true
+			gatedKilledAt = killedAt
 		}
 	}
 	// The release that follows is sent only before the lease's release
 	// cutoff (see releaseWith): past it the server may be expiring the lock.
-	if err != nil || (spec.Run.Gate != nil && !held.IdentityRejected && !gatedDead) {
+	if err != nil || (spec.Run.Gate != nil && !held.IdentityRejected && gatedKilledAt.IsZero()) {
 		// A gate's lock covers its gated tasks, which run in other task
 		// cgroups, under other drivers: unless the plugin proved them dead
 		// above, the gate now fails and Nomad kills them; the server's
@@ -111,7 +116,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 		}
 		return // the lease record stays: a restarted gate takes it over (gateLeases)
 	}
-	if gatedDead {
+	if !gatedKilledAt.IsZero() {
 		// The warden (armed when the gate first held) kills whatever of
 		// them Nomad starts again until its kill of the allocation.
 		whose += ", whose gated tasks the plugin killed and proved dead"
@@ -121,7 +126,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 		d.emitEvent(h.cfg, crashNotReleasedMessage(whose, err, 0), ann)
 		return
 	}
-	via, err := d.releaseHeld(h, held, spec.Run.Gate, gatedDead, log)
+	via, err := d.releaseHeld(h, held, spec.Run.Gate, gatedKilledAt, log)
 	switch {
 	case err == nil:
 		log.Info("released the lock on behalf of the supervisor", "via", via)
@@ -149,14 +154,14 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 // stopped or gone (its client kills the gated tasks before it stops the
 // gate), and marks the release clean first so that the next gate need not
 // wait (see shim.gateAwaitPrevious).
-func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *shim.GateSpec, gatedDead bool, log hclog.Logger) (via string, err error) {
+func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *shim.GateSpec, gatedKilledAt time.Time, log hclog.Logger) (via string, err error) {
 	st := h.lastStatus()
 	if fresh := (supervisorStatus{}); readJSON(h.dir, statusFile, &fresh) == nil && fresh.LastRenewBoot > st.LastRenewBoot {
 		st = fresh
 	}
 	renewed := lastRenew(held, st)
 	if !held.IdentityRejected {
-		err = d.releaseWith(h.taskEndpoint(), held, renewed, gate, gatedDead, log)
+		err = d.releaseWith(h.taskEndpoint(), held, renewed, gate, gatedKilledAt, log)
 		if !errors.Is(err, lockclient.ErrIdentityRejected) {
 			return "", err
 		}
@@ -165,17 +170,18 @@ func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *shim.GateSpec,
 	if oerr != nil {
 		return "", fmt.Errorf("the task's workload identity no longer authenticates (`nomad job stop -purge` removes it with the allocation), and %w", oerr)
 	}
-	return ", with the plugin's release_token_file", d.releaseWith(ep, held, renewed, gate, gatedDead, log)
+	return ", with the plugin's release_token_file", d.releaseWith(ep, held, renewed, gate, gatedKilledAt, log)
 }
 
 // releaseWith releases held's lock through ep; a gate's only once its
-// gated tasks are dead (gatedDead: the plugin proved it) or its allocation
+// gated tasks are dead (gatedKilledAt: the plugin proved it, after a kill it
+// began then) or its allocation
 // is stopped or gone, and marked clean. Neither is sent from the lease's
 // release cutoff on (lockclient.Timing.ReleaseCutoff of lastRenew, the send
 // time of its last acknowledged renew, which the supervisor recorded): the
 // server may then be expiring the lock, and its expiry would clear the
 // next holder's.
-func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew time.Time, gate *shim.GateSpec, gatedDead bool, log hclog.Logger) error {
+func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew time.Time, gate *shim.GateSpec, gatedKilledAt time.Time, log hclog.Logger) error {
 	locker, err := lockclient.New(lockclient.Config{
 		Endpoint:  ep,
 		Namespace: held.Namespace,
@@ -196,12 +202,12 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew t
 		if err != nil {
 			return err
 		}
-		if !gatedDead {
+		if gatedKilledAt.IsZero() {
 			if err := gateAllocStopped(ctx, reader, gate); err != nil {
 				return err
 			}
 		}
-		if why := gatedMayStart(ctx, reader, gate); why != "" {
+		if why := gatedMayStart(ctx, reader, gate, gatedKilledAt); why != "" {
 			log.Warn("not marking the gate's release clean: the next gate waits for Nomad's report", "why", why)
 		} else if err := locker.MarkReleasedCleanID(ctx, held.LockID, held.Fence, lastRenew); err != nil {
 			log.Warn("cannot mark the gate's release clean; the next gate waits for Nomad's report", "error", err)
@@ -214,7 +220,7 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew t
 // tasks, which neither the kill nor the static restart rule holds back (a
 // restart or a first start pending, see shim.GatedPending), or "": a
 // release after which one may is not marked clean.
-func gatedMayStart(ctx context.Context, reader *allocs.Reader, gate *shim.GateSpec) string {
+func gatedMayStart(ctx context.Context, reader *allocs.Reader, gate *shim.GateSpec, killedAt time.Time) string {
 	alloc, _, err := reader.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
 	switch {
 	case errors.Is(err, allocs.ErrGone) && !errors.Is(err, allocs.ErrHidden):
@@ -222,7 +228,7 @@ func gatedMayStart(ctx context.Context, reader *allocs.Reader, gate *shim.GateSp
 	case err != nil:
 		return fmt.Sprintf("cannot read the allocation (%v)", err)
 	}
-	if pending := shim.GatedPending(alloc, gate.Task); len(pending) > 0 {
+	if pending := shim.GatedPending(alloc, gate.Task, killedAt); len(pending) > 0 {
 		return fmt.Sprintf("Nomad reports %v pending (a restart or a start to come)", pending)
 	}
 	return ""

@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"syscall"
@@ -79,6 +80,8 @@ type Driver struct {
 	stateRoot *securefs.Dir
 
 	tasks *taskStore
+	// metrics is what /metrics serves (plugin config metrics_addr).
+	metrics pluginMetrics
 	// gateLeases are the leases of gates that Nomad may restart.
 	gateLeases gateLeases
 	// wardens keep the gated tasks of each gate that held dead while it
@@ -143,6 +146,11 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 			return err
 		}
 	}
+	if pc.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(pc.MetricsAddr); err != nil {
+			return fmt.Errorf("plugin config metrics_addr %q: %w; give host:port, e.g. \"127.0.0.1:9464\", or remove it", pc.MetricsAddr, err)
+		}
+	}
 	root, err := securefs.OpenPrivate(cmp.Or(pc.StateDir, DefaultStateDir), true)
 	if err != nil {
 		return fmt.Errorf("plugin config state_dir: %w", err)
@@ -155,6 +163,7 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	d.config, d.ttl, d.delay, d.users, d.stateRoot = pc, ttl, delay, users, root
 	d.agent = agentExe()
 	go d.resumeWardens(root)
+	d.metrics.serve(d.ctx, pc.MetricsAddr, d.logger)
 	return nil
 }
 
@@ -225,6 +234,7 @@ func (d *Driver) emitEvent(cfg *drivers.TaskConfig, msg string, annotations map[
 		Message:     eventMessage(msg),
 		Annotations: annotations,
 	}
+	d.metrics.taskEvent(cfg.ID, msg)
 	d.eventsMu.Lock()
 	if !d.subscribed {
 		d.pending = append(d.pending, ev)
@@ -264,6 +274,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	d.mu.RLock()
 	ttl, delay, root, users, denied := d.ttl, d.delay, d.stateRoot, d.users, d.config.DeniedEnvvars
+	metrics := d.config.MetricsAddr != ""
 	d.mu.RUnlock()
 	if root == nil {
 		return nil, nil, errors.New("the plugin has no state dir: see the agent log for the plugin config error")
@@ -276,6 +287,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err := d.checkLeaseMode(spec); err != nil {
 		return nil, nil, err
 	}
+	spec.Metrics = metrics
 	cg, err := d.setUpCgroup(cfg, &spec)
 	if err != nil {
 		return nil, nil, err
@@ -305,6 +317,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, fmt.Errorf("set driver state: %w", err)
 	}
 	d.tasks.set(cfg.ID, h)
+	d.metrics.track(h, spec)
 	go d.run(h, &eventTail{dir: dir})
 	h.logger.Info("started supervisor", "pid", proc.pid, "lock", spec.Run.Path)
 	d.startLeaseStandby(h, spec)
@@ -397,6 +410,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	// A recovered gate is still a gate: its watchdog kills its gated tasks.
 	h.gate = readSpec(dir, &spec) == nil && spec.Run.Gate != nil
 	h.lease = spec.Run.LeaseMode()
+	d.metrics.track(h, spec)
 	tail := &eventTail{dir: dir}
 	tail.restore()
 
@@ -524,6 +538,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 		}
 	}
 	d.tasks.delete(taskID)
+	d.metrics.forget(taskID)
 	d.mu.RLock()
 	root := d.stateRoot
 	d.mu.RUnlock()

@@ -44,7 +44,7 @@ func TestCrashReleaseLeavesAnExpiringLeaseAlone(t *testing.T) {
 			defer ts.Close()
 			d := &Driver{ctx: context.Background(), logger: hclog.NewNullLogger()}
 			err := d.releaseWith(lockclient.Endpoint{Address: ts.URL, Token: "t"}, held,
-				lockclient.BootNow().Add(-tc.renewed), nil, false, hclog.NewNullLogger())
+				lockclient.BootNow().Add(-tc.renewed), nil, time.Time{}, hclog.NewNullLogger())
 			if tc.released {
 				if err != nil || requests.Load() != 1 {
 					t.Fatalf("releaseWith = %v after %d request(s), want one release", err, requests.Load())
@@ -59,7 +59,7 @@ func TestCrashReleaseLeavesAnExpiringLeaseAlone(t *testing.T) {
 	// A record without the time of its last renew (an older version's)
 	// is never released.
 	d := &Driver{ctx: context.Background(), logger: hclog.NewNullLogger()}
-	if err := d.releaseWith(lockclient.Endpoint{Address: "http://127.0.0.1:1", Token: "t"}, held, time.Time{}, nil, false,
+	if err := d.releaseWith(lockclient.Endpoint{Address: "http://127.0.0.1:1", Token: "t"}, held, time.Time{}, nil, time.Time{},
 		hclog.NewNullLogger()); !errors.Is(err, lockclient.ErrLeftToExpire) {
 		t.Fatalf("releaseWith with no last renew = %v, want ErrLeftToExpire", err)
 	}

@@ -77,6 +77,7 @@ func (d *Driver) leaseStandby(h *taskHandle, run shim.Spec, hb lockclient.Heartb
 		}
 	}()
 	log := h.logger.Named("lease-standby")
+	defer d.metrics.standby(h.cfg.ID, false, 0)
 	ep, err := d.operatorEndpoint(h)
 	if err == nil {
 		var l *lockclient.Locker
@@ -88,6 +89,7 @@ func (d *Driver) leaseStandby(h *taskHandle, run shim.Spec, hb lockclient.Heartb
 				OnSkip: func(why string) {
 					d.emitEvent(h.cfg, leaseNoTakeoverMessage(why), map[string]string{"lock_state": string(shim.StateWaiting)})
 				},
+				OnRead: func(age time.Duration) { d.metrics.standby(h.cfg.ID, true, age) },
 			})
 		}
 	}

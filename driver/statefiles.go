@@ -33,6 +33,7 @@ import (
 //	              the plugin can release for a supervisor that died holding the lock
 //	lb.json       supervisor → plugin: our LB registration, removed once deregistered, so the
 //	              plugin can REMOVE for a supervisor that died registered
+//	metrics.json  supervisor → plugin: the supervisor's metrics, when the plugin serves them
 //
 // Both sides run as root and act on these files (exec a command, signal a
 // process, send a key), so they live where no task and no local user can
@@ -82,7 +83,7 @@ func removeTaskState(root *securefs.Dir, cfg *drivers.TaskConfig) error {
 // prepareStateDir empties the task's state dir (a restarted task may reuse
 // it) and writes the spec.
 func prepareStateDir(dir *securefs.Dir, spec supervisorSpec) error {
-	for _, f := range []string{statusFile, eventsFile, offsetFile, exitFile, stopFile, leaseFile, lbFile, gatedFile} {
+	for _, f := range []string{statusFile, eventsFile, offsetFile, exitFile, stopFile, leaseFile, lbFile, gatedFile, metricsFile} {
 		if err := dir.Remove(f); err != nil {
 			return err
 		}
@@ -145,6 +146,9 @@ type taskProcess struct {
 	// supervisor started; nil when it could not be read. A higher count at
 	// exit means the kernel OOM-killed a workload process.
 	OOMKillsAtStart *uint64
+	// Metrics: the plugin serves metrics (metrics_addr), so the supervisor
+	// writes its own to metrics.json.
+	Metrics bool `json:",omitempty"`
 }
 
 // supervisorStatus is the supervisor's latest state. Times are

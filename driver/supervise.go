@@ -107,6 +107,9 @@ func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (in
 	if spec.CgroupPath == "" {
 		pub.note(noCgroupMessage())
 	}
+	if spec.Metrics {
+		defer newMetricsWriter(dir, log, &env).flush()
+	}
 
 	forward := make(chan os.Signal, 16)
 	stops := make(chan shim.StopRequest, 1)

@@ -231,7 +231,8 @@ func (d *Driver) runWarden(w wardenState) {
 			d.disarmWarden(w)
 			return
 		}
-		if holds, by := d.gateHolds(w); holds {
+		holds, by, why := d.gateHolds(w)
+		if holds {
 			held, killBy = true, by
 			if stopWatch != nil {
 				stopWatch()
@@ -252,7 +253,7 @@ func (d *Driver) runWarden(w wardenState) {
 		if k == nil {
 			continue
 		}
-		if err := d.wardenKill(k, grace, cfg, log); err != nil && time.Since(noticed) > wardenNoticeEvery {
+		if err := d.wardenKill(k, grace, cfg, log.With("not_held", why)); err != nil && time.Since(noticed) > wardenNoticeEvery {
 			noticed = time.Now()
 			d.emitEvent(cfg, wardenKillFailedMessage(k.Direct(), err), map[string]string{"lock_state": string(shim.StateStopping)})
 		}
@@ -286,30 +287,31 @@ func (d *Driver) wardenKill(k *gatedKiller, grace time.Duration, cfg *drivers.Ta
 // gateHolds reports whether a run of w's gate holds its lease, or may
 // still take it over (runHolds), and, for a kept or adopting lease, its
 // stop deadline (CLOCK_BOOTTIME ns), by which the gated tasks must be
-// dead once it runs out.
-func (d *Driver) gateHolds(w wardenState) (held bool, killBy int64) {
+// dead once it runs out. why says, when none holds, what each run showed.
+func (d *Driver) gateHolds(w wardenState) (held bool, killBy int64, why string) {
 	d.mu.RLock()
 	root := d.stateRoot
 	d.mu.RUnlock()
 	if root == nil {
-		return true, 0 // nothing known: leave it
+		return true, 0, "" // nothing known: leave it
 	}
 	d.gateLeases.mu.Lock()
 	defer d.gateLeases.mu.Unlock()
 	alloc, err := root.Sub(w.AllocID, false)
 	if err != nil {
-		return false, 0
+		return false, 0, "the allocation's state dir: " + err.Error()
 	}
 	defer alloc.Close()
 	now := bootNow()
 	var k keptLease
 	if readJSON(alloc, keptName(w.Task), &k) == nil && now < k.Lease.FenceBoot {
-		return true, k.Lease.StopBoot
+		return true, k.Lease.StopBoot, ""
 	}
 	names, err := alloc.Names()
 	if err != nil {
-		return true, 0 // unreadable: leave it
+		return true, 0, "" // unreadable: leave it
 	}
+	var whys []string
 	prefix := url.PathEscape(w.Task + "/")
 	for _, name := range names {
 		if !strings.HasPrefix(name, prefix) {
@@ -317,15 +319,20 @@ func (d *Driver) gateHolds(w wardenState) (held bool, killBy int64) {
 		}
 		dir, err := alloc.Sub(name, false)
 		if err != nil {
+			whys = append(whys, name+": "+err.Error())
 			continue
 		}
-		held, by := runHolds(dir, now)
+		held, by, why := runHolds(dir, now)
 		dir.Close()
 		if held {
-			return true, by
+			return true, by, ""
 		}
+		whys = append(whys, name+": "+why)
 	}
-	return false, 0
+	if len(whys) == 0 {
+		return false, 0, "no run of the gate"
+	}
+	return false, 0, strings.Join(whys, "; ")
 }
 
 // runHolds reports whether the run of a gate whose state dir is dir holds
@@ -336,43 +343,49 @@ func (d *Driver) gateHolds(w wardenState) (held bool, killBy int64) {
 // deadline, it exited 0 holding its lease (a restart: the lease is kept
 // for the next run) or died holding it (the plugin's crash clean-up is
 // under way). by is a kept lease's stop deadline.
-func runHolds(dir *securefs.Dir, now int64) (held bool, by int64) {
+func runHolds(dir *securefs.Dir, now int64) (held bool, by int64, why string) {
 	var spec supervisorSpec
-	if readSpec(dir, &spec) != nil || spec.Run.Gate == nil {
-		return false, 0
+	if err := readSpec(dir, &spec); err != nil || spec.Run.Gate == nil {
+		return false, 0, fmt.Sprintf("no gate spec (%v)", err)
 	}
 	var st supervisorStatus
 	_ = readJSON(dir, statusFile, &st)
 	adopting := spec.Run.Gate.Adopt != nil && now < spec.Run.Gate.Adopt.FenceBoot
 	if st.SupervisorPID == 0 {
 		if adopting {
-			return true, spec.Run.Gate.Adopt.StopBoot
+			return true, spec.Run.Gate.Adopt.StopBoot, ""
 		}
-		return false, 0
+		return false, 0, "no supervisor recorded"
 	}
-	if ticks, err := startTicks(st.SupervisorPID); err == nil && ticks == st.SupervisorTicks {
+	ticks, err := startTicks(st.SupervisorPID)
+	if err == nil && ticks == st.SupervisorTicks {
 		switch state := shim.State(st.State); {
 		case state.Holds() || state == shim.StateStopping || state == shim.StateLost:
-			return true, 0
+			return true, 0, ""
 		case adopting:
-			return true, spec.Run.Gate.Adopt.StopBoot
+			return true, spec.Run.Gate.Adopt.StopBoot, ""
 		}
-		return false, 0
+		return false, 0, fmt.Sprintf("supervisor %d %s", st.SupervisorPID, st.State)
 	}
 	var held0 heldLease
-	if readJSON(dir, leaseFile, &held0) != nil || held0.Fence != st.Fence || now >= st.FenceDeadlineBoot {
-		return false, 0
+	switch {
+	case readJSON(dir, leaseFile, &held0) != nil:
+		return false, 0, fmt.Sprintf("supervisor %d gone (%v), no lease recorded", st.SupervisorPID, err)
+	case held0.Fence != st.Fence:
+		return false, 0, fmt.Sprintf("supervisor %d gone (%v), its lease (fence %d) not the one published (%d)", st.SupervisorPID, err, held0.Fence, st.Fence)
+	case now >= st.FenceDeadlineBoot:
+		return false, 0, fmt.Sprintf("supervisor %d gone (%v), past its fence deadline", st.SupervisorPID, err)
 	}
 	var es exitStatus
 	switch err := readJSON(dir, exitFile, &es); {
 	case err == nil && es.ExitCode == 0:
-		return true, st.StopDeadlineBoot
+		return true, st.StopDeadlineBoot, ""
 	case err != nil:
 		// Crashed holding: the plugin's crash clean-up kills the gated
 		// tasks (after their LB REMOVE) and releases, or keeps the lease.
-		return true, 0
+		return true, 0, ""
 	}
-	return false, 0
+	return false, 0, fmt.Sprintf("supervisor %d exited %d", st.SupervisorPID, es.ExitCode)
 }
 
 // startWardenWatch starts wardenWatch; stop ends it.

@@ -105,7 +105,7 @@ func TestRunHolds(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer dir.Close()
-			held, by := runHolds(dir, now)
+			held, by, _ := runHolds(dir, now)
 			if held != tc.held || by != tc.by {
 				t.Errorf("runHolds = %v (kill by %d), want %v (%d)", held, by, tc.held, tc.by)
 			}

@@ -359,6 +359,22 @@ type ClientOptions struct {
 	// UnansweredEvery is the least time between two OnUnanswered calls of
 	// one request (default 30s).
 	UnansweredEvery time.Duration
+	// OnRequest, if set, hears of every request a Hook drove to its end
+	// (metrics). It runs on the caller's goroutine and must not block.
+	OnRequest func(RequestReport)
+}
+
+// RequestReport is one request a Hook ran (Client.Run) and how it ended.
+type RequestReport struct {
+	// Op is "add", "readd" (an ADD after the first of one registration)
+	// or "remove".
+	Op string
+	// Result is the final state in lower case ("success", "failed",
+	// "canceled", "invalid_request_noop"), or "unknown" when none was
+	// seen (the deadline and the cancel wait passed, or the call was cut
+	// short).
+	Result string
+	Took   time.Duration
 }
 
 // DefaultUnansweredEvery is the default ClientOptions.UnansweredEvery.

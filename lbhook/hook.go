@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -224,7 +225,11 @@ func (h *Hook) runAdd(ctx context.Context, self UpstreamInfo, removePrevious []U
 		return BaragonResponse{}, err
 	}
 	d := h.c.cfg.AddDeadline
-	resp, err := h.c.Run(ctx, req, time.Now().Add(d))
+	op := "add"
+	if attempt > 1 {
+		op = "readd"
+	}
+	resp, err := h.run(ctx, op, req, time.Now().Add(d))
 	if err != nil {
 		return resp, err
 	}
@@ -305,7 +310,7 @@ func (h *Hook) remove(ctx context.Context, self UpstreamInfo, first int) (Barago
 		if err != nil {
 			return BaragonResponse{}, attempt, err
 		}
-		resp, err := h.c.Run(ctx, req, deadline)
+		resp, err := h.run(ctx, "remove", req, deadline)
 		if err != nil {
 			return resp, attempt, err
 		}
@@ -324,6 +329,20 @@ func (h *Hook) remove(ctx context.Context, self UpstreamInfo, first int) (Barago
 		}
 		return resp, attempt, outcome(resp, d)
 	}
+}
+
+// run is Client.Run, reported to ClientOptions.OnRequest as op.
+func (h *Hook) run(ctx context.Context, op string, req BaragonRequest, deadline time.Time) (BaragonResponse, error) {
+	began := time.Now()
+	resp, err := h.c.Run(ctx, req, deadline)
+	if report := h.c.opts.OnRequest; report != nil {
+		result := "unknown"
+		if err == nil && resp.LoadBalancerState.IsFinal() {
+			result = strings.ToLower(string(resp.LoadBalancerState))
+		}
+		report(RequestReport{Op: op, Result: result, Took: time.Since(began)})
+	}
+	return resp, err
 }
 
 // State returns the upstreams Baragon holds for the configured service; an

@@ -39,6 +39,7 @@ func (l *Locker) Adopt(ctx context.Context, id string, fence uint64) (*Lease, er
 		return nil, l.classify("adopt", err)
 	}
 	lease := newLease(l, id, fence, sent, Holder{})
+	lease.Adopted = true
 	lease.mu.Lock()
 	lease.itemsIndex = cur.ModifyIndex // the previous run's record as it left it
 	lease.mu.Unlock()

@@ -91,7 +91,12 @@ func (e *PermissionError) Fix() string {
 }
 
 // LostError says why a lease ended without a release. It wraps ErrLost.
-type LostError struct{ Reason string }
+type LostError struct {
+	Reason string
+	// Cause is the reason in a word (a metric's label); "" where none
+	// applies (a lease that could not be adopted).
+	Cause LostCause
+}
 
 func (e *LostError) Error() string { return "lock lost: " + e.Reason }
 func (e *LostError) Unwrap() error { return ErrLost }

@@ -1,6 +1,7 @@
 package lockclient
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -102,7 +103,8 @@ const (
 	beatRenewAge  = "renew_age_ms" // since the send of the last acknowledged renew, at this heartbeat's send
 	beatTTL       = "ttl_ms"       // the lock's TTL, as the holder acquired it
 	beatAlloc     = "alloc_id"
-	beatSealed    = "sealed_by" // set by a standby that took the lock over: no heartbeat may follow
+	beatLockIndex = "lock_index" // the lock's ModifyIndex as the holder last left it (lock status)
+	beatSealed    = "sealed_by"  // set by a standby that took the lock over: no heartbeat may follow
 )
 
 // beatRecord is one heartbeat as the variable holds it.
@@ -111,6 +113,11 @@ type beatRecord struct {
 	Interval, Fence, KillGrace time.Duration
 	RenewAge, TTL              time.Duration
 	Alloc, SealedBy            string
+	// LockIndex is the lock's ModifyIndex as the holder last left it: its
+	// acquire's (Epoch) or its own last write of the lock's record. A
+	// reader shown no lock state tells from it that the lock is still held
+	// (Status). Optional: 0 when absent.
+	LockIndex uint64
 }
 
 // items is the record in milliseconds, each rounded the safe way for the
@@ -127,6 +134,9 @@ func (r beatRecord) items() map[string]string {
 	}
 	if r.SealedBy != "" {
 		it[beatSealed] = r.SealedBy
+	}
+	if r.LockIndex != 0 {
+		it[beatLockIndex] = strconv.FormatUint(r.LockIndex, 10)
 	}
 	return it
 }
@@ -150,6 +160,7 @@ func parseBeat(items map[string]string) (r beatRecord, ok bool) {
 	r.RenewAge, oks[5] = d(beatRenewAge)
 	r.TTL, oks[6] = d(beatTTL)
 	r.Alloc, r.SealedBy = items[beatAlloc], items[beatSealed]
+	r.LockIndex, _ = u(beatLockIndex)
 	for _, ok := range oks {
 		if !ok {
 			return r, false
@@ -280,7 +291,7 @@ func (ls *Lease) beatOnce(ctx context.Context) error {
 	ls.beatSeq++
 	sent := l.clock.Now()
 	rec := beatRecord{Seq: ls.beatSeq, Epoch: ls.Fence, Interval: hb.Interval, Fence: hb.Fence, KillGrace: hb.KillGrace,
-		RenewAge: max(sent.Sub(ls.lastRenew), 0), TTL: l.cfg.TTL, Alloc: l.cfg.Holder.AllocID}
+		RenewAge: max(sent.Sub(ls.lastRenew), 0), TTL: l.cfg.TTL, Alloc: l.cfg.Holder.AllocID, LockIndex: cmp.Or(ls.itemsIndex, ls.Fence)}
 	index := ls.beatIndex
 	ls.mu.Unlock()
 
@@ -358,7 +369,9 @@ func (ls *Lease) heartbeatLoop(ctx context.Context, moved chan<- struct{}) {
 		if ls.until(ls.FenceDeadline()) <= 0 {
 			return // renewLoop ends the lease
 		}
+		sent, fence := l.clock.Now(), ls.FenceDeadline()
 		err := ls.beatOnce(ctx)
+		ls.reportRenew(OpHeartbeat, sent, fence, err)
 		switch {
 		case err == nil:
 			select {
@@ -366,7 +379,7 @@ func (ls *Lease) heartbeatLoop(ctx context.Context, moved chan<- struct{}) {
 			default:
 			}
 		case errors.Is(err, ErrSealed):
-			ls.lose("taken over: "+err.Error(), true)
+			ls.lose("taken over: "+err.Error(), LostTakeover, true)
 			return
 		case ctx.Err() != nil:
 			return

@@ -31,6 +31,11 @@ type Holder struct {
 	// it has proven its work dead (Lease.MarkReleasedClean). A lock freed
 	// without it was released behind its holder's back or expired.
 	ReleasedClean bool
+	// ReleasedAt is written right after a release (Locker.ReleaseID), by
+	// check-and-set on the index the release left: a record that shows it
+	// is of a lock that nobody has taken since. Zero: not released, or
+	// released by someone who does not write it (the server's expiry).
+	ReleasedAt time.Time
 	// Holders is the N of the semaphore whose slot this is (0: a plain
 	// lock), and Slot the slot's number, 0 to N-1 (Config.Holders).
 	Holders int
@@ -54,6 +59,7 @@ const (
 	itemTTL        = "ttl"
 	itemLockDelay  = "lock_delay"
 	itemClean      = "released_clean"
+	itemReleasedAt = "released_at"
 	itemHolders    = "semaphore_holders"
 	itemSlot       = "semaphore_slot"
 )
@@ -119,6 +125,7 @@ func holderFromItems(items map[string]string) Holder {
 	h.TTL, _ = time.ParseDuration(items[itemTTL])
 	h.LockDelay, _ = time.ParseDuration(items[itemLockDelay])
 	h.ReleasedClean = items[itemClean] == "true"
+	h.ReleasedAt, _ = time.Parse(time.RFC3339Nano, items[itemReleasedAt])
 	h.Holders, _ = strconv.Atoi(items[itemHolders])
 	h.Slot, _ = strconv.Atoi(items[itemSlot])
 	return h

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -27,6 +28,9 @@ type Lease struct {
 	// Slot is the semaphore slot this lease holds, 0 to Holders-1, and
 	// Holders the semaphore's N; Holders is 0 for a plain lock.
 	Slot, Holders int
+	// Adopted: taken over from this holder's previous run (Adopt), not
+	// acquired.
+	Adopted bool
 
 	locker *Locker
 	id     string
@@ -167,15 +171,19 @@ func (ls *Lease) StopDeadline() time.Time {
 	return stop
 }
 
-func (ls *Lease) lose(reason string, conflict bool) {
+func (ls *Lease) lose(reason string, cause LostCause, conflict bool) {
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
 	if ls.err != nil {
+		ls.mu.Unlock()
 		return
 	}
-	ls.err = &LostError{Reason: reason}
+	ls.err = &LostError{Reason: reason, Cause: cause}
 	ls.conflict = conflict
 	close(ls.lost)
+	ls.mu.Unlock()
+	if o := ls.locker.observer.get(); o != nil {
+		o.Lost(cause)
+	}
 }
 
 // renewLoop renews every RenewInterval; after an error it retries with backoff.
@@ -229,7 +237,7 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 			if refused {
 				why += "; Nomad answered 409 to the last renews"
 			}
-			ls.lose(why, refused)
+			ls.lose(why, LostFenceDeadline, refused)
 			return
 		case <-changed:
 			l.log.Debug("lock variable changed, renewing now to confirm we still hold it")
@@ -244,8 +252,9 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 		case <-renew.C():
 		}
 
-		sent := l.clock.Now()
+		sent, deadline := l.clock.Now(), ls.FenceDeadline()
 		err := ls.renewOnce(ctx)
+		ls.reportRenew(OpRenew, sent, deadline, err)
 		switch code := statusCode(err); {
 		case err == nil:
 			ls.mu.Lock()
@@ -273,10 +282,14 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 				"answer", responseBody(err), "backoff", d, "fence_deadline_in", ls.until(ls.FenceDeadline()).Round(time.Millisecond))
 			renew.Reset(d)
 		case code == http.StatusConflict || notHeld(err):
-			ls.lose("Nomad answered "+strconv.Itoa(code)+" on renew: the lock is no longer ours ("+responseBody(err)+")", true)
+			cause := LostConflict
+			if notHeld(err) {
+				cause = LostExpiry
+			}
+			ls.lose("Nomad answered "+strconv.Itoa(code)+" on renew: the lock is no longer ours ("+responseBody(err)+")", cause, true)
 			return
 		case code == http.StatusNotFound:
-			ls.lose("Nomad answered 404 on renew: the lock variable was deleted", true)
+			ls.lose("Nomad answered 404 on renew: the lock variable was deleted", LostDeleted, true)
 			return
 		case errors.Is(ctx.Err(), context.Canceled):
 			return
@@ -287,6 +300,18 @@ func (ls *Lease) renewLoop(ctx context.Context) {
 			renew.Reset(d)
 		}
 	}
+}
+
+// reportRenew tells the observer of a renew or heartbeat sent at sent,
+// when the fence deadline was fence, and answered now with err; a
+// cancelled one (the lease ends) is not reported.
+func (ls *Lease) reportRenew(op RenewOp, sent, fence time.Time, err error) {
+	o := ls.locker.observer.get()
+	if o == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	now := ls.locker.clock.Now()
+	o.Renewed(RenewReport{Op: op, Took: now.Sub(sent), FenceLeft: fence.Sub(now), Failed: err != nil})
 }
 
 // renewRetriesLeft is how many retries of a failed renew at least fit
@@ -468,10 +493,11 @@ func (l *Locker) ReleaseID(ctx context.Context, id string, lastRenew time.Time) 
 		}
 		rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
 		v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Lock: &api.VariableLock{ID: id}}
-		_, _, err := l.vars.ReleaseLock(v, l.writeOptions(rctx))
+		out, _, err := l.vars.ReleaseLock(v, l.writeOptions(rctx))
 		cancel()
 		switch code := statusCode(err); {
 		case err == nil:
+			l.markReleased(ctx, modifyIndex(out))
 			return nil
 		case code == http.StatusConflict || code == http.StatusNotFound || notHeld(err):
 			return fmt.Errorf("release %s: %w: Nomad answered %d, the lock was no longer ours", l.cfg.Path, ErrLost, code)
@@ -503,4 +529,36 @@ const identityRejectedFor = 2 * time.Second
 // reports it as a 500, renew as a 409.
 func notHeld(err error) bool {
 	return err != nil && strings.Contains(responseBody(err), "doesn't hold a lock")
+}
+
+// releasedMarkTimeout bounds the write of the release mark (markReleased).
+const releasedMarkTimeout = 2 * time.Second
+
+// markReleased records in the lock's record, after a release that left
+// the variable at index, when it was released (Holder.ReleasedAt): a token
+// that is not shown lock state (any but a management token) then sees the
+// lock free. The write is a check-and-set on index, so it lands only if
+// nothing happened since the release: a next holder's acquire (which
+// writes its own record) wins, and no lock is created. It is made after
+// the release, so the handover does not wait for it; it is bounded, and a
+// failure only leaves the lock's state unknown to such a token.
+func (l *Locker) markReleased(ctx context.Context, index uint64) {
+	if l.cas == nil || index == 0 {
+		return
+	}
+	rctx, cancel := withTimeout(context.WithoutCancel(ctx), l.clock, min(l.cfg.RequestTimeout, releasedMarkTimeout))
+	defer cancel()
+	cur, _, err := l.vars.Peek(l.cfg.Path, (&api.QueryOptions{Namespace: l.cfg.Namespace}).WithContext(rctx))
+	if err != nil || cur == nil || cur.ModifyIndex != index || (cur.Lock != nil && cur.Lock.ID != "") {
+		return
+	}
+	items := maps.Clone(cur.Items)
+	if items == nil {
+		items = map[string]string{}
+	}
+	items[itemReleasedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items, ModifyIndex: index}
+	if _, _, err := l.cas.CheckedUpdate(v, l.writeOptions(rctx)); err != nil {
+		l.log.Debug("could not mark the lock released in its record", "error", err)
+	}
 }

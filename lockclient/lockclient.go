@@ -152,6 +152,8 @@ type Locker struct {
 	// sawLock is set once a read showed the Lock field: the token sees
 	// lock state, so a read without it shows a free lock.
 	sawLock atomic.Bool
+	// observer hears every lease's renews and losses (SetObserver).
+	observer observerBox
 }
 
 // New validates cfg and builds the API client. No request is sent.

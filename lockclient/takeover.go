@@ -95,6 +95,14 @@ func (c *takeoverCount) observe(o beatObservation) {
 	}
 }
 
+// unchanged is how long the heartbeat has been seen unchanged at now.
+func (c *takeoverCount) unchanged(now time.Time) time.Duration {
+	if c.since.IsZero() || !c.cur.ok {
+		return 0
+	}
+	return max(now.Sub(c.since), 0)
+}
+
 // takeoverVerdict is what the count allows at one moment.
 type takeoverVerdict struct {
 	ready bool
@@ -150,6 +158,11 @@ type TakeoverOptions struct {
 	// although the heartbeat went stale (the server's expiry is left to
 	// free the lock, or the escrow does not match).
 	OnSkip func(msg string)
+	// OnRead, if set, hears after each read of the heartbeat how long it
+	// has been unchanged as this standby counts it (over continuous
+	// successful reads: 0 after a change, an error or a missing record).
+	// It must return at once.
+	OnRead func(unchanged time.Duration)
 }
 
 // ErrTakenOver is WatchTakeover's answer after it released the lock.
@@ -168,7 +181,11 @@ func (l *Locker) WatchTakeover(ctx context.Context, opts TakeoverOptions) error 
 			return err
 		}
 		c.observe(l.readBeat(ctx, opts.Heartbeat.Path))
-		v := c.decide(l.clock.Now())
+		now := l.clock.Now()
+		if opts.OnRead != nil {
+			opts.OnRead(c.unchanged(now))
+		}
+		v := c.decide(now)
 		if !v.ready || (opts.MayAct != nil && !opts.MayAct()) {
 			continue
 		}

@@ -12,7 +12,9 @@ type deferral struct{ since, until int64 }
 // nobody holds: no variable; no Lock field (Nomad drops it on release) for
 // a token that sees locks (one that was shown a Lock field before, or that
 // seesLocks says is); or a holder that marked its release clean (any
-// token: the mark is written just before the release). A lock that expired
+// token: the mark is written just before the release), or a record that
+// shows the release mark (written after the release; any acquire replaces
+// the record). A lock that expired
 // is not seen free by a token that does not see locks.
 func (l *Locker) looksFree(ctx context.Context, s snapshot) bool {
 	switch {
@@ -21,7 +23,7 @@ func (l *Locker) looksFree(ctx context.Context, s snapshot) bool {
 	case s.v.Lock != nil:
 		l.sawLock.Store(true)
 		return s.v.Lock.ID == ""
-	case holderFromItems(s.v.Items).ReleasedClean:
+	case holderFromItems(s.v.Items).ReleasedClean, !holderFromItems(s.v.Items).ReleasedAt.IsZero():
 		return true
 	}
 	return l.sawLock.Load() || l.seesLockState(ctx)

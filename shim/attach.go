@@ -40,6 +40,8 @@ type Env struct {
 	// Hooks are the front end's own (the driver's records), which take
 	// part in each phase before the run's.
 	Hooks []Hook
+	// Metrics, if set, counts the run's metrics (metricshook.go).
+	Metrics *Metrics
 }
 
 // Attach builds the run's workload and hooks from spec: the one place
@@ -78,7 +80,13 @@ func Attach(spec Spec, env Env) (Workload, []Hook, error) {
 		w = newProcessWorkload(spec.Config, env.Process, log)
 	}
 
-	hooks := append([]Hook(nil), env.Hooks...)
+	var hooks []Hook
+	var metrics *metricsHook
+	if env.Metrics != nil {
+		metrics = newMetricsHook(env.Metrics, env.Locker)
+		hooks = append(hooks, metrics)
+	}
+	hooks = append(hooks, env.Hooks...)
 	switch {
 	case spec.Gate != nil:
 		hooks = append(hooks, &gateHook{spec: *spec.Gate, path: spec.Path, locker: env.Locker, allocs: reader,
@@ -102,6 +110,9 @@ func Attach(spec Spec, env Env) (Workload, []Hook, error) {
 		}
 		if h.allocID = holder.AllocID; h.allocID == "" {
 			h.allocID = fmt.Sprintf("pid%d", holder.PID)
+		}
+		if metrics != nil {
+			h.onRequest = metrics.lbRequest
 		}
 		hooks = append(hooks, h)
 	}

@@ -3,6 +3,7 @@ package shim
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"syscall"
 	"time"
@@ -97,6 +98,10 @@ type Config struct {
 	// driver's) and releases with its own token what the task's identity
 	// no longer can (a purged job): the supervisor leaves that to it.
 	PluginReleases bool
+
+	// HTTPAddr is where `lock` serves /metrics and /holder (-http-addr);
+	// "" serves nothing.
+	HTTPAddr string
 }
 
 // DefaultConfig is the configuration before flags and files apply.
@@ -236,6 +241,11 @@ func (c Config) validate(gate bool) error {
 	if c.LB != nil {
 		if err := c.LB.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("load balancer: %w", err))
+		}
+	}
+	if c.HTTPAddr != "" {
+		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("http-addr %q: %w; give host:port, e.g. 127.0.0.1:9465", c.HTTPAddr, err))
 		}
 	}
 	if c.KillSignal == syscall.SIGKILL || c.KillSignal == syscall.SIGSTOP {

@@ -48,11 +48,11 @@ func (b DriverBlocks) Spec(ttl, delay time.Duration, getenv func(string) string)
 	return run, errors.Join(lockErr, lbErr)
 }
 
-// DriverDefault is the duration of the plugin config's default for the lock
-// setting name (default_ttl, default_delay): value, or the setting's own
-// default when value is "", parsed and checked against the setting's
-// minimum. label names it in errors.
-func DriverDefault(name, value, label string) (time.Duration, error) {
+// LockDefault is the duration of the plugin config's default for the lock
+// block's setting name (default_ttl, default_delay): value, or the
+// setting's own default when value is "", parsed and checked against the
+// setting's minimum. label names it in errors.
+func (DriverBlocks) LockDefault(name, value, label string) (time.Duration, error) {
 	for _, s := range LockSettings.In(InDriver) {
 		if s.Name != name {
 			continue

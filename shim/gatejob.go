@@ -265,18 +265,40 @@ func checkDirectRestart(task *api.Task, tg *api.TaskGroup, groupDelay time.Durat
 // poststop tasks, that Nomad reports pending: waiting to start, or to be
 // restarted. An allocation its client reported complete or failed has
 // none. A release after which one of them may start is not marked clean.
-func GatedPending(alloc *api.Allocation, gate string) []string {
+//
+// killedAt, when set, is when the caller began its own kill of the gated
+// tasks: a restart that Nomad scheduled after it (its Restarting event is
+// no older) is that kill's, which comes no sooner than the static restart
+// rule allows (checkDirectRestart: Nomad's kill of the failing allocation
+// cancels it first) and which the plugin's warden kills should it start;
+// it is not listed. The event's time is the client's clock, on this host.
+func GatedPending(alloc *api.Allocation, gate string, killedAt time.Time) []string {
 	if alloc.ClientStatus == api.AllocClientStatusComplete || alloc.ClientStatus == api.AllocClientStatusFailed {
 		return nil
 	}
 	var out []string
 	for name, st := range alloc.TaskStates {
-		if name != gate && st != nil && st.State == "pending" && !isPoststop(alloc, name) {
+		if name != gate && st != nil && st.State == "pending" && !isPoststop(alloc, name) && !restartedSince(st, killedAt) {
 			out = append(out, name)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// restartedSince reports whether st is pending for a restart that Nomad
+// scheduled at or after since (never, for a zero since or a task that is
+// pending its first start).
+func restartedSince(st *api.TaskState, since time.Time) bool {
+	if since.IsZero() {
+		return false
+	}
+	for i := len(st.Events) - 1; i >= 0; i-- {
+		if ev := st.Events[i]; ev != nil && ev.Type == api.TaskRestarting {
+			return ev.Time >= since.UnixNano()
+		}
+	}
+	return false
 }
 
 // clientOutOfReach reports whether the servers have lost touch with the

@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -160,53 +159,44 @@ func TestGuardKillsTheTree(t *testing.T) {
 	}
 }
 
-// A supervisor of an earlier build (main at aa8bd1d) runs on across an
-// upgrade of the binary, and starts its guard from the new one
-// (os.Executable): its arming, a duration from when the guard reads it,
-// is read as such, not as a deadline long past that kills the workload
-// at once.
-func TestGuardReadsTheEarlierProtocol(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// As that build started it: no tree, no boot clock line.
-	guard := exec.Command(self, GuardCommand, strconv.Itoa(os.Getpid()))
-	guard.Env, guard.Dir = []string{}, "/"
-	guard.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: guardSignal}
-	out, err := guard.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := guard.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := guard.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = guard.Wait() }()
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
-		t.Fatalf("guard said %q, %v", line, err)
-	}
-	cmd := exec.Command("sleep", "60")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pgid: guard.Process.Pid}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = cmd.Wait() }()
-	t.Cleanup(func() { _ = syscall.Kill(-guard.Process.Pid, syscall.SIGKILL) })
-
-	fmt.Fprintf(in, "%d\n", time.Minute.Nanoseconds())
-	if waitDead(cmd.Process.Pid, 1500*time.Millisecond) {
-		t.Fatal("the guard killed the workload at once on an arming of one minute from now")
-	}
+// A supervisor of an older build (before the absolute deadline) arms its
+// guard with a duration; after an upgrade that guard is started from the
+// new binary (os.Executable names the replaced file), so the guard still
+// reads a bare number as a duration from now. Read as a boot time, it lies
+// in the past, and the guard killed the old supervisor's workload at once
+// (seen in TestPluginUpgradeKeepsHolders: the old-build standby's workload
+// died as it started).
+func TestGuardTakesAnOlderSupervisorsDuration(t *testing.T) {
+	g, cmd := startGuarded(t)
 	armed := time.Now()
-	fmt.Fprintf(in, "%d\n", (300 * time.Millisecond).Nanoseconds())
-	if !waitDead(cmd.Process.Pid, 10*time.Second) {
-		t.Fatalf("workload %d alive 10s after an arming of 300ms", cmd.Process.Pid)
+	const d = 2 * time.Second
+	if _, err := fmt.Fprintf(g.fence, "%d\n", d.Nanoseconds()); err != nil {
+		t.Fatal(err)
 	}
-	if d := time.Since(armed); d < 250*time.Millisecond {
-		t.Errorf("killed after %s, before the 300ms deadline", d)
+	if !waitDead(cmd.Process.Pid, 10*time.Second) {
+		t.Fatalf("workload %d alive 10s after the older supervisor's %s deadline", cmd.Process.Pid, d)
+	}
+	if took := time.Since(armed); took < d/2 {
+		t.Fatalf("killed %s after an arming for %s: the duration was read as a boot time", took.Round(time.Millisecond), d)
+	}
+}
+
+func TestParseArm(t *testing.T) {
+	now := lockclient.BootNow()
+	for _, tc := range []struct {
+		line string
+		want time.Time
+		ok   bool
+	}{
+		{"at 1234", lockclient.BootTime(1234), true},
+		{"at 1234\n", lockclient.BootTime(1234), true},
+		{"5000000000", now.Add(5 * time.Second), true},
+		{"at x", time.Time{}, false},
+		{"", time.Time{}, false},
+	} {
+		got, ok := parseArm(tc.line, now)
+		if ok != tc.ok || !got.Equal(tc.want) {
+			t.Errorf("parseArm(%q) = %v, %v; want %v, %v", tc.line, got, ok, tc.want, tc.ok)
+		}
 	}
 }

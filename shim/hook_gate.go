@@ -383,7 +383,7 @@ func (h *gateHook) noneRestartable() bool {
 		h.log.Warn("gate: cannot read whether a gated task is about to start again; not marking the release clean", "error", err)
 		return false
 	}
-	if pending := GatedPending(alloc, h.spec.Task); len(pending) > 0 {
+	if pending := GatedPending(alloc, h.spec.Task, h.w.killedAt); len(pending) > 0 {
 		h.log.Warn("gate: Nomad may start these gated tasks again; not marking the release clean, so the next gate waits for Nomad to report them dead",
 			"tasks", strings.Join(pending, ","))
 		return false
@@ -492,7 +492,7 @@ func (h *gateHook) awaitPrevious(lease *lockclient.Lease) bool {
 				h.log.Info("gate: the previous holder's gated tasks are dead", "previous_alloc", prev.AllocID)
 			}
 			return true
-		case sealed && len(GatedPending(alloc, h.spec.Task)) == 0:
+		case sealed && len(GatedPending(alloc, h.spec.Task, time.Time{})) == 0:
 			h.log.Info("gate: the previous holder's heartbeat was sealed by a standby: its gated tasks are dead", "previous_alloc", prev.AllocID)
 			return true
 		case clientOutOfReach(alloc) && (gatedDirect || !time.Now().Before(until)):

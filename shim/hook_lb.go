@@ -40,6 +40,9 @@ type lbHook struct {
 	// workload's stop, or a gate's failure (Attach).
 	startFailed func(err error) string
 	addFailed   func(err error, cfg lbhook.Config) string
+	// onRequest hears of every request the LB client ran to its end (the
+	// metrics hook's); nil for none. It must not block.
+	onRequest func(lbhook.RequestReport)
 
 	// sess is the lease's session once Holding began it; run, its loop,
 	// ends with stop, which PreKill calls first; removed once PreKill ran.
@@ -184,6 +187,7 @@ func (h *lbHook) startSession(lease *lockclient.Lease) (*lbSession, error) {
 		// interval (and within the client's own cap, if lower).
 		MaxRetryWait: min(recheck, 8*cfg.WithDefaults().PollInterval),
 		OnUnanswered: func(u lbhook.Unanswered) { sess.unanswered(u) },
+		OnRequest:    h.onRequest,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("load balancer client: %w", err)

@@ -163,7 +163,7 @@ func (v *followView) observe(st lockclient.Status) (began, ended bool) {
 	v.read, v.index = true, max(v.index, st.Fence)
 	h := st.Holder
 	key := h.AcquiredAt.UTC().Format(time.RFC3339Nano) + "/" + strconv.Itoa(h.PID)
-	own := st.Exists && h.AllocID == v.alloc && !h.ReleasedClean && (!st.HeldKnown || st.Held)
+	own := st.Exists && h.AllocID == v.alloc && !h.ReleasedClean && h.ReleasedAt.IsZero() && (!st.HeldKnown || st.Held)
 	switch {
 	case !own:
 		if v.tenure != nil {

@@ -134,6 +134,10 @@ var LockSettings = LockSpec{
 	{Name: "kill_timeout", In: InDriver | InFileTop | InFlags, Default: DefaultKillTimeout.String(),
 		Usage: "grace before SIGKILL; keep it below the task's kill_timeout",
 		field: func(c *Config) any { return &c.KillTimeout }},
+	{Name: "http_addr", In: InFileTop | InFlags,
+		Usage: "serve /metrics (Prometheus) and /holder (200 with the lock's path, fence and holding time while this process " +
+			"holds the lock, 503 otherwise) on this `host:port`, e.g. 127.0.0.1:9465 or ${NOMAD_ADDR_metrics} (see docs/operations.md)",
+		field: func(c *Config) any { return &c.HTTPAddr }},
 }
 
 // DurationOff is the value of a ZeroOff setting written as 0: off.

@@ -78,7 +78,29 @@ func (g *group) arm(d time.Time) {
 	if g == nil || g.fence == nil {
 		return
 	}
-	_, _ = fmt.Fprintf(g.fence, "%d\n", lockclient.BootNanos(d))
+	_, _ = fmt.Fprintf(g.fence, "%s%d\n", guardAt, lockclient.BootNanos(d))
+}
+
+// guardAt marks an arm line as a CLOCK_BOOTTIME reading. A line without it
+// is a duration from now: what the supervisors of builds before the
+// absolute deadline send, which still run after an upgrade replaced the
+// binary under them and start their guards from the new one
+// (os.Executable names the replaced file's path).
+const guardAt = "at "
+
+// parseArm reads one arm line of the guard's stdin as the boot time it
+// arms the fence for, read at now for an older supervisor's duration.
+func parseArm(line string, now time.Time) (time.Time, bool) {
+	line = strings.TrimSpace(line)
+	abs := strings.HasPrefix(line, guardAt)
+	n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimPrefix(line, guardAt)), 10, 64)
+	switch {
+	case err != nil:
+		return time.Time{}, false
+	case abs:
+		return lockclient.BootTime(n), true
+	}
+	return now.Add(time.Duration(n)), true
 }
 
 // GuardTree is a Tree that the guard, a process of its own, can open
@@ -145,7 +167,6 @@ func startGuard(sp *spawner, tree Tree) (*group, error) {
 		return nil, fmt.Errorf("process-group guard: %w", err)
 	}
 	go func() { _ = cmd.Wait() }() // reap it whenever it dies
-	_, _ = fmt.Fprintln(fence, guardBootClock)
 	return &group{pgid: cmd.Process.Pid, guard: cmd, fence: fence}, nil
 }
 
@@ -190,8 +211,18 @@ func runGuard(parent int, tree Tree) int {
 	}
 	fmt.Fprintln(os.Stdout, "ready")
 	_ = os.Stdout.Close()
+	// Each stdin line arms the fence: a CLOCK_BOOTTIME reading in
+	// nanoseconds by which the group must be gone unless a newer line
+	// arrives (parseArm). EOF keeps the last one.
 	arms := make(chan time.Time, 1)
-	go readArms(os.Stdin, arms)
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if at, ok := parseArm(sc.Text(), lockclient.BootNow()); ok {
+				arms <- at
+			}
+		}
+	}()
 	// The fence is measured on CLOCK_BOOTTIME, as the server's expiry is
 	// in effect: a suspend of the host shortens it, never extends it.
 	var fence <-chan time.Time
@@ -200,51 +231,15 @@ func runGuard(parent int, tree Tree) int {
 		select {
 		case <-died:
 			return killAll()
-		case d := <-arms:
+		case at := <-arms:
 			if timer != nil {
 				timer.Stop()
 			}
-			timer = lockclient.NewBootTimer(max(lockclient.BootUntil(d), 0))
+			timer = lockclient.NewBootTimer(max(lockclient.BootUntil(at), 0))
 			fence = timer.C()
 		case <-fence:
 			fmt.Fprintln(os.Stderr, "lock: process-group guard: the supervisor missed its stop deadline; killing the workload")
 			return killAll()
-		}
-	}
-}
-
-// guardBootClock is the line with which a supervisor tells its guard that
-// the lines after it are CLOCK_BOOTTIME readings (arm). A supervisor of a
-// build before it (main at aa8bd1d) sent durations, each counted from when
-// the guard read it, and sends no such line; after an upgrade of the
-// binary it starts its guard from the new one (os.Executable), which must
-// read it as it meant it, never as a deadline long past (the builds in
-// between, which sent readings without this line, were never released). A
-// guard of such a build ignores this line, as any line that is not a
-// number.
-const guardBootClock = "boot"
-
-// readArms turns the supervisor's lines into the guard's deadlines, in
-// order, on arms. Each line is a deadline by which the group must be gone
-// unless a newer line arrives; EOF keeps the last one. Until the
-// guardBootClock line, a line is a duration from its reading (the protocol
-// of earlier builds).
-func readArms(r io.Reader, arms chan<- time.Time) {
-	boot := false
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == guardBootClock {
-			boot = true
-			continue
-		}
-		n, err := strconv.ParseInt(line, 10, 64)
-		switch {
-		case err != nil:
-		case boot:
-			arms <- lockclient.BootTime(n)
-		default:
-			arms <- lockclient.BootNow().Add(time.Duration(n))
 		}
 	}
 }

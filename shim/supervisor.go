@@ -104,6 +104,11 @@ func (s *Supervisor) Emit(ev Event) {
 	ev.Time = time.Now()
 	ev.Path = s.Config.Path
 	s.state, s.message = ev.State, ev.Message
+	s.observe(ev)
+}
+
+// observe passes ev to Observe.
+func (s *Supervisor) observe(ev Event) {
 	if s.Observe != nil {
 		s.Observe(ev)
 	}
@@ -113,9 +118,7 @@ func (s *Supervisor) Emit(ev Event) {
 // state or the message that renew heartbeats repeat.
 func (s *Supervisor) Notice(ev Event) {
 	ev.Time, ev.Path, ev.Notice = time.Now(), s.Config.Path, true
-	if s.Observe != nil {
-		s.Observe(ev)
-	}
+	s.observe(ev)
 }
 
 // Run supervises until the workload is gone and the lock released, and

@@ -97,6 +97,10 @@ type gatedWorkload struct {
 	// failed, if it did.
 	tasks     []GatedTask
 	killerErr error
+	// killedAt is when the gate began its first kill of its gated tasks
+	// (zero: none): Nomad's restarts scheduled from then on are that
+	// kill's (see GatedPending).
+	killedAt time.Time
 }
 
 // plan builds the gate's GatedTasks (gatedWorkload.build) for the gated
@@ -207,6 +211,9 @@ func (w *gatedWorkload) kill(lease *lockclient.Lease, why string) bool {
 	grace := lockclient.BootUntil(lease.StopDeadline()) - gateKillReserve
 	w.log.Info("gate: killing the gated tasks itself", "tasks", strings.Join(w.direct, ","), "why", why, "grace", max(grace, 0).Round(time.Millisecond))
 	began := lockclient.BootNow()
+	if w.killedAt.IsZero() {
+		w.killedAt = time.Now() // wall clock, as Nomad's task events on this host
+	}
 	var err error
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), gateKillAllTimeout+max(grace, 0))

@@ -99,6 +99,9 @@ func TestBench(t *testing.T) {
 	if cfg.Enabled(ScenarioNodeDeath) {
 		t.Run("nodedeath", b.nodeDeath)
 	}
+	if cfg.Enabled(ScenarioMetrics) {
+		t.Run("metrics", b.metrics)
+	}
 
 	b.rep.Took = time.Since(began)
 	b.rep.Machine.LoadAtEnd = LoadAvg()

@@ -22,12 +22,13 @@ const (
 	ScenarioUpdate    = "update"
 	ScenarioLeaseCost = "leasecost"
 	ScenarioNodeDeath = "nodedeath"
+	ScenarioMetrics   = "metrics"
 )
 
 // AllScenarios in the order they run.
 var AllScenarios = []string{
 	ScenarioHandover, ScenarioCrash, ScenarioTimeline, ScenarioStart, ScenarioFootprint, ScenarioLB, ScenarioHAProxy, ScenarioSemaphore,
-	ScenarioUpdate, ScenarioScale, ScenarioLeaseCost, ScenarioNodeDeath,
+	ScenarioUpdate, ScenarioScale, ScenarioLeaseCost, ScenarioNodeDeath, ScenarioMetrics,
 }
 
 // Environment variables read by FromEnv. The GNUmakefile sets them from its

@@ -49,6 +49,7 @@
 //	make bench SCENARIOS=semaphore MERGE=1 # the semaphore's section (added if missing)
 //	make bench SCENARIOS=update MERGE=1 # rolling updates: (a), (c) with update_grace = 0s, (c)
 //	make bench SCENARIOS=nodedeath RUNS=3 MERGE=1 # the holder's node dies: (a), (c), (c) in lease mode (both profiles)
+//	make bench SCENARIOS=metrics MERGE=1 # what the plugin's metrics_addr costs: (c) without and with it, in the same run
 //
 // Less common knobs are plain environment variables: BENCH_SCALE_PROCS_MAX
 // (largest N run as `lock` processes, default 100), BENCH_SCALE_ANCHOR_MAX

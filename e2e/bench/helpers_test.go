@@ -138,6 +138,8 @@ func slug(variant string) string {
 		return "driverlease"
 	case VariantDriverLeaseAggressive:
 		return "driverleaseaggr"
+	case VariantDriverMetrics:
+		return "drivermetrics"
 	}
 	return "x"
 }
@@ -166,6 +168,9 @@ type job struct {
 	extraArgs []string
 	// distinctHosts places each allocation on a client of its own.
 	distinctHosts bool
+	// small asks for little CPU and memory, so that a dev agent places a
+	// hundred allocations.
+	small bool
 }
 
 // lbGroup is the LB group of the bench's LB API servers.
@@ -210,10 +215,12 @@ type benchJob struct {
 	DistinctHosts     bool
 	// Update, if set, is the lines of the group's update block.
 	Update string
-	Args   []string
-	Env    map[string]string
-	Lock   *benchLock
-	LB     *benchLB
+	// CPU and Memory are the task's resources (0: 50 MHz, 256 MB).
+	CPU, Memory int
+	Args        []string
+	Env         map[string]string
+	Lock        *benchLock
+	LB          *benchLB
 }
 
 type benchLock struct {
@@ -244,6 +251,9 @@ func (b *bench) hcl(j *job) string {
 	}
 	spec := benchJob{ID: j.id, Task: taskName, Count: j.count, Network: j.lbURI != "", FailFast: j.failFast, Update: j.update,
 		DistinctHosts: j.distinctHosts}
+	if j.small {
+		spec.CPU, spec.Memory = 10, 32
+	}
 	wl := append(b.workloadArgs(j.record, j.marker), j.extraArgs...)
 	switch j.variant {
 	case VariantAnchor:

@@ -23,6 +23,7 @@ const (
 	TitleUpdate    = "9. Rolling update"
 	TitleLeaseCost = "10. Lease mode: what the heartbeats cost the servers"
 	TitleNodeDeath = "11. Node death: takeover when the holder's whole node dies"
+	TitleMetrics   = "12. Metrics: what the plugin's metrics_addr costs"
 )
 
 // Image file names, next to the Markdown file.
@@ -33,6 +34,19 @@ const (
 
 // Methods says how each scenario is measured, for the report.
 var Methods = map[string]string{
+	TitleMetrics: `Two dev agents with the plugin, in the same run: one without and one with
+metrics_addr (docs/operations.md), where each supervisor writes its count to
+its state dir and the plugin serves /metrics. On each, graceful handovers as
+in section 1 (a holder job and a standby job on one lock; the holder's job
+stopped once the standby has waited 1.5 s), one at a time, the two agents
+alternating which goes first; and a job of 10 allocations on one lock (a
+holder and nine standbys), both agents at once, whose supervisors' VmRSS is
+read after the holder has held for the footprint hold (the median of the
+ten), with the holder's VmHWM and the plugin's VmRSS. The cost rows are the
+median with metrics over the median without, less one. Last, the agent with
+metrics runs a job of 100 allocations on one lock (10 in quick mode) and,
+once its /metrics lists them all, times 20 scrapes of it, one every 100 ms,
+from the request to the whole answer read.`,
 	TitleNodeDeath: `One server and two clients, each client an agent in a network namespace
 of its own; a job of count = 2 with one allocation on each client
 (distinct_hosts), TTL 10s, delay 1s. Once the standby waits (and, in lease

@@ -223,5 +223,5 @@ func MergeIntoDoc(rep *Report, mdPath string) error {
 var scenarioTitles = map[string]string{
 	ScenarioHandover: TitleHandover, ScenarioCrash: TitleCrash, ScenarioStart: TitleStart, ScenarioFootprint: TitleFootprint,
 	ScenarioScale: TitleScale, ScenarioLB: TitleLB, ScenarioHAProxy: TitleHAProxy, ScenarioSemaphore: TitleSemaphore,
-	ScenarioUpdate: TitleUpdate, ScenarioLeaseCost: TitleLeaseCost, ScenarioNodeDeath: TitleNodeDeath,
+	ScenarioUpdate: TitleUpdate, ScenarioLeaseCost: TitleLeaseCost, ScenarioNodeDeath: TitleNodeDeath, ScenarioMetrics: TitleMetrics,
 }

@@ -39,6 +39,9 @@ const (
 	// the aggressive profile.
 	VariantDriverLease           = "(c) singleton driver, lease mode"
 	VariantDriverLeaseAggressive = "(c) singleton driver, lease mode, aggressive"
+	// VariantDriverMetrics: the singleton driver with the plugin's
+	// metrics_addr set (metrics scenario).
+	VariantDriverMetrics = "(c) singleton driver, metrics_addr set"
 )
 
 // SlotHolders is N of the semaphore variants (VariantLockSlot,

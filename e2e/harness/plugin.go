@@ -68,8 +68,18 @@ func PluginBin(t testing.TB) string {
 // (SingletonPluginConfigSafe). Its state_dir is below each client's data
 // dir, so a killed test leaves nothing behind elsewhere.
 func SingletonPluginConfig(defaultTTL, defaultDelay string) string {
-	return singletonPluginConfig(defaultTTL, defaultDelay,
-		"    allow_root    = true\n    default_user  = \"root\"\n    state_dir     = \""+StateDirPlaceholder+"\"\n")
+	return SingletonPluginConfigWith(defaultTTL, defaultDelay)
+}
+
+// SingletonPluginConfigWith is SingletonPluginConfig with extra config
+// lines (e.g. `metrics_addr = "127.0.0.1:9464"`).
+func SingletonPluginConfigWith(defaultTTL, defaultDelay string, extra ...string) string {
+	var lines strings.Builder
+	lines.WriteString("    allow_root    = true\n    default_user  = \"root\"\n    state_dir     = \"" + StateDirPlaceholder + "\"\n")
+	for _, l := range extra {
+		fmt.Fprintf(&lines, "    %s\n", l)
+	}
+	return singletonPluginConfig(defaultTTL, defaultDelay, lines.String())
 }
 
 // DockerEndpointPlaceholder in an AgentOptions.Config snippet becomes the

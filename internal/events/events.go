@@ -181,3 +181,24 @@ func CheckPackage(page, pkg string, examples map[string][]string) []string {
 	}
 	return problems
 }
+
+// Classify is the kind msg is of: the kind whose prefix is the longest that
+// msg begins with. ok is false when none matches, or when two kinds share
+// that prefix (the text alone cannot tell them apart).
+func Classify(msg string) (k Kind, ok bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	best := -1
+	for _, c := range kinds {
+		if !strings.HasPrefix(msg, c.Prefix) {
+			continue
+		}
+		switch {
+		case len(c.Prefix) > best:
+			k, ok, best = c, true, len(c.Prefix)
+		case len(c.Prefix) == best:
+			ok = false
+		}
+	}
+	return k, ok
+}

@@ -129,6 +129,13 @@ func (e statusError) Body() string        { return e.body }
 // does not hold the lock.
 var errNotHolder = Error(409, "variable doesn't hold a lock with this ID")
 
+// Nomad's answers to a renew (nomad/variables_endpoint.go, RenewLock): of
+// a variable that holds no lock, and of one locked under another ID.
+var (
+	errNoLock = Error(409, "variable doesn't hold a lock")
+	errLocked = Error(409, "attempting to modify locked variable")
+)
+
 // TakeOver gives the lock to another holder at once, whoever held it: as if
 // the server had expired our lock and a standby had taken it. The new
 // holder, allocation OtherAlloc on node OtherNode, asks for lockDelay (see
@@ -403,8 +410,10 @@ func (s *Server) RenewLock(v *api.Variable, w *api.WriteOptions) (*api.VariableM
 		return nil, nil, w.Context().Err()
 	case s.renewErr != nil:
 		return nil, nil, s.renewErr
+	case s.lock == nil:
+		return nil, nil, errNoLock
 	case !s.holds(v):
-		return nil, nil, errNotHolder
+		return nil, nil, errLocked
 	}
 	return &api.VariableMetadata{Path: v.Path, ModifyIndex: s.varIndex}, nil, nil
 }

@@ -1,6 +1,8 @@
 package locktest
 
 import (
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -93,4 +95,29 @@ func (vs *Vars) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *ap
 // CheckedUpdate is Server.CheckedUpdate on v.Path's Server.
 func (vs *Vars) CheckedUpdate(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error) {
 	return vs.Server(v.Path).CheckedUpdate(v, w)
+}
+
+// PrefixList lists the variables under prefix that exist, as Nomad's list
+// answers a token that may read them all.
+func (vs *Vars) PrefixList(prefix string, q *api.QueryOptions) ([]*api.VariableMetadata, *api.QueryMeta, error) {
+	vs.mu.Lock()
+	paths := make([]string, 0, len(vs.servers))
+	for p := range vs.servers {
+		if strings.HasPrefix(p, prefix) {
+			paths = append(paths, p)
+		}
+	}
+	vs.mu.Unlock()
+	slices.Sort(paths)
+	var out []*api.VariableMetadata
+	for _, p := range paths {
+		v, _, err := vs.Server(p).Peek(p, &api.QueryOptions{})
+		if err != nil {
+			return nil, nil, err
+		}
+		if v != nil {
+			out = append(out, &api.VariableMetadata{Namespace: v.Namespace, Path: p, ModifyIndex: v.ModifyIndex})
+		}
+	}
+	return out, &api.QueryMeta{}, nil
 }

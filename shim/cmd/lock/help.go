@@ -14,6 +14,7 @@ const (
 	runHelpHead = `Usage:
   lock [flags] <path> <command> [args...]   run command while holding the lock at <path>
   lock status [flags] <path>                show who holds the lock at <path> (lock status -h)
+  lock list [flags]                         list every lock under a prefix (lock list -h)
   lock lb follow|state [flags] [<path>]     LB sidecar for a task that runs lock (lock lb -h)
   lock version
 
@@ -60,6 +61,20 @@ the LB refused the request, 77 the token cannot read the lock.
 
 Shows who holds the lock at <path>, and since when. For a semaphore (lock -n N
 <path>), every slot: held or free, by which allocation, its fence and since when.
+`
+	statusHelpTail = `
+Held is true, false or unknown, with how it was known. Nomad shows the lock
+itself to management tokens only; for any other token lock status reads the
+release mark in the record, asks Nomad with a renew under a lock ID nobody holds
+when the token may write the path (the renew changes nothing), and in lease mode
+compares the lock with its heartbeat. A holder that died without a release looks
+held to a read-only token: it says unknown then, never held (docs/cli.md).
+`
+	listHelpHead = `Usage:
+  lock list [flags]
+
+Lists every lock under -prefix that the token may list, one line each: path,
+mode, state, holder allocation, job, since when, fence (as lock status tells).
 `
 	connFlagsTitle = `
 Nomad flags (those of Nomad's CLI, with their NOMAD_* variables; for a Nomad

@@ -24,17 +24,17 @@ func helpOf(args ...string) string {
 	return stderr.String()
 }
 
-// TestREADMEHelp: the CLI reference, docs/cli.md, shows what lock and lock
-// status print for -h, and names no flag that lock or lock lb lacks. A flag
-// added, renamed or reworded fails it until the page is regenerated with
-// -update-readme.
+// TestREADMEHelp: the CLI reference, docs/cli.md, shows what lock, lock
+// status and lock list print for -h, and names no flag that lock or lock lb
+// lacks. A flag added, renamed or reworded fails it until the page is
+// regenerated with -update-readme.
 func TestREADMEHelp(t *testing.T) {
 	readme, err := os.ReadFile(cliDocPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := string(readme)
-	for _, args := range [][]string{{"-h"}, {"status", "-h"}} {
+	for _, args := range [][]string{{"-h"}, {"status", "-h"}, {"list", "-h"}} {
 		name := "lock " + strings.Join(args, " ")
 		begin := "<!-- BEGIN " + name + " -->\n```text\n"
 		end := "```\n<!-- END " + name + " -->"
@@ -60,7 +60,8 @@ func TestREADMEHelp(t *testing.T) {
 	}
 
 	known := map[string]bool{}
-	for _, fs := range []*flag.FlagSet{newRunFlags(io.Discard).fs, newLBFlags("lock lb", &lbCmd{}, io.Discard).fs} {
+	for _, fs := range []*flag.FlagSet{newRunFlags(io.Discard).fs, newLBFlags("lock lb", &lbCmd{}, io.Discard).fs,
+		newReadFlags(false, io.Discard).fs, newReadFlags(true, io.Discard).fs} {
 		fs.VisitAll(func(f *flag.Flag) { known[f.Name] = true })
 	}
 	// Every flag the page names is lock's, but in the table of what lock

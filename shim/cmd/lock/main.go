@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +31,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "status":
 			return runStatus(args[1:], stdout, stderr)
+		case "list":
+			return runList(args[1:], stdout, stderr)
 		case "lb":
 			return runLB(args[1:], stdout, stderr)
 		case "version", "-version", "--version":
@@ -68,6 +71,17 @@ func supervise(cfg shim.Config, stderr io.Writer) int {
 			"lock", cfg.Path)
 	}
 
+	var metrics *shim.Metrics
+	if cfg.HTTPAddr != "" {
+		metrics = shim.NewMetrics(nil)
+		served := cfg
+		served.Namespace = cmp.Or(cfg.Namespace, os.Getenv("NOMAD_NAMESPACE"), "default")
+		if err := serveHTTP(served, locker.Config().Holder, metrics, log); err != nil {
+			fmt.Fprintf(stderr, "lock: %v\n", err)
+			return shim.ExitConfig
+		}
+	}
+
 	sigs := make(chan os.Signal, 16)
 	forwardable := make(chan os.Signal, 16)
 	signal.Notify(sigs)
@@ -91,7 +105,7 @@ func supervise(cfg shim.Config, stderr io.Writer) int {
 			log.Debug("state", "state", ev.State, "message", ev.Message)
 		},
 	}
-	sup.Workload, sup.Hooks, err = shim.Attach(spec, shim.Env{Locker: locker, Emitter: sup, Logger: log,
+	sup.Workload, sup.Hooks, err = shim.Attach(spec, shim.Env{Locker: locker, Emitter: sup, Logger: log, Metrics: metrics,
 		Process: shim.Process{
 			Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 			// Daemons the workload starts stay lock's descendants, and are
