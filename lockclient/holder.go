@@ -2,7 +2,9 @@ package lockclient
 
 import (
 	"fmt"
+	"maps"
 	"os"
+	"regexp"
 	"strconv"
 	"time"
 )
@@ -46,6 +48,15 @@ type Holder struct {
 	// lock), and Slot the slot's number, 0 to N-1 (Config.Holders).
 	Holders int
 	Slot    int
+	// StepDown says how this holder steps down at an operator's request
+	// (stepdown.go): "" not at all (a build without it, or an identity
+	// that may not read the request), StepDownStop or StepDownRestart;
+	// StepDownWithin bounds how long its stop takes once it begins.
+	StepDown       StepDownMode
+	StepDownWithin time.Duration
+	// Handover is written by a holder that stepped down, just before its
+	// release: whom the standbys give way to, and until when.
+	Handover Handover
 }
 
 // Items keys. They are part of our on-Nomad format: keep them stable.
@@ -67,6 +78,11 @@ const (
 	itemDirect     = "gated_direct"
 	itemHolders    = "semaphore_holders"
 	itemSlot       = "semaphore_slot"
+	itemStepDown   = "step_down"
+	itemStepWithin = "step_down_within"
+	itemDownFrom   = "step_down_from"
+	itemDownTo     = "step_down_to"
+	itemDownUntil  = "step_down_until"
 )
 
 // HolderFromEnv fills a Holder from the task environment Nomad sets.
@@ -105,6 +121,11 @@ func (h Holder) items() map[string]string {
 		m[itemHolders] = strconv.Itoa(h.Holders)
 		m[itemSlot] = strconv.Itoa(h.Slot)
 	}
+	if h.StepDown != "" {
+		m[itemStepDown] = string(h.StepDown)
+		m[itemStepWithin] = h.StepDownWithin.String()
+	}
+	maps.Copy(m, h.Handover.items())
 	for k, v := range map[string]string{
 		itemAlloc: h.AllocID, itemJob: h.JobID, itemGroup: h.Group, itemTask: h.Task,
 		itemNode: h.Node, itemHostname: h.Hostname, itemUpstream: h.Upstream, itemPrevious: h.PreviousUpstream,
@@ -137,8 +158,24 @@ func holderFromItems(items map[string]string) Holder {
 	h.GatedDirect = items[itemDirect] == "true"
 	h.Holders, _ = strconv.Atoi(items[itemHolders])
 	h.Slot, _ = strconv.Atoi(items[itemSlot])
+	h.StepDown = StepDownMode(items[itemStepDown])
+	h.StepDownWithin, _ = time.ParseDuration(items[itemStepWithin])
+	h.Handover = handoverFromItems(items)
 	return h
 }
+
+// Key names the holder among the standbys of its lock: its allocation
+// ID, or for a holder outside Nomad its host and PID. It is a variable
+// path segment (standby.go).
+func (h Holder) Key() string {
+	if h.AllocID != "" {
+		return h.AllocID
+	}
+	return "host-" + unsafePathChars.ReplaceAllString(h.Hostname, "_") + "-" + strconv.Itoa(h.PID)
+}
+
+// unsafePathChars are the characters a variable path may not hold.
+var unsafePathChars = regexp.MustCompile(`[^a-zA-Z0-9_~-]`)
 
 // IsZero reports whether no holder was recorded.
 func (h Holder) IsZero() bool { return h.AllocID == "" && h.Hostname == "" && h.PID == 0 }

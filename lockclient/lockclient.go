@@ -239,6 +239,11 @@ type AcquireOptions struct {
 	// GatedDirect is written into the holder's Items (Holder.GatedDirect):
 	// a gate that kills and proves dead every one of its gated tasks itself.
 	GatedDirect bool
+	// StepDown and StepDownWithin are written into the holder's Items
+	// (Holder.StepDown): how this holder steps down at an operator's
+	// request, and how long its stop takes at most; "" offers none.
+	StepDown       StepDownMode
+	StepDownWithin time.Duration
 	// Defer, if set, is asked before each attempt made while the lock
 	// looks free (see snapshot.looksFree). hold keeps the caller from
 	// acquiring at all for now (an allocation that is being stopped): the
@@ -416,6 +421,7 @@ func (l *Locker) read(ctx context.Context, index uint64) (snapshot, uint64, erro
 func (l *Locker) tryAcquire(ctx context.Context, current snapshot, opts AcquireOptions) (*Lease, error) {
 	holder := l.cfg.Holder
 	holder.GatedDirect = opts.GatedDirect
+	holder.StepDown, holder.StepDownWithin = opts.StepDown, opts.StepDownWithin
 	holder.PreviousUpstream = holderFromItems(current.items()).Upstream
 	holder.AcquiredAt = time.Now() // the wall clock: read by people and other hosts, never a deadline
 	holder.TTL = l.cfg.TTL
