@@ -452,3 +452,42 @@ func (l *Locker) stepDownError(err error, path, capability string) error {
 	}
 	return l.classify("step down", err)
 }
+
+// RestartAllocation asks Nomad to restart every task of the allocation,
+// in their lifecycle order: a whole-allocation restart, in which Nomad
+// kills each task (kill_signal, kill_timeout) and holds the main tasks
+// back until the prestart tasks, a gate among them, run again. A user's
+// restart does not count against the restart policy. With check it
+// restarts nothing: it names a task the allocation does not have, so that
+// Nomad checks the token's alloc-lifecycle capability (a refusal is a
+// *StepDownPermissionError) and then answers that there is no such task.
+func (l *Locker) RestartAllocation(ctx context.Context, allocID, namespace string, check bool) error {
+	if l.api == nil {
+		return fmt.Errorf("restart allocation %s: this locker has no Nomad client", allocID)
+	}
+	q := (&api.QueryOptions{Namespace: namespace}).WithContext(ctx)
+	alloc := &api.Allocation{ID: allocID, Namespace: namespace}
+	var err error
+	if check {
+		err = l.api.Allocations().Restart(alloc, noSuchTask, q)
+		if err != nil && strings.Contains(responseBody(err), noSuchTask) {
+			return nil
+		}
+		if err == nil {
+			return fmt.Errorf("restart allocation %s: Nomad restarted a task named %q", allocID, noSuchTask)
+		}
+	} else {
+		err = l.api.Allocations().RestartAllTasks(alloc, q)
+	}
+	if statusCode(err) == http.StatusForbidden {
+		return &StepDownPermissionError{LockPath: l.cfg.Path, Path: "allocation " + allocID, Capability: "restart (alloc-lifecycle)",
+			Namespace: namespace, Err: err}
+	}
+	if err != nil {
+		return fmt.Errorf("restart allocation %s: %w", allocID, err)
+	}
+	return nil
+}
+
+// noSuchTask is a task name no allocation has: RestartAllocation's check.
+const noSuchTask = "singleton-step-down-check-no-such-task"
