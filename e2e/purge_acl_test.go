@@ -165,7 +165,9 @@ func applyLockPolicy(t *testing.T, a *harness.Agent, job, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/lock"`, fmt.Sprintf("%q", path))
+	// Every path of the policy: the lock, and its step-down request and
+	// standby records below it.
+	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/lock`, `"`+path)
 	if policy == string(example) {
 		t.Fatalf("the example policy no longer has path \"nomad/jobs/web/lock\":\n%s", example)
 	}
