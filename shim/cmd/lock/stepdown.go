@@ -113,10 +113,14 @@ func runStepDown(args []string, stdout, stderr io.Writer) int {
 	sd := &stepDown{locker: locker, path: cfg.Path, ns: cfg.Namespace, wait: *f.wait, stderr: stderr}
 	out, err := sd.run(*f.to)
 	var r *refusal
+	var pe *lockclient.StepDownPermissionError
 	switch {
 	case errors.As(err, &r):
 		fmt.Fprintf(stderr, "lock step-down: %s\n", r.msg)
 		return r.code
+	case errors.As(err, &pe):
+		fmt.Fprintf(stderr, "lock step-down: %v\n", err)
+		return shim.ExitPermission
 	case err != nil:
 		return statusError("lock step-down", err, stderr)
 	}
