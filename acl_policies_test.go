@@ -17,18 +17,7 @@ import (
 // variables. (A lock.path of the user's that does not end in /lock needs
 // its own line, as the policy says.)
 func TestReleasePolicyCoversEveryLockPath(t *testing.T) {
-	src, err := os.ReadFile("examples/acl/singleton-release.policy.hcl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := acl.Parse(string(src), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := acl.NewACL(false, []*acl.Policy{p})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := policyACL(t, "examples/acl/singleton-release.policy.hcl")
 	for _, path := range []string{
 		"nomad/jobs/web/web/server/lock",          // the driver's default
 		"nomad/jobs/q/workers/worker/lock/slot-0", // a semaphore's slots (lock.holders)

@@ -11,7 +11,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -299,23 +298,7 @@ func TestStepDownRefusals(t *testing.T) {
 // examples/acl/singleton-step-down.policy.hcl, for the lock at path.
 func stepDownToken(t *testing.T, a *harness.Agent, path string) string {
 	t.Helper()
-	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-step-down.policy.hcl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/lock`, `"`+path)
-	if policy == string(example) {
-		t.Fatalf("the example step-down policy no longer names nomad/jobs/web/lock:\n%s", example)
-	}
-	f := filepath.Join(t.TempDir(), "step-down.policy.hcl")
-	if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	f := examplePolicyFile(t, "singleton-step-down.policy.hcl", "nomad/jobs/web/lock", path)
 	a.Nomad(t, "acl", "policy", "apply", "singleton-step-down-test", f)
-	out := a.Nomad(t, "acl", "token", "create", "-name", "step-down", "-policy", "singleton-step-down-test", "-json")
-	var tok api.ACLToken
-	if err := json.Unmarshal([]byte(out), &tok); err != nil || tok.SecretID == "" {
-		t.Fatalf("acl token create: %v\n%s", err, out)
-	}
-	return tok.SecretID
+	return createToken(t, a, "step-down", "singleton-step-down-test")
 }

@@ -127,40 +127,27 @@ func (e *StandbyPermissionError) Error() string {
 // Standbys lists the standby records of the lock, oldest first. It needs
 // list and read on the records; a record that cannot be read is left out.
 func (l *Locker) Standbys(ctx context.Context) ([]Standby, error) {
-	lister, ok := l.vars.(variableLister)
-	if !ok {
-		return nil, errors.New("list standbys: this lock API cannot list variables")
-	}
 	prefix := StandbyPrefixFor(l.cfg.Path)
+	metas, err := l.prefixList(ctx, prefix)
+	if err != nil {
+		return nil, l.stepDownError(err, prefix+"*", "list")
+	}
 	var out []Standby
-	q := &api.QueryOptions{Namespace: l.cfg.Namespace}
-	for {
-		rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
-		page, meta, err := lister.PrefixList(prefix, q.WithContext(rctx))
-		cancel()
-		if err != nil {
-			return nil, l.stepDownError(err, prefix+"*", "list")
+	for _, m := range metas {
+		key := strings.TrimPrefix(m.Path, prefix)
+		if key == "" || strings.Contains(key, "/") {
+			continue
 		}
-		for _, m := range page {
-			key := strings.TrimPrefix(m.Path, prefix)
-			if key == "" || strings.Contains(key, "/") {
+		v, _, err := l.readPath(ctx, m.Path, 0)
+		if err != nil {
+			if permanent(l.classify("read", err)) {
 				continue
 			}
-			v, _, err := l.readPath(ctx, m.Path, 0)
-			if err != nil {
-				if permanent(l.classify("read", err)) {
-					continue
-				}
-				return nil, l.classify("read standby", err)
-			}
-			if v != nil {
-				out = append(out, standbyFromItems(key, m.Path, v.Items))
-			}
+			return nil, l.classify("read standby", err)
 		}
-		if meta == nil || meta.NextToken == "" {
-			break
+		if v != nil {
+			out = append(out, standbyFromItems(key, m.Path, v.Items))
 		}
-		q.NextToken = meta.NextToken
 	}
 	slices.SortFunc(out, func(a, b Standby) int { return a.Since.Compare(b.Since) })
 	return out, nil
