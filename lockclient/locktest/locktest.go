@@ -56,6 +56,7 @@ const (
 	OpCreate    = "create"     // a check-and-set create (index 0), done or refused
 	OpAlloc     = "alloc"      // a read of an allocation (Info), blocking or not
 	OpJobAllocs = "job-allocs" // a list of a job's allocations (Allocations)
+	OpDelete    = "delete"
 )
 
 // Server is an in-memory lock API for one variable. It is safe for
@@ -80,6 +81,10 @@ type Server struct {
 	calls      map[string]int
 	allocs     map[string]*api.Allocation // what Info answers, by ID
 	hideLock   bool
+	// hideConflictLock: check-and-set conflicts answer without the lock.
+	hideConflictLock bool
+	// denyReads, denyWrites: reads, writes (updates and deletes) answer 403.
+	denyReads, denyWrites bool
 }
 
 // New returns a Server whose variable does not exist yet.
@@ -201,6 +206,49 @@ func (s *Server) HideLock() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.hideLock = true
+}
+
+// HideConflictLock makes a check-and-set conflict answer without the lock
+// too: a Nomad that no longer shows the lock ID to a token with write on
+// the path (docs/security.md). By default a conflict shows it, HideLock or
+// not, as Nomad v1.11 does.
+func (s *Server) HideConflictLock() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hideConflictLock = true
+}
+
+// errDenied is Nomad's answer to a token without the capability.
+var errDenied = Error(403, "Permission denied")
+
+// DenyReads makes every read answer 403, as to a token without read.
+func (s *Server) DenyReads() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.denyReads = true
+}
+
+// DenyWrites makes every update, check-and-set write and delete answer
+// 403, as to a token without write (or destroy).
+func (s *Server) DenyWrites() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.denyWrites = true
+}
+
+// Delete deletes the variable, as Nomad does (a missing one is no error).
+func (s *Server) Delete(path string, w *api.WriteOptions) (*api.WriteMeta, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpDelete]++
+	if s.denyWrites {
+		return nil, errDenied
+	}
+	if s.exists {
+		s.exists, s.items, s.lock = false, nil, nil
+		s.bump()
+	}
+	return &api.WriteMeta{}, nil
 }
 
 // Write sets the variable's items as a holder's acquire would, and takes
@@ -326,6 +374,9 @@ func (s *Server) Peek(path string, q *api.QueryOptions) (*api.Variable, *api.Que
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls[OpRead]++
+	if s.denyReads {
+		return nil, nil, errDenied
+	}
 	return s.variable(path), &api.QueryMeta{LastIndex: s.index}, nil
 }
 
@@ -454,6 +505,9 @@ func (s *Server) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *a
 	if err := w.Context().Err(); err != nil {
 		return nil, nil, err
 	}
+	if s.denyWrites {
+		return nil, nil, errDenied
+	}
 	return s.update(v)
 }
 
@@ -467,9 +521,19 @@ func (s *Server) CheckedUpdate(v *api.Variable, w *api.WriteOptions) (*api.Varia
 	if err := w.Context().Err(); err != nil {
 		return nil, nil, err
 	}
+	if s.denyWrites {
+		return nil, nil, errDenied
+	}
 	if cur := s.variable(v.Path); (cur == nil) != (v.ModifyIndex == 0) || cur != nil && cur.ModifyIndex != v.ModifyIndex {
 		if cur == nil {
 			cur = &api.Variable{Path: v.Path}
+		} else if s.hideConflictLock {
+			cur.Lock = nil
+		} else if s.lock != nil {
+			// Nomad answers a conflict with the stored variable's
+			// metadata, lock included, to any token with write.
+			l := *s.lock
+			cur.Lock = &l
 		}
 		return nil, nil, api.ErrCASConflict{CheckIndex: v.ModifyIndex, Conflict: cur}
 	}
