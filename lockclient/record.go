@@ -18,9 +18,24 @@ import (
 // the renewing: call it only just before Release. An error only costs the
 // next holder that wait. Past the release cutoff nothing is written
 // (ErrLeftToExpire), as nothing is released.
-func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
+func (ls *Lease) MarkReleasedClean(ctx context.Context) error { return ls.MarkReleasing(ctx, nil, true) }
+
+// MarkReleasing writes items into the holder's record just before its
+// release, under the lease's lock ID, with the clean mark when clean (see
+// MarkReleasedClean): what the next holder and the standbys read the moment
+// the lock is free (a step-down's Handover.Items). It ends the renewing:
+// call it only once the workload is proven dead, just before Release. An
+// error costs only what the items would have told.
+func (ls *Lease) MarkReleasing(ctx context.Context, items map[string]string, clean bool) error {
 	ls.stopRenewing()
-	return ls.writeItem(ctx, itemWrite{op: "mark released", items: map[string]string{itemClean: "true"}})
+	w := itemWrite{op: "mark released", items: maps.Clone(items)}
+	if w.items == nil {
+		w.items = map[string]string{}
+	}
+	if clean {
+		w.items[itemClean] = "true"
+	}
+	return ls.writeItem(ctx, w)
 }
 
 // SetItem writes one item of the holder's record, one of the caller's own

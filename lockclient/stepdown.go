@@ -168,7 +168,9 @@ type Handover struct {
 	Until    time.Time
 }
 
-func (h Handover) items() map[string]string {
+// Items are the handover's items of the holder's record, which a holder
+// that steps down writes with its release marks (Lease.MarkReleasing).
+func (h Handover) Items() map[string]string {
 	if h.From == "" {
 		return nil
 	}
@@ -293,22 +295,6 @@ func (ls *Lease) WatchStepDown(ctx context.Context) <-chan StepDownRequest {
 		}
 	}()
 	return out
-}
-
-// MarkSteppingDown writes h into the lock's record, under the lease's lock
-// ID, just before the release of a holder that steps down, with the clean
-// mark when clean (MarkReleasedClean): the standbys see whom to give way
-// to the moment the lock is free. It ends the renewing: call it only once
-// the workload is proven dead, just before Release. An error costs only
-// the deferral (any standby may then take the lock first).
-func (ls *Lease) MarkSteppingDown(ctx context.Context, h Handover, clean bool) error {
-	ls.stopRenewing()
-	items := map[string]string{}
-	maps.Copy(items, h.items())
-	if clean {
-		items[itemClean] = "true"
-	}
-	return ls.writeItem(ctx, itemWrite{op: "mark stepping down", items: items})
 }
 
 // Errors of a requester.

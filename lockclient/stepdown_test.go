@@ -248,7 +248,7 @@ func TestHandover(t *testing.T) {
 	lease := holdFor(t, vars, "alloc-a")
 	ctx := context.Background()
 	until := time.Now().Add(time.Minute).Truncate(time.Millisecond)
-	if err := lease.MarkSteppingDown(ctx, lockclient.Handover{From: "alloc-a", To: "alloc-c", Until: until}, true); err != nil {
+	if err := lease.MarkReleasing(ctx, lockclient.Handover{From: "alloc-a", To: "alloc-c", Until: until}.Items(), true); err != nil {
 		t.Fatal(err)
 	}
 	if err := lease.Release(ctx); err != nil {

@@ -108,10 +108,7 @@ func (h *gateHook) PreAcquire(ctx context.Context, resp *PreAcquireResponse) err
 		return nil
 	}
 	if h.w.allDirect() {
-		if resp.Items == nil {
-			resp.Items = map[string]string{}
-		}
-		resp.Items[itemGatedDirect] = "true"
+		resp.AddItems(map[string]string{itemGatedDirect: "true"})
 	}
 	resp.AbortWait = append(resp.AbortWait, allocStopping(ctx, h.allocs, h.log, h.spec.AllocID, h.spec.Namespace))
 	return nil
@@ -150,16 +147,15 @@ func (h *gateHook) Holding(ctx context.Context, _ *lockclient.Lease) (<-chan Hoo
 // allocation was already seen being stopped, and else reads it at once:
 // the release is decided from that, not from what is true once the gated
 // task's LB REMOVE is done (see mayRelease).
-func (h *gateHook) Stopping(_ context.Context, req StoppingRequest) <-chan string {
+func (h *gateHook) Stopping(_ context.Context, req StoppingRequest, _ *StoppingResponse) {
 	if req.End != EndStopRequest {
-		return nil
+		return
 	}
 	if chans.Closed(h.watch) {
 		h.at = stopArrival{seen: true}
-		return nil
+		return
 	}
 	h.at = h.readAtStop()
-	return nil
 }
 
 // Release decides by the gate's rule (mayRelease) once the workload (a

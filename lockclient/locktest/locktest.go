@@ -9,7 +9,9 @@
 //
 // The lock never expires by itself: Expire is the server's expiry, at the
 // moment the test chooses. Every Server serves one variable, whatever path
-// it is asked for.
+// it is asked for, but the paths below its Lockers' lock path (a
+// step-down request, standby records: Vars serves those), which are
+// empty and take writes without keeping them.
 package locktest
 
 import (
@@ -19,6 +21,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -81,6 +84,8 @@ type Server struct {
 	calls      map[string]int
 	allocs     map[string]*api.Allocation // what Info answers, by ID
 	hideLock   bool
+	// below is the paths' prefix that holds no variable (isBelow).
+	below string
 	// hideConflictLock: check-and-set conflicts answer without the lock.
 	hideConflictLock bool
 	// denyReads, denyWrites: reads, writes (updates and deletes) answer 403.
@@ -100,7 +105,16 @@ func (s *Server) Locker(t testing.TB, cfg lockclient.Config) *lockclient.Locker 
 	if err != nil {
 		t.Fatalf("locktest: %v", err)
 	}
+	s.mu.Lock()
+	s.below = cfg.Path + "/"
+	s.mu.Unlock()
 	return l
+}
+
+// isBelow reports whether path is below the lock path (see the package
+// doc): no variable there. Called with mu held.
+func (s *Server) isBelow(path string) bool {
+	return s.below != "/" && s.below != "" && strings.HasPrefix(path, s.below)
 }
 
 // Allocs builds an allocation reader over s (see allocs.NewWithAPI): it
@@ -244,7 +258,7 @@ func (s *Server) Delete(path string, w *api.WriteOptions) (*api.WriteMeta, error
 	if s.denyWrites {
 		return nil, errDenied
 	}
-	if s.exists {
+	if s.exists && !s.isBelow(path) {
 		s.exists, s.items, s.lock = false, nil, nil
 		s.bump()
 	}
@@ -377,6 +391,9 @@ func (s *Server) Peek(path string, q *api.QueryOptions) (*api.Variable, *api.Que
 	if s.denyReads {
 		return nil, nil, errDenied
 	}
+	if s.isBelow(path) {
+		return nil, &api.QueryMeta{LastIndex: s.index}, nil
+	}
 	return s.variable(path), &api.QueryMeta{LastIndex: s.index}, nil
 }
 
@@ -507,6 +524,9 @@ func (s *Server) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *a
 	}
 	if s.denyWrites {
 		return nil, nil, errDenied
+	}
+	if s.isBelow(v.Path) {
+		return v, nil, nil
 	}
 	return s.update(v)
 }
