@@ -18,7 +18,9 @@ import (
 // the renewing: call it only just before Release. An error only costs the
 // next holder that wait. Past the release cutoff nothing is written
 // (ErrLeftToExpire), as nothing is released.
-func (ls *Lease) MarkReleasedClean(ctx context.Context) error { return ls.MarkReleasing(ctx, nil, true) }
+func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
+	return ls.MarkReleasing(ctx, nil, true)
+}
 
 // MarkReleasing writes items into the holder's record just before its
 // release, under the lease's lock ID, with the clean mark when clean (see
