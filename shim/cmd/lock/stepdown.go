@@ -60,6 +60,22 @@ func newStepDownFlags(stderr io.Writer) *stepDownFlags {
 	return f
 }
 
+// parseInterspersed parses args with fs, flags before and after the
+// arguments (lock step-down <path> -to <alloc>), and returns the arguments.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var out []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return out, nil
+		}
+		out = append(out, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
 // stepDown is one run of `lock step-down`.
 type stepDown struct {
 	locker *lockclient.Locker
@@ -87,13 +103,14 @@ func refuse(code int, format string, args ...any) error {
 // over to a waiting standby.
 func runStepDown(args []string, stdout, stderr io.Writer) int {
 	f := newStepDownFlags(stderr)
-	if err := f.fs.Parse(args); err != nil {
+	paths, err := parseInterspersed(f.fs, args)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return shim.ExitConfig
 	}
-	if f.fs.NArg() != 1 {
+	if len(paths) != 1 {
 		fmt.Fprintln(stderr, "lock step-down: give exactly one lock path, e.g. lock step-down nomad/jobs/web/lock")
 		return shim.ExitConfig
 	}
@@ -106,7 +123,7 @@ func runStepDown(args []string, stdout, stderr io.Writer) int {
 		return shim.ExitConfig
 	}
 	cfg := shim.DefaultConfig()
-	cfg.Path, cfg.Namespace = f.fs.Arg(0), *f.namespace
+	cfg.Path, cfg.Namespace = paths[0], *f.namespace
 	f.conn.apply(&cfg)
 	locker, code := statusLocker(cfg, stderr)
 	if locker == nil {
