@@ -253,9 +253,12 @@ func TestStepDownRefusals(t *testing.T) {
 	applyLockPolicy(t, a, s.job, s.path)
 	operator := stepDownToken(t, a, s.path)
 	readOnly := readOnlyToken(t, a, s.path)
+	// No deployment (max_parallel = 0), which would block the scale below.
+	noDeployment := "    update {\n      max_parallel = 0\n    }"
 	g := s.lockGroup(t, 1, nil, nil)
+	g.extra = noDeployment
 	// An idle group, whose identity holds the job's lock policy.
-	idle := group{name: "idle", command: "/bin/sleep", args: []string{"3600"}, identityFile: true}
+	idle := group{name: "idle", command: "/bin/sleep", args: []string{"3600"}, identityFile: true, extra: noDeployment}
 	a.RunJobHCL(t, jobHCL(s.job, "service", g, idle))
 	t.Cleanup(func() { _ = a.Purge(s.job) })
 	first := waitMainStart(t, s.record, 60*time.Second, nil)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -374,6 +375,31 @@ func (l *Locker) StepDownTarget(ctx context.Context) (StepDownTarget, error) {
 	}
 	t.lockID = c.Lock.ID
 	return t, nil
+}
+
+// MayRequestStepDown checks, writing nothing, that the token may write
+// the lock's step-down request: a check-and-set write on an index no
+// variable there can have, which Nomad refuses with a 403 (a
+// *StepDownPermissionError) to a token without write there, and
+// otherwise with a conflict. So a refusal has no effect.
+func (l *Locker) MayRequestStepDown(ctx context.Context) error {
+	path := StepDownPathFor(l.cfg.Path)
+	if l.cas == nil {
+		return fmt.Errorf("step down %s: no check-and-set write available", l.cfg.Path)
+	}
+	probe := &api.Variable{Namespace: l.cfg.Namespace, Path: path, Items: map[string]string{"step_down_probe": "never written"},
+		ModifyIndex: math.MaxUint64}
+	rctx, cancel := withTimeout(ctx, l.clock, l.cfg.RequestTimeout)
+	defer cancel()
+	_, _, err := l.cas.CheckedUpdate(probe, l.writeOptions(rctx))
+	var conflict api.ErrCASConflict
+	switch {
+	case errors.As(err, &conflict):
+		return nil
+	case err == nil:
+		return fmt.Errorf("step down %s: Nomad took a check-and-set write on index %d", l.cfg.Path, probe.ModifyIndex)
+	}
+	return l.stepDownError(err, path, "write")
 }
 
 // SendStepDown writes the request r for t's holder, with its proof. The

@@ -204,6 +204,9 @@ func (sd *stepDown) run(to string) (stepDownOutput, error) {
 	if err := sd.checkHolder(holder); err != nil {
 		return stepDownOutput{}, err
 	}
+	if err := sd.locker.MayRequestStepDown(ctx); err != nil {
+		return stepDownOutput{}, err
+	}
 	if err := sd.chooseStandby(ctx, holder, to); err != nil {
 		return stepDownOutput{}, err
 	}
