@@ -245,15 +245,22 @@ func (j *gateJob) start(t *testing.T, not string, after int64, timeout time.Dura
 // appProc returns the live gated app process of the allocation.
 func (j *gateJob) appProc(t *testing.T, allocID string) harness.Proc {
 	t.Helper()
+	return mainProcOf(t, j.marker, allocID)
+}
+
+// mainProcOf waits for the live main-role workload carrying marker of
+// allocation allocID, as the host sees it (a container's app too).
+func mainProcOf(t *testing.T, marker, allocID string) harness.Proc {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		for _, p := range mainWorkloads(t, j.marker) {
+		for _, p := range mainWorkloads(t, marker) {
 			if p.AllocID == allocID {
 				return p
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no app process of alloc %s: %v", drvShort(allocID), mainWorkloads(t, j.marker))
+			t.Fatalf("no main workload process of alloc %s: %v", drvShort(allocID), mainWorkloads(t, marker))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

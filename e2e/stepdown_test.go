@@ -93,7 +93,7 @@ func stepDownTrial(t *testing.T, a *harness.Agent, s singletonJob, gate bool) {
 	holder := first.AllocID
 	stepDownWaitStandbys(t, a, s.lockPath, holder, stepDownCount-1, 120*time.Second)
 	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker, Filter: harness.Proc.IsMainWorkload})
-	smp.WaitSeen(t, 30*time.Second, first.PID)
+	smp.WaitSeen(t, 30*time.Second, mainProcOf(t, s.marker, holder).PID) // a container's app: its PID on the host
 
 	// Without -to: any standby but the holder.
 	out := stepDown(t, a, a.Token(), 0, s.lockPath)
@@ -126,7 +126,11 @@ func stepDownTrial(t *testing.T, a *harness.Agent, s singletonJob, gate bool) {
 	waitMainStart(t, s.record, 60*time.Second, func(r harness.Record) bool { return r.AllocID != holder && r.Mono > next.Mono })
 
 	sum := smp.Stop()
-	ivs := harness.CheckNoOverlap(t, readRecords(t, s.record), sum)
+	gone := sum.GoneByPID()
+	if gate {
+		gone = sum.GoneByAlloc() // a container's app: its record's PID is not the host's
+	}
+	ivs := harness.CheckNoOverlapBy(t, readRecords(t, s.record), sum, gone)
 	hs := harness.Handovers(ivs)
 	if len(hs) != 1+stepDownToTrials+1 {
 		t.Fatalf("%d handovers, want %d step-downs and one graceful stop: %+v", len(hs), 1+stepDownToTrials, hs)
@@ -194,7 +198,8 @@ func stepDownCheckStandby(t *testing.T, a *harness.Agent, s singletonJob, allocI
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the former holder %s does not wait as a standby within 90s (record %v, %v; alloc %v)", drvShort(allocID), v, err, aerr)
+			t.Fatalf("the former holder %s does not wait as a standby within 90s (record %v, %v; alloc %v): %s", drvShort(allocID), v, err, aerr,
+				taskStory(al, s.task))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -304,4 +309,19 @@ func stepDownToken(t *testing.T, a *harness.Agent, path string) string {
 	f := examplePolicyFile(t, "singleton-step-down.policy.hcl", "nomad/jobs/web/lock", path)
 	a.Nomad(t, "acl", "policy", "apply", "singleton-step-down-test", f)
 	return createToken(t, a, "step-down", "singleton-step-down-test")
+}
+
+// taskStory is the allocation's status and task's events, for a failure.
+func taskStory(al *api.Allocation, task string) string {
+	if al == nil {
+		return "no allocation"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "allocation %s desired %s, client %s; task %s:", drvShort(al.ID), al.DesiredStatus, al.ClientStatus, task)
+	if ts := al.TaskStates[task]; ts != nil {
+		for _, ev := range ts.Events {
+			fmt.Fprintf(&b, "\n  %s %s: %s", time.Unix(0, ev.Time).Format("15:04:05.000"), ev.Type, ev.DisplayMessage)
+		}
+	}
+	return b.String()
 }
