@@ -140,8 +140,10 @@ func stepDownTrial(t *testing.T, a *harness.Agent, s singletonJob, gate bool) {
 	for i, h := range hs[:len(hs)-1] {
 		harness.Measure(t, fmt.Sprintf("step_down_gap_%d", i), h.Gap)
 		if h.Gap > graceful+stepDownGapSlack {
-			t.Errorf("step-down %d: %s → %s left the lock without a workload for %s, a graceful handover %s",
-				i, drvShort(h.From.AllocID), drvShort(h.To.AllocID), h.Gap, graceful)
+			from, _, _ := a.API().Allocations().Info(h.From.AllocID, nil)
+			to, _, _ := a.API().Allocations().Info(h.To.AllocID, nil)
+			t.Errorf("step-down %d: %s → %s left the lock without a workload for %s, a graceful handover %s\n%s\n%s",
+				i, drvShort(h.From.AllocID), drvShort(h.To.AllocID), h.Gap, graceful, taskStory(from, s.task), taskStory(to, s.task))
 		}
 	}
 	t.Logf("gaps: step-downs %v, graceful handover %s", gapsOf(hs[:len(hs)-1]), graceful)

@@ -65,8 +65,10 @@ type gateHook struct {
 	watch <-chan struct{}
 	at    stopArrival
 	// began is when this run began (PreAcquire): a restart of the whole
-	// allocation after it is what stops this run (restartedAll).
-	began time.Time
+	// allocation after it is what stops this run (restartedAll), which a
+	// step-down's Stopping asks the servers about (wholeRestart).
+	began        time.Time
+	wholeRestart <-chan bool
 }
 
 // itemGatedDirect is the holder's record of a gate that kills every gated
@@ -152,6 +154,13 @@ func (h *gateHook) Holding(ctx context.Context, _ *lockclient.Lease) (<-chan Hoo
 // the release is decided from that, not from what is true once the gated
 // task's LB REMOVE is done (see mayRelease).
 func (h *gateHook) Stopping(_ context.Context, req StoppingRequest, _ *StoppingResponse) {
+	if req.End == EndStepDown && req.Lease != nil {
+		// The servers' word on the restart, read while the gated tasks die.
+		whole := make(chan bool, 1)
+		go func() { whole <- h.restartedAll(req.Lease) }()
+		h.wholeRestart = whole
+		return
+	}
 	if req.End != EndStopRequest {
 		return
 	}
@@ -364,7 +373,10 @@ func (h *gateHook) mayRelease(lease *lockclient.Lease, end Ending, at stopArriva
 		// servers show that restart (restartedAll): a restart of the gate
 		// alone would leave their restarts to the warden.
 		if provenDead("a step-down: Nomad restarts the allocation") {
-			return true, h.restartedAll(lease), nil
+			if h.wholeRestart == nil {
+				return true, h.restartedAll(lease), nil
+			}
+			return true, <-h.wholeRestart, nil
 		}
 		why = "a step-down, but the gate could not prove its gated tasks dead"
 	default:
