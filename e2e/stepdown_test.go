@@ -142,8 +142,9 @@ func stepDownTrial(t *testing.T, a *harness.Agent, s singletonJob, gate bool) {
 		if h.Gap > graceful+stepDownGapSlack {
 			from, _, _ := a.API().Allocations().Info(h.From.AllocID, nil)
 			to, _, _ := a.API().Allocations().Info(h.To.AllocID, nil)
-			t.Errorf("step-down %d: %s → %s left the lock without a workload for %s, a graceful handover %s\n%s\n%s",
-				i, drvShort(h.From.AllocID), drvShort(h.To.AllocID), h.Gap, graceful, taskStory(from, s.task), taskStory(to, s.task))
+			t.Errorf("step-down %d: %s → %s left the lock without a workload for %s, a graceful handover %s\n%s\n%s\n%s",
+				i, drvShort(h.From.AllocID), drvShort(h.To.AllocID), h.Gap, graceful, taskStory(from, s.task), taskStory(to, s.task),
+				lastLines(a.AllocLogs(t, h.From.AllocID, s.task, "stderr"), 40))
 		}
 	}
 	t.Logf("gaps: step-downs %v, graceful handover %s", gapsOf(hs[:len(hs)-1]), graceful)
@@ -326,4 +327,10 @@ func taskStory(al *api.Allocation, task string) string {
 		}
 	}
 	return b.String()
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

@@ -403,6 +403,7 @@ func (h *gateHook) restartedAll(lease *lockclient.Lease) bool {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	var index uint64
+	start := time.Now()
 	for ctx.Err() == nil {
 		alloc, next, err := h.allocs.Allocation(ctx, h.spec.AllocID, h.spec.Namespace, index)
 		if err != nil {
@@ -412,6 +413,7 @@ func (h *gateHook) restartedAll(lease *lockclient.Lease) bool {
 			return false
 		}
 		if RestartedWhole(alloc, h.spec.Task, h.began) {
+			h.log.Info("gate: the servers show Nomad restarting the whole allocation", "took", time.Since(start).Round(time.Millisecond))
 			return true
 		}
 		index = max(next, index+1)

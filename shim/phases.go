@@ -87,7 +87,10 @@ func (r *PreAcquireResponse) AddDefer(f DeferFunc) {
 			return 0, true
 		}
 		g2, h2 := f(ctx, previous)
-		return max(g1, g2), h2
+		if h2 {
+			return 0, true
+		}
+		return max(g1, g2), false
 	}
 }
 
