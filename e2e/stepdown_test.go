@@ -148,6 +148,41 @@ func stepDownTrial(t *testing.T, a *harness.Agent, s singletonJob, gate bool) {
 		}
 	}
 	t.Logf("gaps: step-downs %v, graceful handover %s", gapsOf(hs[:len(hs)-1]), graceful)
+	stepDownStopJob(t, a, s)
+}
+
+// stepDownStopJob stops the job and waits until every allocation is done:
+// the standbys a step-down left (a gate's restarted allocations among
+// them) stop as any standby does.
+func stepDownStopJob(t *testing.T, a *harness.Agent, s singletonJob) {
+	t.Helper()
+	if _, _, err := a.API().Jobs().Deregister(s.jobID, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	deadline := began.Add(2 * time.Minute)
+	for {
+		allocs, err := a.Allocs(s.jobID)
+		var live []*api.AllocationListStub
+		for _, al := range allocs {
+			if al.ClientStatus == api.AllocClientStatusPending || al.ClientStatus == api.AllocClientStatusRunning {
+				live = append(live, al)
+			}
+		}
+		if err == nil && len(live) == 0 {
+			harness.Measure(t, "job_stop", time.Since(began))
+			return
+		}
+		if time.Now().After(deadline) {
+			var story []string
+			for _, al := range live {
+				full, _, _ := a.API().Allocations().Info(al.ID, nil)
+				story = append(story, taskStory(full, s.task))
+			}
+			t.Fatalf("%d allocations still live 2m after the job's stop (%v):\n%s", len(live), err, strings.Join(story, "\n"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 func gapsOf(hs []harness.Handover) []time.Duration {

@@ -284,3 +284,24 @@ func TestHandover(t *testing.T) {
 		}
 	}
 }
+
+// A requester learns whether its token may write the request without
+// writing it: a refusal names the policy, and nothing is written either way.
+func TestMayRequestStepDown(t *testing.T) {
+	for _, deny := range []bool{false, true} {
+		vars := locktest.NewVars()
+		holdFor(t, vars, "alloc-holder")
+		req := vars.Server(lockclient.StepDownPathFor(sdPath))
+		if deny {
+			req.DenyWrites()
+		}
+		err := requester(t, vars).MayRequestStepDown(context.Background())
+		var pe *lockclient.StepDownPermissionError
+		if deny != errors.As(err, &pe) || !deny && err != nil {
+			t.Errorf("denied %v: err = %v", deny, err)
+		}
+		if len(req.Items()) != 0 {
+			t.Errorf("denied %v: the check wrote the request: %v", deny, req.Items())
+		}
+	}
+}
