@@ -155,7 +155,6 @@ func (r *gateRig) setAlloc(job gateJob) {
 	r.srv.SetAllocation(job.alloc())
 }
 
-
 // fakeGated is a GatedTasks that records Stop calls: how many, whether
 // the lock was still held at the first (it must be: the lock passes only
 // once the gated tasks are dead), and the grace and time each was given.
