@@ -40,8 +40,8 @@ const (
 	prevUpstream = "127.0.0.1:9090"
 )
 
-// withLB attaches an LB registration to r's run (change adjusts it).
-func withLB(t *testing.T, r *runRig, change func(lb *LoadBalancer)) *lbPeer {
+// startLBAPI serves the reference LB API over HTTP until the test ends.
+func startLBAPI(t *testing.T) (*lbapi.Server, *httptest.Server) {
 	t.Helper()
 	api, err := lbapi.NewServer(lbapi.Options{WorkerInterval: 5 * time.Millisecond})
 	if err != nil {
@@ -52,6 +52,13 @@ func withLB(t *testing.T, r *runRig, change func(lb *LoadBalancer)) *lbPeer {
 		ts.Close()
 		_ = api.Close()
 	})
+	return api, ts
+}
+
+// withLB attaches an LB registration to r's run (change adjusts it).
+func withLB(t *testing.T, r *runRig, change func(lb *LoadBalancer)) *lbPeer {
+	t.Helper()
+	api, ts := startLBAPI(t)
 	lb := &LoadBalancer{Config: lbhook.Config{URI: api.RequestURL(ts.URL), ServiceID: "web", BasePath: "/web",
 		Groups: []string{lbapi.DefaultGroup}, PortLabel: "http", RequestTimeout: time.Second,
 		PollInterval: lbhook.MinPollInterval, AddDeadline: 5 * time.Second, RemoveDeadline: 2 * time.Second}.WithDefaults(),
