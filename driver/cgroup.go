@@ -360,7 +360,7 @@ func readKV(path string) (map[string]uint64, error) {
 // supervisor stays out of it).
 
 // GuardArgs names the task cgroup to the workload's process-group guard
-// (shim.GuardTree): the guard, root and outside the cgroup, kills the
+// (a guard tree, in package shim): the guard, root and outside the cgroup, kills the
 // whole cgroup when it fires, so a daemon that left the workload's process
 // group dies by the stop deadline too, even while the supervisor and the
 // plugin are stuck.
@@ -371,7 +371,7 @@ func (c *taskCgroup) GuardArgs() []string {
 // guardTreeCgroup marks GuardArgs as a task cgroup's.
 const guardTreeCgroup = "cgroup"
 
-// OpenGuardTree is the plugin binary's shim.TreeOpener: the task cgroup
+// OpenGuardTree is the plugin binary's guard tree opener: the task cgroup
 // from its GuardArgs. The guard's arguments come from the supervisor that
 // started it, which read them from the plugin's root-only spec.
 func OpenGuardTree(args []string) (shim.Tree, error) {

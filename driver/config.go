@@ -82,14 +82,10 @@ var pluginConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 
 // defaults parses the plugin-level lock defaults.
 func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
-	ttl, delay = shim.DefaultTTL, shim.DefaultLockDelay
-	if err := shim.ParseDuration("plugin config default_ttl", pc.DefaultTTL, "10s", &ttl); err != nil {
+	if ttl, err = (shim.DriverBlocks{}).LockDefault("ttl", pc.DefaultTTL, "plugin config default_ttl"); err != nil {
 		return 0, 0, err
 	}
-	if err := shim.ParseDuration("plugin config default_delay", pc.DefaultDelay, "10s", &delay); err != nil {
-		return 0, 0, err
-	}
-	if err := shim.LockSettings.CheckMin("delay", delay, "plugin config default_delay"); err != nil {
+	if delay, err = (shim.DriverBlocks{}).LockDefault("delay", pc.DefaultDelay, "plugin config default_delay"); err != nil {
 		return 0, 0, err
 	}
 	t := lockclient.Timing{TTL: ttl, LockDelay: delay}
@@ -102,16 +98,16 @@ func (pc PluginConfig) defaults() (ttl, delay time.Duration, err error) {
 // TaskConfig is a task's `config {}` block.
 type TaskConfig struct {
 	// Gate makes the task hold the lock for the other tasks of its group
-	// (any driver) instead of, or besides, running a command: see shim.Gate.
+	// (any driver) instead of, or besides, running a command (docs/gate.md).
 	Gate bool `codec:"gate"`
 	// Start says when Nomad sees the task started: StartAtOnce (the
 	// default) or StartOnLock.
-	Start        string          `codec:"start"`
-	Command      string          `codec:"command"`
-	Args         []string        `codec:"args"`
-	Lock         LockConfig      `codec:"lock"`
-	LoadBalancer shim.LBSpec     `codec:"load_balancer"`
-	HealthCheck  shim.HealthSpec `codec:"health_check"`
+	Start   string   `codec:"start"`
+	Command string   `codec:"command"`
+	Args    []string `codec:"args"`
+	// DriverBlocks are config.lock, load_balancer and health_check, whose
+	// settings package shim declares.
+	shim.DriverBlocks
 	// ShareNomadToken passes the workload identity token (NOMAD_TOKEN) on
 	// to the workload. Off by default: the token can write the lock path,
 	// so a workload holding it could release or renew the lock itself.
@@ -128,10 +124,6 @@ type TaskConfig struct {
 	DeniedEnvvars []string `codec:"denied_envvars"`
 }
 
-// LockConfig is the task's `lock {}` block: the settings shim.LockSettings
-// allows InDriver, by name, as the jobspec gives them.
-type LockConfig = shim.LockValues
-
 var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"command":           hclspec.NewAttr("command", "string", false),
 	"gate":              hclspec.NewAttr("gate", "bool", false),
@@ -141,31 +133,20 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"oom_score_adj":     hclspec.NewAttr("oom_score_adj", "number", false),
 	"work_dir":          hclspec.NewAttr("work_dir", "string", false),
 	"denied_envvars":    hclspec.NewAttr("denied_envvars", "list(string)", false),
-	"lock":              hclspec.NewBlock("lock", false, lockBlockSpec()),
-	"load_balancer":     hclspec.NewBlock("load_balancer", false, settingsSpec(shim.LBSettings)),
-	"health_check":      hclspec.NewBlock("health_check", false, settingsSpec(shim.HealthSettings)),
+	"lock":              blockSpec("lock"),
+	"load_balancer":     blockSpec("load_balancer"),
+	"health_check":      blockSpec("health_check"),
 })
 
-// settingsSpec is the HCL schema of the load_balancer or health_check
-// block, from its settings' declarations (shim.LBSettings).
-func settingsSpec(settings []shim.LBSetting) *hclspec.Spec {
+// blockSpec is the HCL schema of the block named name, from its settings'
+// declarations (shim.DriverBlocks): each an optional attribute (the lock's
+// durations and signals are strings: "10s", "SIGTERM").
+func blockSpec(name string) *hclspec.Spec {
 	attrs := map[string]*hclspec.Spec{}
-	for _, s := range settings {
-		attrs[s.Name] = hclspec.NewAttr(s.Name, s.Type, false)
+	for attr, typ := range (shim.DriverBlocks{}).Schema()[name] {
+		attrs[attr] = hclspec.NewAttr(attr, typ, false)
 	}
-	return hclspec.NewObject(attrs)
-}
-
-// lockBlockSpec is config.lock: the settings shim.LockSettings allows
-// InDriver, each an optional string attribute (durations and signals are
-// written "10s", "SIGTERM"), decoded into LockConfig's strings and parsed
-// by shim.LockSpec.Apply.
-func lockBlockSpec() *hclspec.Spec {
-	attrs := map[string]*hclspec.Spec{}
-	for _, s := range shim.LockSettings.In(shim.InDriver) {
-		attrs[s.Name] = hclspec.NewAttr(s.Name, "string", false)
-	}
-	return hclspec.NewObject(attrs)
+	return hclspec.NewBlock(name, false, hclspec.NewObject(attrs))
 }
 
 // DefaultLockPath is the lock of a task when its lock block names none:
@@ -262,47 +243,47 @@ func (tc TaskConfig) validateStart() error {
 		"only once it holds the lock; needs read-job for the task's identity: see docs/services.md)", tc.Start, StartAtOnce, StartOnLock)
 }
 
-// shimConfig turns a task's config into the supervisor's, validated. Every
-// error names the jobspec field to fix.
-func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duration) (shim.Config, error) {
-	c := shim.DefaultConfig()
-	c.TTL, c.LockDelay = ttl, delay
-	if tc.Command != "" || !tc.Gate {
-		c.Command = append([]string{tc.Command}, tc.Args...)
-	}
-	if tc.Gate {
-		c.Gate = &shim.Gate{AllocID: cfg.AllocID, Task: cfg.Name, Namespace: cfg.Namespace}
-	} else if tc.Start == StartOnLock {
-		c.WatchAlloc = &shim.AllocWatch{AllocID: cfg.AllocID, Namespace: cfg.Namespace, Who: onLockWho}
-	}
+// runSpec turns a task's config into the run its supervisor supervises,
+// validated. Every error names the jobspec field to fix.
+func (tc TaskConfig) runSpec(cfg *drivers.TaskConfig, ttl, delay time.Duration) (shim.Spec, error) {
 	var errs []error
 	if err := tc.validateStart(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := shim.LockSettings.In(shim.InDriver).Apply(&c, tc.Lock,
-		func(s shim.LockSetting) string { return "config.lock." + s.Name }); err != nil {
+	run, err := tc.DriverBlocks.Spec(ttl, delay, func(k string) string { return cfg.Env[k] })
+	if err != nil {
 		errs = append(errs, err)
+	}
+	run.Holder = taskHolder(cfg)
+	c := &run.Config
+	if tc.Command != "" || !tc.Gate {
+		c.Command = append([]string{tc.Command}, tc.Args...)
+	}
+	if tc.Gate {
+		run.Gate = &shim.GateSpec{AllocID: cfg.AllocID, Task: cfg.Name, Namespace: cfg.Namespace}
+	} else if tc.Start == StartOnLock {
+		run.WatchAlloc = &shim.AllocWatch{AllocID: cfg.AllocID, Namespace: cfg.Namespace, Who: onLockWho}
 	}
 	if c.Path == "" {
 		c.Path = DefaultLockPath(cfg)
 	}
-	if c.Mode == shim.ModeLease {
+	if c.LeaseMode() {
 		if err := checkLeasePath(cfg, c.Path); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	c.Namespace = cfg.Namespace
-	lb, err := shim.BuildLoadBalancer(tc.LoadBalancer, tc.HealthCheck, func(k string) string { return cfg.Env[k] }, "config.")
-	if err != nil {
-		errs = append(errs, err)
-	}
-	c.LB = lb
+	// The supervisor, as root beside a task it does not trust, reaches
+	// Nomad only through the task's secrets dir, from the plugin (never from
+	// the task environment, which a job can set): its Task API socket.
+	c.RootSecretsDir = cfg.TaskDir().SecretsDir
+	c.AllocIndex = allocIndex(cfg)
 	errs = append(errs, tc.validateProcess()...)
 	if tc.Command == "" && !tc.Gate {
 		errs = append(errs, errors.New("config.command is missing: give the program to run, or set config.gate = true "+
 			"to hold the lock for the group's other tasks"))
 	}
-	if c.Mode == shim.ModeLease && tc.ShareNomadToken {
+	if c.LeaseMode() && tc.ShareNomadToken {
 		errs = append(errs, errors.New(`config.lock.mode = "lease" with config.share_nomad_token = true: `+
 			"a workload with the token could write the heartbeat the standby trusts; remove share_nomad_token"))
 	}
@@ -310,12 +291,12 @@ func (tc TaskConfig) shimConfig(cfg *drivers.TaskConfig, ttl, delay time.Duratio
 		errs = append(errs, errors.New("config.args without config.command: a gate with args needs a command to pass them to"))
 	}
 	if len(errs) > 0 {
-		return c, errors.Join(errs...)
+		return run, errors.Join(errs...)
 	}
-	if err := c.Validate(); err != nil {
-		return c, fmt.Errorf("invalid config.lock: %w", err)
+	if err := run.Validate(); err != nil {
+		return run, fmt.Errorf("invalid config.lock: %w", err)
 	}
-	return c, nil
+	return run, nil
 }
 
 // checkLeasePath keeps a lease-mode task to its own job's locks: the
@@ -363,8 +344,8 @@ func checkIdentity(cfg *drivers.TaskConfig) error {
 // secrets/nomad_token, readable by the task's user, and whoever holds it
 // can write the heartbeat that a standby trusts (docs/lease.md). With
 // identity { env = true } alone the workload never gets it (workloadEnv).
-func checkLeaseIdentity(cfg *drivers.TaskConfig, sc shim.Config) error {
-	if sc.Mode != shim.ModeLease {
+func checkLeaseIdentity(cfg *drivers.TaskConfig, run shim.Spec) error {
+	if !run.LeaseMode() {
 		return nil
 	}
 	if _, err := os.Lstat(filepath.Join(cfg.TaskDir().SecretsDir, "nomad_token")); err != nil {
@@ -379,22 +360,20 @@ func checkLeaseIdentity(cfg *drivers.TaskConfig, sc shim.Config) error {
 // spec: the files the jobspec names read in, the identity checked, and the
 // plugin's and the task's denied_envvars joined.
 func planTask(cfg *drivers.TaskConfig, tc TaskConfig, ttl, delay time.Duration, users userPolicy, denied []string) (supervisorSpec, error) {
-	lbSpec, err := resolveLBFiles(cfg, tc.LoadBalancer)
-	if err != nil {
+	if err := resolveLBFiles(cfg, &tc.DriverBlocks); err != nil {
 		return supervisorSpec{}, err
 	}
-	tc.LoadBalancer = lbSpec
-	sc, err := tc.shimConfig(cfg, ttl, delay)
+	run, err := tc.runSpec(cfg, ttl, delay)
 	if err != nil {
 		return supervisorSpec{}, err
 	}
 	if err := checkIdentity(cfg); err != nil {
 		return supervisorSpec{}, err
 	}
-	if err := checkLeaseIdentity(cfg, sc); err != nil {
+	if err := checkLeaseIdentity(cfg, run); err != nil {
 		return supervisorSpec{}, err
 	}
-	spec, err := buildSpec(cfg, tc, sc, users)
+	spec, err := buildSpec(cfg, tc, run, users)
 	if err != nil {
 		return supervisorSpec{}, err
 	}
@@ -410,24 +389,16 @@ func taskHolder(cfg *drivers.TaskConfig) lockclient.Holder {
 		Group: cfg.TaskGroupName, Task: cfg.Name, Node: cfg.NodeName}
 }
 
-// buildSpec turns the validated config into the supervisor's spec, with the
+// buildSpec turns the validated run into the supervisor's spec, with the
 // task's user resolved and checked against the plugin's user policy.
-func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, sc shim.Config, users userPolicy) (supervisorSpec, error) {
-	spec := supervisorSpec{
-		LB: tc.LoadBalancer, Health: tc.HealthCheck,
-		TaskID: cfg.ID, Path: sc.Path, Namespace: sc.Namespace, Command: sc.Command,
-		Holders: sc.Holders, AllocIndex: allocIndex(cfg),
-		TTL: sc.TTL, LockDelay: sc.LockDelay, Renew: sc.Renew, Wait: sc.Wait, UpdateGrace: sc.UpdateGrace,
-		KillSignal: int(sc.KillSignal), KillSigSet: sc.KillSignalSet, KillTimeout: sc.KillTimeout,
-		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), SecretsDir: cfg.TaskDir().SecretsDir, ShareNomadToken: tc.ShareNomadToken,
-		OOMScoreAdj: tc.OOMScoreAdj, Holder: taskHolder(cfg),
-		Mode: sc.Mode, LeaseProfile: sc.LeaseProfile,
-		LeaseInterval: sc.LeaseInterval, LeaseFence: sc.LeaseFence, LeaseKillGrace: sc.LeaseKillGrace,
-	}
-	if g := sc.Gate; g != nil {
-		spec.Gate = &gateSpec{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace}
-	}
-	spec.StartOnLock = sc.WatchAlloc != nil
+func buildSpec(cfg *drivers.TaskConfig, tc TaskConfig, run shim.Spec, users userPolicy) (supervisorSpec, error) {
+	// The driver's supervisor waits for an ACL policy rather than fail (a
+	// task event names it), and stands behind its task with the plugin,
+	// which releases with its own token what the task's identity no longer
+	// can.
+	run.WaitForPolicy, run.PluginReleases = true, true
+	spec := supervisorSpec{Run: run, TaskID: cfg.ID, taskProcess: taskProcess{
+		WorkDir: cmp.Or(tc.WorkDir, cfg.TaskDir().Dir), ShareNomadToken: tc.ShareNomadToken, OOMScoreAdj: tc.OOMScoreAdj}}
 	id, err := users.resolve(cfg.User)
 	if err != nil {
 		return spec, err

@@ -57,7 +57,7 @@ func TestDefaultLockPathEscapes(t *testing.T) {
 		}
 		seen[got] = task
 		c := TaskConfig{Command: "/bin/true"}
-		if _, err := c.shimConfig(&drivers.TaskConfig{JobID: long + ".x", TaskGroupName: "group", Name: task}, 15*time.Second, 5*time.Second); err != nil {
+		if _, err := c.runSpec(&drivers.TaskConfig{JobID: long + ".x", TaskGroupName: "group", Name: task}, 15*time.Second, 5*time.Second); err != nil {
 			t.Errorf("the default lock path of a long, dotted job is refused: %v", err)
 		}
 	}
@@ -71,22 +71,22 @@ func TestShimConfig(t *testing.T) {
 		wantErr string
 	}{
 		{name: "defaults from the plugin", tc: TaskConfig{Command: "/bin/app", Args: []string{"a b"}}},
-		{name: "explicit lock block", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{
-			"path": "nomad/jobs/web/leader", "ttl": "20s", "delay": "2s", "renew": "5s", "wait": "1m", "kill_signal": "SIGINT", "kill_timeout": "9s"}}},
-		{name: "ttl below Nomad's minimum", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"ttl": "5s"}},
+		{name: "explicit lock block", tc: taskWithLock("/bin/app", LockConfig{
+			"path": "nomad/jobs/web/leader", "ttl": "20s", "delay": "2s", "renew": "5s", "wait": "1m", "kill_signal": "SIGINT", "kill_timeout": "9s"})},
+		{name: "ttl below Nomad's minimum", tc: taskWithLock("/bin/app", LockConfig{"ttl": "5s"}),
 			wantErr: "Nomad accepts 10s to 24h"},
-		{name: "duration without unit", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"ttl": "10"}},
+		{name: "duration without unit", tc: taskWithLock("/bin/app", LockConfig{"ttl": "10"}),
 			wantErr: `config.lock.ttl = "10" is not a duration`},
-		{name: "path outside nomad/jobs", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"path": "nomad/web"}},
+		{name: "path outside nomad/jobs", tc: taskWithLock("/bin/app", LockConfig{"path": "nomad/web"}),
 			wantErr: "below nomad/jobs/"},
-		{name: "unknown kill signal", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"kill_signal": "SIGNOPE"}},
+		{name: "unknown kill signal", tc: taskWithLock("/bin/app", LockConfig{"kill_signal": "SIGNOPE"}),
 			wantErr: "config.lock.kill_signal"},
-		{name: "zero delay", tc: TaskConfig{Command: "/bin/app", Lock: LockConfig{"delay": "0s"}},
+		{name: "zero delay", tc: taskWithLock("/bin/app", LockConfig{"delay": "0s"}),
 			wantErr: "replaces 0 with 15s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := tc.tc.shimConfig(cfg, 15*time.Second, 5*time.Second)
+			c, err := tc.tc.runSpec(cfg, 15*time.Second, 5*time.Second)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
@@ -222,7 +222,7 @@ func TestLoadBalancerBaragonFields(t *testing.T) {
         }
       }`)
 	cfg := &drivers.TaskConfig{ID: "a/t/1", JobID: "j", JobName: "j", TaskGroupName: "g", Name: "t", Env: map[string]string{"NOMAD_HOST_ADDR_http": "127.0.0.1:8080"}}
-	sc, err := tc.shimConfig(cfg, 10*time.Second, time.Second)
+	sc, err := tc.runSpec(cfg, 10*time.Second, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,14 +265,9 @@ func TestLoadBalancerBaragonFields(t *testing.T) {
 	if len(got.Add) != 1 || got.Add[0].Upstream != "127.0.0.1:8080" || got.Add[0].Group != "blue" || got.Add[0].RackID != "us_east_1a" {
 		t.Errorf("upstreams %+v, want 127.0.0.1:8080 in group blue, rack us_east_1a", got.Add)
 	}
-	// The driver hands the block to its supervisor as JSON.
-	spec, err := json.Marshal(tc.LoadBalancer)
-	if err != nil {
-		t.Fatalf("spec.json: %v", err)
-	}
-	var back shim.LBSpec
-	if err := json.Unmarshal(spec, &back); err != nil || !reflect.DeepEqual(back.Options, wantOpts) {
-		t.Errorf("options through spec.json: %#v %v", back.Options, err)
+	// The driver hands the load balancer to its supervisor in spec.json.
+	if back := specThroughFile(t, supervisorSpec{Run: sc}); back.LB == nil || !reflect.DeepEqual(back.LB.Options, wantOpts) {
+		t.Errorf("options through spec.json: %#v", back.LB)
 	}
 }
 
@@ -345,7 +340,7 @@ func TestGateLoadBalancer(t *testing.T) {
       }`)
 	cfg := &drivers.TaskConfig{ID: "a/gate/1", AllocID: "a", JobID: "j", JobName: "j", TaskGroupName: "g", Name: "gate",
 		Env: map[string]string{"NOMAD_HOST_ADDR_http": "127.0.0.1:8080"}}
-	sc, err := tc.shimConfig(cfg, 10*time.Second, time.Second)
+	sc, err := tc.runSpec(cfg, 10*time.Second, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +348,7 @@ func TestGateLoadBalancer(t *testing.T) {
 		t.Fatalf("gate %+v, lb %+v: want a gate whose LB upstream and health check are the group's http port", sc.Gate, sc.LB)
 	}
 	cfg.Env = nil // no group port "http"
-	if _, err := tc.shimConfig(cfg, 10*time.Second, time.Second); err == nil || !strings.Contains(err.Error(), "config.load_balancer.port") {
+	if _, err := tc.runSpec(cfg, 10*time.Second, time.Second); err == nil || !strings.Contains(err.Error(), "config.load_balancer.port") {
 		t.Fatalf("error %v, want one naming config.load_balancer.port", err)
 	}
 }
@@ -429,7 +424,7 @@ func TestJobspecDurationsBelowTheirMinimum(t *testing.T) {
         }
       }`)
 	cfg := &drivers.TaskConfig{ID: "a/t/1", JobID: "j", JobName: "j", TaskGroupName: "g", Name: "t", Env: map[string]string{"NOMAD_HOST_ADDR_http": "127.0.0.1:8080"}}
-	_, err := tc.shimConfig(cfg, 10*time.Second, time.Second)
+	_, err := tc.runSpec(cfg, 10*time.Second, time.Second)
 	for _, want := range []string{
 		"config.lock.renew = 1ns is below its minimum of 1s",
 		"request_timeout = 1ns is below its minimum of 100ms",
@@ -459,12 +454,12 @@ func TestHolderRecordComesFromTheTaskConfig(t *testing.T) {
 	cfg := &drivers.TaskConfig{ID: "0b0e7c52-2a3b-4c5d-8e9f-0a1b2c3d4e5f/t/1", AllocID: "0b0e7c52-2a3b-4c5d-8e9f-0a1b2c3d4e5f",
 		JobID: "web/dispatch-1", ParentJobID: "web", TaskGroupName: "g", Name: "t", NodeName: "node-1",
 		Env: map[string]string{"NOMAD_ALLOC_ID": "forged-alloc"}}
-	h := supervisorSpec{Holder: taskHolder(cfg)}.holder()
+	h := supervisorSpec{Run: shim.Spec{Holder: taskHolder(cfg)}}.holder()
 	if h.AllocID != cfg.AllocID || h.JobID != "web" || h.Group != "g" || h.Task != "t" || h.Node != "node-1" || h.PID != os.Getpid() {
 		t.Errorf("holder %+v, want alloc %s, job web (the parent), group g, task t, node node-1 and this PID", h, cfg.AllocID)
 	}
 	cfg.ParentJobID, cfg.NodeName = "", ""
-	if h := (supervisorSpec{Holder: taskHolder(cfg)}).holder(); h.JobID != cfg.JobID || h.Node == "" || h.Node == "forged-node" {
+	if h := (supervisorSpec{Run: shim.Spec{Holder: taskHolder(cfg)}}).holder(); h.JobID != cfg.JobID || h.Node == "" || h.Node == "forged-node" {
 		t.Errorf("holder %+v, want job %s and the host name for the node", h, cfg.JobID)
 	}
 }
@@ -480,7 +475,7 @@ func TestLockHoldersMakesASemaphoreSpec(t *testing.T) {
       }`)
 	cfg := &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", JobID: "web", JobName: "web", TaskGroupName: "g", Name: "t",
 		Env: map[string]string{"NOMAD_ALLOC_INDEX": "4"}}
-	sc, err := tc.shimConfig(cfg, 10*time.Second, time.Second)
+	sc, err := tc.runSpec(cfg, 10*time.Second, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,7 +483,7 @@ func TestLockHoldersMakesASemaphoreSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := spec.shimConfig()
+	got := specThroughFile(t, spec)
 	if got.Holders != 3 || got.AllocIndex != 4 || got.Path != DefaultLockPath(cfg) {
 		t.Errorf("supervisor config: holders %d, alloc index %d, path %s; want 3, 4, %s", got.Holders, got.AllocIndex, got.Path, DefaultLockPath(cfg))
 	}
@@ -498,7 +493,7 @@ func TestLockHoldersMakesASemaphoreSpec(t *testing.T) {
         gate = true
         lock { holders = 2 }
       }`)
-	sc, err = tc.shimConfig(cfg, 10*time.Second, time.Second)
+	sc, err = tc.runSpec(cfg, 10*time.Second, time.Second)
 	if err != nil {
 		t.Fatalf("a gate with holders: %v", err)
 	}
@@ -506,7 +501,7 @@ func TestLockHoldersMakesASemaphoreSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := spec.shimConfig(); got.Holders != 2 || got.Gate == nil || got.AllocIndex != 4 {
+	if got := specThroughFile(t, spec); got.Holders != 2 || got.Gate == nil || got.AllocIndex != 4 {
 		t.Errorf("a gate with holders: holders %d, gate %v, alloc index %d; want 2, a gate, 4", got.Holders, got.Gate, got.AllocIndex)
 	}
 }

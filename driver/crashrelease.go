@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -72,7 +73,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 	}
 
 	var spec supervisorSpec
-	err := readJSON(h.dir, specFile, &spec)
+	err := readSpec(h.dir, &spec)
 	// gatedKilledAt is when the plugin began the kill of gated tasks it
 	// then proved dead (zero: it did not): restarts Nomad schedules after
 	// it are its own kill's, which Nomad's kill of the failing allocation
@@ -81,7 +82,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 	h.mu.Lock()
 	planned := h.killedByPlugin
 	h.mu.Unlock()
-	if err == nil && spec.Gate != nil && crashed && !planned && !held.IdentityRejected {
+	if err == nil && spec.Run.Gate != nil && crashed && !planned && !held.IdentityRejected {
 		// A crashed gate's lock covers its gated tasks: the plugin kills
 		// them and proves them dead itself, if it can (see gatedtasks.go),
 		// and then releases at once.
@@ -103,7 +104,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 	}
 	// The release that follows is sent only before the lease's release
 	// cutoff (see releaseWith): past it the server may be expiring the lock.
-	if err != nil || (spec.Gate != nil && !held.IdentityRejected && gatedKilledAt.IsZero()) {
+	if err != nil || (spec.Run.Gate != nil && !held.IdentityRejected && gatedKilledAt.IsZero()) {
 		// A gate's lock covers its gated tasks, which run in other task
 		// cgroups, under other drivers: unless the plugin proved them dead
 		// above, the gate now fails and Nomad kills them; the server's
@@ -125,7 +126,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 		d.emitEvent(h.cfg, crashNotReleasedMessage(whose, err, 0), ann)
 		return
 	}
-	via, err := d.releaseHeld(h, held, spec.Gate, gatedKilledAt, log)
+	via, err := d.releaseHeld(h, held, spec.Run.Gate, gatedKilledAt, log)
 	switch {
 	case err == nil:
 		log.Info("released the lock on behalf of the supervisor", "via", via)
@@ -153,7 +154,7 @@ func (d *Driver) releaseAfterCrash(h *taskHandle, crashed bool, lbRemoved func(w
 // stopped or gone (its client kills the gated tasks before it stops the
 // gate), and marks the release clean first so that the next gate need not
 // wait (see shim.gateAwaitPrevious).
-func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, gatedKilledAt time.Time, log hclog.Logger) (via string, err error) {
+func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *shim.GateSpec, gatedKilledAt time.Time, log hclog.Logger) (via string, err error) {
 	st := h.lastStatus()
 	if fresh := (supervisorStatus{}); readJSON(h.dir, statusFile, &fresh) == nil && fresh.LastRenewBoot > st.LastRenewBoot {
 		st = fresh
@@ -180,7 +181,7 @@ func (d *Driver) releaseHeld(h *taskHandle, held heldLease, gate *gateSpec, gate
 // time of its last acknowledged renew, which the supervisor recorded): the
 // server may then be expiring the lock, and its expiry would clear the
 // next holder's.
-func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew time.Time, gate *gateSpec, gatedKilledAt time.Time, log hclog.Logger) error {
+func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew time.Time, gate *shim.GateSpec, gatedKilledAt time.Time, log hclog.Logger) error {
 	locker, err := lockclient.New(lockclient.Config{
 		Endpoint:  ep,
 		Namespace: held.Namespace,
@@ -197,12 +198,16 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew t
 	ctx, cancel := lockclient.WithBootTimeout(d.ctx, crashReleaseTimeout)
 	defer cancel()
 	if gate != nil {
+		reader, err := allocs.New(allocs.ConfigOf(locker))
+		if err != nil {
+			return err
+		}
 		if gatedKilledAt.IsZero() {
-			if err := gateAllocStopped(ctx, locker, gate); err != nil {
+			if err := gateAllocStopped(ctx, reader, gate); err != nil {
 				return err
 			}
 		}
-		if why := gatedMayStart(ctx, locker, gate, gatedKilledAt); why != "" {
+		if why := gatedMayStart(ctx, reader, gate, gatedKilledAt); why != "" {
 			log.Warn("not marking the gate's release clean: the next gate waits for Nomad's report", "why", why)
 		} else if err := locker.MarkReleasedCleanID(ctx, held.LockID, held.Fence, lastRenew); err != nil {
 			log.Warn("cannot mark the gate's release clean; the next gate waits for Nomad's report", "error", err)
@@ -215,10 +220,10 @@ func (d *Driver) releaseWith(ep lockclient.Endpoint, held heldLease, lastRenew t
 // tasks, which neither the kill nor the static restart rule holds back (a
 // restart or a first start pending, see shim.GatedPending), or "": a
 // release after which one may is not marked clean.
-func gatedMayStart(ctx context.Context, locker *lockclient.Locker, gate *gateSpec, killedAt time.Time) string {
-	alloc, _, err := locker.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
+func gatedMayStart(ctx context.Context, reader *allocs.Reader, gate *shim.GateSpec, killedAt time.Time) string {
+	alloc, _, err := reader.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
 	switch {
-	case errors.Is(err, lockclient.ErrAllocGone) && !errors.Is(err, lockclient.ErrAllocHidden):
+	case errors.Is(err, allocs.ErrGone) && !errors.Is(err, allocs.ErrHidden):
 		return ""
 	case err != nil:
 		return fmt.Sprintf("cannot read the allocation (%v)", err)
@@ -231,13 +236,13 @@ func gatedMayStart(ctx context.Context, locker *lockclient.Locker, gate *gateSpe
 
 // gateAllocStopped returns nil once Nomad says the gate's allocation is
 // stopped or gone: its client then kills the gated tasks before the gate.
-func gateAllocStopped(ctx context.Context, locker *lockclient.Locker, gate *gateSpec) error {
-	alloc, _, err := locker.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
+func gateAllocStopped(ctx context.Context, reader *allocs.Reader, gate *shim.GateSpec) error {
+	alloc, _, err := reader.Allocation(ctx, gate.AllocID, gate.Namespace, 0)
 	switch {
-	case errors.Is(err, lockclient.ErrAllocHidden):
+	case errors.Is(err, allocs.ErrHidden):
 		return fmt.Errorf("cannot confirm that the gate's allocation is stopped, so its gated tasks may run: "+
 			"the release token needs read-job (examples/acl/singleton-release.policy.hcl): %w", err)
-	case errors.Is(err, lockclient.ErrAllocGone):
+	case errors.Is(err, allocs.ErrGone):
 		return nil
 	case err != nil:
 		return fmt.Errorf("cannot confirm that the gate's allocation is stopped, so its gated tasks may run: %w", err)
@@ -291,7 +296,7 @@ func (d *Driver) removeAfterCrash(h *taskHandle) (wait func(within time.Duration
 		return wait
 	}
 	var spec supervisorSpec
-	if readJSON(h.dir, specFile, &spec) != nil || spec.Gate == nil {
+	if readSpec(h.dir, &spec) != nil || spec.Run.Gate == nil {
 		d.removeCrashedUpstream(h, reg, reg.Config.WithDefaults().RemoveDeadline+crashReleaseTimeout, true)
 		return wait
 	}

@@ -107,7 +107,7 @@ func TestLBCleanUpAfterGateCrash(t *testing.T) {
 			unblock := make(chan struct{})
 			defer close(unblock) // runs before registeredState's clean-up closes the LB
 			dir := registeredState(t, func() { posts.Add(1); <-unblock })
-			if err := writeJSON(dir, specFile, supervisorSpec{Gate: &gateSpec{AllocID: "a1", Task: "gate"}}); err != nil {
+			if err := writeJSON(dir, specFile, gateSpecFile(shim.GateSpec{AllocID: "a1", Task: "gate"})); err != nil {
 				t.Fatal(err)
 			}
 			d := &Driver{ctx: context.Background(), logger: hclog.NewNullLogger()}

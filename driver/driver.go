@@ -100,12 +100,13 @@ type Driver struct {
 // once only to read PluginInfo and ConfigSchema.
 func New(ctx context.Context, logger hclog.Logger) *Driver {
 	logger = logger.Named(PluginName)
+	ttl, delay, _ := PluginConfig{}.defaults() // the lock settings' own
 	return &Driver{
 		ctx:     ctx,
 		logger:  logger,
 		eventer: eventer.NewEventer(ctx, logger),
-		ttl:     shim.DefaultTTL,
-		delay:   shim.DefaultLockDelay,
+		ttl:     ttl,
+		delay:   delay,
 		tasks:   newTaskStore(),
 	}
 }
@@ -257,6 +258,9 @@ type driverState struct {
 	StartTicks uint64
 	StartedAt  time.Time
 	StateDir   string
+	// SpecVersion is the version of the task's spec.json (shim.SpecVersion
+	// when it was written; 0: version 1, before it was recorded).
+	SpecVersion int `json:",omitempty"`
 }
 
 // StartTask starts the task's supervisor, detached in its own session.
@@ -300,24 +304,25 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	h := &taskHandle{
 		cfg: cfg, dir: dir, proc: proc, cgroup: cg, startedAt: time.Now(),
 		logger: d.logger.With("alloc_id", cfg.AllocID, "task", cfg.Name),
-		done:   make(chan struct{}), gate: tc.Gate, lease: spec.Mode == shim.ModeLease,
+		done:   make(chan struct{}), gate: tc.Gate, lease: spec.Run.LeaseMode(),
 	}
 	if tc.startsOnLock() {
 		h.holding = make(chan struct{})
 	}
 	handle := drivers.NewTaskHandle(taskHandleVersion)
 	handle.Config = cfg
-	if err := handle.SetDriverState(&driverState{PID: proc.pid, StartTicks: ticks, StartedAt: h.startedAt, StateDir: dir.Path()}); err != nil {
+	if err := handle.SetDriverState(&driverState{PID: proc.pid, StartTicks: ticks, StartedAt: h.startedAt, StateDir: dir.Path(),
+		SpecVersion: spec.Run.Version}); err != nil {
 		_ = proc.signal(syscall.SIGKILL)
 		return nil, nil, fmt.Errorf("set driver state: %w", err)
 	}
 	d.tasks.set(cfg.ID, h)
 	d.metrics.track(h, spec)
 	go d.run(h, &eventTail{dir: dir})
-	h.logger.Info("started supervisor", "pid", proc.pid, "lock", spec.Path)
+	h.logger.Info("started supervisor", "pid", proc.pid, "lock", spec.Run.Path)
 	d.startLeaseStandby(h, spec)
 	if h.holding != nil {
-		if err := d.waitHolding(h, root, spec.Path); err != nil {
+		if err := d.waitHolding(h, root, spec.Run.Path); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -333,16 +338,16 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 // The new run's spec, which names the lease, is on disk before the
 // plugin's warden may look again (runHolds).
 func (d *Driver) takeOver(cfg *drivers.TaskConfig, root *securefs.Dir, tc TaskConfig, spec *supervisorSpec) error {
-	if spec.Gate != nil {
+	if spec.Run.Gate != nil {
 		d.mu.RLock()
-		spec.Gate.DockerEndpoint = d.config.DockerEndpoint
+		spec.DockerEndpoint = d.config.DockerEndpoint
 		d.mu.RUnlock()
 	}
 	var adopt *shim.AdoptLease
 	if tc.startsOnLock() {
 		adopt = d.supersedeStart(cfg, root)
 	}
-	if spec.Gate == nil {
+	if spec.Run.Gate == nil {
 		return nil
 	}
 	d.gateLeases.mu.Lock()
@@ -350,7 +355,7 @@ func (d *Driver) takeOver(cfg *drivers.TaskConfig, root *securefs.Dir, tc TaskCo
 	if kept := d.gateLeases.takeLocked(cfg, root); kept != nil && adopt == nil {
 		adopt = kept
 	}
-	spec.Gate.Adopt = adopt
+	spec.Run.Gate.Adopt = adopt
 	if adopt == nil && d.wardenArmed(cfg, root) {
 		d.emitEvent(cfg, gateNotRestartedMessage(), map[string]string{"lock_state": string(shim.StateLost)})
 		return fmt.Errorf("gate %q: %s", cfg.Name, gateNotRestartedMessage())
@@ -384,12 +389,18 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		// which the task user can write: nothing in it can be trusted. Kill
 		// its supervisor (proven by PID and start time; its group guard then
 		// kills the workload) and let the lock expire on the server.
-		if proc, ferr := findSupervisor(st.PID, st.StartTicks); ferr == nil {
-			_ = proc.signal(syscall.SIGKILL)
-			unix.Close(proc.pidfd)
-		}
+		killUnrecoverable(st)
 		return fmt.Errorf("recover task: its state dir cannot be trusted (%w); its supervisor was killed and "+
 			"its lock expires on the server within 2×TTL + delay", err)
+	}
+	var spec supervisorSpec
+	if err := checkSpecVersion(cmp.Or(st.SpecVersion, legacySpecVersion)); err != nil {
+		// A later plugin's task, whose state this one cannot read: it could
+		// neither watch it nor release for it. Not a silent failover: the
+		// task fails with the way out, and its lock expires on the server.
+		dir.Close()
+		killUnrecoverable(st)
+		return fmt.Errorf("recover task: %w; its supervisor was killed and its lock expires on the server within 2×TTL + delay", err)
 	}
 	h := &taskHandle{
 		cfg: cfg, dir: dir, cgroup: cg, startedAt: st.StartedAt,
@@ -397,9 +408,8 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		done:   make(chan struct{}),
 	}
 	// A recovered gate is still a gate: its watchdog kills its gated tasks.
-	var spec supervisorSpec
-	h.gate = readJSON(dir, specFile, &spec) == nil && spec.Gate != nil
-	h.lease = spec.Mode == shim.ModeLease
+	h.gate = readSpec(dir, &spec) == nil && spec.Run.Gate != nil
+	h.lease = spec.Run.LeaseMode()
 	d.metrics.track(h, spec)
 	tail := &eventTail{dir: dir}
 	tail.restore()
@@ -429,10 +439,20 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	d.tasks.set(cfg.ID, h)
 	go d.run(h, tail)
 	h.logger.Info("recovered supervisor", "pid", st.PID)
-	if spec.Mode == shim.ModeLease && d.checkLeaseMode(spec) == nil {
-		go d.leaseStandby(h, spec.shimConfig(), *spec.shimConfig().Heartbeat())
+	if spec.Run.LeaseMode() && d.checkLeaseMode(spec) == nil {
+		go d.leaseStandby(h, spec.Run, *spec.Run.Heartbeat())
 	}
 	return nil
+}
+
+// killUnrecoverable SIGKILLs the supervisor of a task that cannot be
+// recovered, once proven by PID and start time: its group guard then kills
+// the workload.
+func killUnrecoverable(st driverState) {
+	if proc, err := findSupervisor(st.PID, st.StartTicks); err == nil {
+		_ = proc.signal(syscall.SIGKILL)
+		unix.Close(proc.pidfd)
+	}
 }
 
 func (d *Driver) WaitTask(ctx context.Context, taskID string) (<-chan *drivers.ExitResult, error) {

@@ -17,7 +17,6 @@ import (
 	"github.com/creack/pty"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
 // ExecCommand is the hidden argv[1] that runs a command inside a task's
@@ -25,6 +24,12 @@ import (
 // sets the workload's oom_score_adj, drops to the task user, changes to the
 // task's work_dir (the task dir by default), then execs the command.
 const ExecCommand = "__singleton-exec"
+
+// The exec helper's exit codes when it cannot exec the command, as a shell's.
+const (
+	execCannotExec = 126 // found but cannot be executed, or the task's context cannot be entered
+	execNotFound   = 127 // not found
+)
 
 // MaybeRunExec execs into the command and never returns if args ask for it.
 func MaybeRunExec(args []string) {
@@ -43,21 +48,21 @@ func MaybeRunExec(args []string) {
 func execInTask(path string, argv []string) (int, error) {
 	dir, err := securefs.OpenPrivate(path, false)
 	if err != nil {
-		return shim.ExitCannotExec, err
+		return execCannotExec, err
 	}
 	var spec supervisorSpec
-	err = readJSON(dir, specFile, &spec)
+	err = readSpec(dir, &spec)
 	dir.Close()
 	if err != nil {
-		return shim.ExitCannotExec, err
+		return execCannotExec, err
 	}
 	if err := joinCgroups(spec.CgroupProcs); err != nil {
-		return shim.ExitCannotExec, err
+		return execCannotExec, err
 	}
 	// Before dropping privileges: lowering it back from the supervisor's
 	// value needs CAP_SYS_RESOURCE, and the workload cannot lower it again.
 	if err := setOOMScoreAdj(spec.OOMScoreAdj); err != nil {
-		return shim.ExitCannotExec, fmt.Errorf("set the workload's oom_score_adj to config.oom_score_adj = %d: %w", spec.OOMScoreAdj, err)
+		return execCannotExec, fmt.Errorf("set the workload's oom_score_adj to config.oom_score_adj = %d: %w", spec.OOMScoreAdj, err)
 	}
 	env := workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars)
 	if spec.UID != nil {
@@ -66,32 +71,32 @@ func execInTask(path string, argv []string) (int, error) {
 			groups[i] = int(g)
 		}
 		if err := syscall.Setgroups(groups); err != nil {
-			return shim.ExitCannotExec, fmt.Errorf("setgroups: %w", err)
+			return execCannotExec, fmt.Errorf("setgroups: %w", err)
 		}
 		if err := syscall.Setgid(int(spec.GID)); err != nil {
-			return shim.ExitCannotExec, fmt.Errorf("setgid: %w", err)
+			return execCannotExec, fmt.Errorf("setgid: %w", err)
 		}
 		if err := syscall.Setuid(int(*spec.UID)); err != nil {
-			return shim.ExitCannotExec, fmt.Errorf("setuid: %w", err)
+			return execCannotExec, fmt.Errorf("setuid: %w", err)
 		}
 	}
 	// Only now, as the task user: a work_dir of the job's choosing must not
 	// give the workload a way into a directory it could not reach itself.
 	if spec.WorkDir != "" {
 		if err := os.Chdir(spec.WorkDir); err != nil {
-			return shim.ExitCannotExec, fmt.Errorf("config.work_dir: the task user cannot enter %s: %w", spec.WorkDir, err)
+			return execCannotExec, fmt.Errorf("config.work_dir: the task user cannot enter %s: %w", spec.WorkDir, err)
 		}
 	}
 	// The command is looked up as the task user, in the workload's PATH.
 	bin, err := lookPath(argv[0], env)
 	if err != nil {
-		return shim.ExitNotFound, err
+		return execNotFound, err
 	}
 	err = syscall.Exec(bin, argv, env)
 	if errors.Is(err, syscall.ENOENT) {
-		return shim.ExitNotFound, err
+		return execNotFound, err
 	}
-	return shim.ExitCannotExec, err
+	return execCannotExec, err
 }
 
 // lookPath resolves file like exec.LookPath, with PATH taken from env.

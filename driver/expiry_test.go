@@ -134,7 +134,7 @@ func TestKeptGateLeaseEndsAtTheCutoff(t *testing.T) {
 			defer dir.Close()
 			at := lockclient.BootNanos(lockclient.BootNow().Add(-tc.renewed))
 			for name, v := range map[string]any{
-				specFile:   supervisorSpec{Gate: &gateSpec{AllocID: "5d171c8d-1421-633e-e44a-52cb9501d563", Task: "gate"}},
+				specFile:   gateSpecFile(shim.GateSpec{AllocID: "5d171c8d-1421-633e-e44a-52cb9501d563", Task: "gate"}),
 				leaseFile:  heldLease{LockID: "id-1", Fence: 7, TTL: 10 * time.Second, LockDelay: 10 * time.Second, LastRenewBoot: at},
 				statusFile: supervisorStatus{Fence: 7, LastRenewBoot: at},
 				exitFile:   exitStatus{},

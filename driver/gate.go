@@ -110,7 +110,7 @@ func keptName(task string) string { return "kept-" + url.PathEscape(task) + ".js
 // it may (see gateLeases).
 func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 	var spec supervisorSpec
-	if root == nil || readJSON(h.dir, specFile, &spec) != nil || spec.Gate == nil {
+	if root == nil || readSpec(h.dir, &spec) != nil || spec.Run.Gate == nil {
 		return
 	}
 	var held heldLease
@@ -128,7 +128,7 @@ func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 	}
 	var st supervisorStatus
 	_ = readJSON(h.dir, statusFile, &st)
-	a, ok := keptDeadlines(held, st, spec.Mode)
+	a, ok := keptDeadlines(held, st, spec.Run.LeaseMode())
 	if !ok {
 		return
 	}
@@ -156,7 +156,7 @@ func (g *gateLeases) keep(h *taskHandle, root *securefs.Dir) {
 // supervisor last published (lease mode: its heartbeat's), never past the
 // release cutoff; without one, lock mode takes it from the last renew and
 // lease mode keeps nothing (when its last heartbeat was is unknown).
-func keptDeadlines(held heldLease, st supervisorStatus, mode string) (shim.AdoptLease, bool) {
+func keptDeadlines(held heldLease, st supervisorStatus, leaseMode bool) (shim.AdoptLease, bool) {
 	renewed := lastRenew(held, st)
 	if renewed.IsZero() {
 		return shim.AdoptLease{}, false
@@ -166,7 +166,7 @@ func keptDeadlines(held heldLease, st supervisorStatus, mode string) (shim.Adopt
 	switch {
 	case st.Fence == held.Fence && st.FenceDeadlineBoot > 0:
 		a.FenceBoot, a.StopBoot = min(st.FenceDeadlineBoot, cutoff), min(st.StopDeadlineBoot, cutoff)
-	case mode == shim.ModeLease:
+	case leaseMode:
 		return a, false
 	default:
 		a.FenceBoot, a.StopBoot = cutoff-int64(held.TTL), cutoff
@@ -230,14 +230,14 @@ func (d *Driver) supersedeStart(cfg *drivers.TaskConfig, root *securefs.Dir) *sh
 			old.logger.Error("end the superseded supervisor", "error", err)
 		}
 		var spec supervisorSpec
-		_ = readJSON(old.dir, specFile, &spec)
+		_ = readSpec(old.dir, &spec)
 		var st supervisorStatus
 		_ = readJSON(old.dir, statusFile, &st)
 		d.tasks.delete(old.cfg.ID)
 		if err := removeTaskState(root, old.cfg); err != nil {
 			old.logger.Warn("remove the superseded task's state dir", "error", err)
 		}
-		if a, ok := keptDeadlines(held, st, spec.Mode); held.LockID != "" && old.gate && ok {
+		if a, ok := keptDeadlines(held, st, spec.Run.LeaseMode()); held.LockID != "" && old.gate && ok {
 			old.logger.Info("a new start of this gate takes its lease over", "fence", held.Fence)
 			adopt = &a
 		}
@@ -303,7 +303,7 @@ func (d *Driver) endUnknownStart(cfg *drivers.TaskConfig, alloc *securefs.Dir, n
 	var spec supervisorSpec
 	var held heldLease
 	_ = readJSON(dir, statusFile, &st)
-	_ = readJSON(dir, specFile, &spec)
+	_ = readSpec(dir, &spec)
 	_ = readJSON(dir, leaseFile, &held)
 	if st.SupervisorPID > 0 && st.SupervisorTicks > 0 {
 		proc, err := findSupervisor(st.SupervisorPID, st.SupervisorTicks)
@@ -340,7 +340,7 @@ func (d *Driver) endUnknownStart(cfg *drivers.TaskConfig, alloc *securefs.Dir, n
 		log.Warn("remove the earlier start's state dir", "error", err)
 	}
 	d.emitEvent(cfg, supersededStartMessage(), map[string]string{"lock_state": string(shim.StateWaiting)})
-	if a, ok := keptDeadlines(held, st, spec.Mode); held.LockID != "" && spec.Gate != nil && ok {
+	if a, ok := keptDeadlines(held, st, spec.Run.LeaseMode()); held.LockID != "" && spec.Run.Gate != nil && ok {
 		return &a
 	}
 	return nil
@@ -366,8 +366,8 @@ func (d *Driver) publishGateLock(h *taskHandle) {
 		return
 	}
 	var spec supervisorSpec
-	_ = readJSON(h.dir, specFile, &spec)
-	body := gateLockEnv(held, spec.Path, spec.Holders)
+	_ = readSpec(h.dir, &spec)
+	body := gateLockEnv(held, spec.Run.Path, spec.Run.Holders)
 	if err := securefs.ReplaceBeneath(h.cfg.AllocDir, allocdir.SharedAllocName, gateLockFile, []byte(body), 0o644); err != nil {
 		h.logger.Warn("gate: write the lock for the gated tasks", "file", gateLockFile, "error", err)
 	}

@@ -280,7 +280,7 @@ func TestKeptGateLeaseOutlivesThePlugin(t *testing.T) {
 		name string
 		v    any
 	}{
-		{specFile, supervisorSpec{Gate: &gateSpec{AllocID: cfg.AllocID, Task: cfg.Name}}},
+		{specFile, gateSpecFile(shim.GateSpec{AllocID: cfg.AllocID, Task: cfg.Name})},
 		{leaseFile, heldLease{LockID: "lock-1", Fence: 7, TTL: 10 * time.Second, LockDelay: time.Second,
 			LastRenewBoot: lockclient.BootNanos(lockclient.BootNow())}},
 		{exitFile, exitStatus{}}, // a restart: stopped while its allocation runs on

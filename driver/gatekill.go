@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hashicorp/nomad/api"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/client/lib/cgroupslib"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -24,8 +26,8 @@ const gatedReadTimeout = 5 * time.Second
 // gatedEnvOf is the gate's node facts, from its spec.
 func gatedEnvOf(spec supervisorSpec) gatedEnv {
 	env := gatedEnv{CgroupMode: cgroupslib.OFF}
-	if spec.Gate != nil {
-		env.DockerEndpoint = spec.Gate.DockerEndpoint
+	if spec.Run.Gate != nil {
+		env.DockerEndpoint = spec.DockerEndpoint
 	}
 	if spec.CgroupPath != "" {
 		env.CgroupMode, env.GateCgroup = cgroupslib.Mode(spec.CgroupMode), spec.CgroupPath
@@ -33,21 +35,14 @@ func gatedEnvOf(spec supervisorSpec) gatedEnv {
 	return env
 }
 
-// gatedTasksFunc is a gate supervisor's shim.Gate.Killer: it reads the
-// allocation (for cgroup overrides), records the plan for the plugin, and
-// returns the killer.
-func gatedTasksFunc(dir *securefs.Dir, spec supervisorSpec, locker *lockclient.Locker, log hclog.Logger) shim.GatedTasksFunc {
-	return func(allocID string, tasks []shim.GatedTask) (shim.GatedTasks, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), gatedReadTimeout)
-		defer cancel()
-		alloc, _, err := locker.Allocation(ctx, allocID, spec.Gate.Namespace, 0)
-		if err != nil {
-			log.Warn("gate: cannot read the allocation's task configs: its exec and raw_exec tasks are left to Nomad", "error", err)
-			alloc = nil
-		}
+// gatedTasksFunc is a gate supervisor's shim.Env.GatedTasks: from the
+// allocation as the gate read it at start (for cgroup overrides), it
+// records the plan for the plugin and returns the killer.
+func gatedTasksFunc(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) func(*api.Allocation, []shim.GatedTask) (shim.GatedTasks, error) {
+	return func(alloc *api.Allocation, tasks []shim.GatedTask) (shim.GatedTasks, error) {
 		env := gatedEnvOf(spec)
 		checkEngine(context.Background(), &env)
-		rec := planGated(allocID, tasks, alloc, env)
+		rec := planGated(spec.Run.Gate.AllocID, tasks, alloc, env)
 		if err := writeJSON(dir, gatedFile, rec); err != nil {
 			log.Warn("gate: record the gated tasks for the plugin", "error", err)
 		}
@@ -59,29 +54,27 @@ func gatedTasksFunc(dir *securefs.Dir, spec supervisorSpec, locker *lockclient.L
 // record in its state dir, else from its allocation, read with the gate's
 // own identity (and then recorded).
 func (d *Driver) gatedKillerOf(h *taskHandle, spec supervisorSpec) (*gatedKiller, error) {
-	if spec.Gate == nil {
+	if spec.Run.Gate == nil {
 		return nil, errors.New("not a gate")
 	}
 	env := gatedEnvOf(spec)
 	var rec gatedRecord
-	if err := readJSON(h.dir, gatedFile, &rec); err == nil && rec.AllocID == spec.Gate.AllocID {
+	if err := readJSON(h.dir, gatedFile, &rec); err == nil && rec.AllocID == spec.Run.Gate.AllocID {
 		return newGatedKiller(rec, env)
 	}
-	locker, err := lockclient.New(lockclient.Config{
-		Endpoint: h.taskEndpoint(), Namespace: spec.Namespace, Path: spec.Path,
-		Timing: lockclient.Timing{TTL: spec.TTL, LockDelay: spec.LockDelay}, Logger: h.logger,
-	})
+	reader, err := allocs.New(allocs.Config{Endpoint: h.taskEndpoint(),
+		Timing: lockclient.Timing{TTL: spec.Run.TTL, LockDelay: spec.Run.LockDelay}})
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(d.ctx, gatedReadTimeout)
 	defer cancel()
-	alloc, _, err := locker.Allocation(ctx, spec.Gate.AllocID, spec.Gate.Namespace, 0)
+	alloc, _, err := reader.Allocation(ctx, spec.Run.Gate.AllocID, spec.Run.Gate.Namespace, 0)
 	if err != nil {
 		return nil, fmt.Errorf("read the gate's allocation to find its gated tasks: %w", err)
 	}
 	checkEngine(ctx, &env)
-	rec = planGated(spec.Gate.AllocID, shim.GatedTasksOf(alloc, spec.Gate.Task), alloc, env)
+	rec = planGated(spec.Run.Gate.AllocID, shim.GatedTasksOf(alloc, spec.Run.Gate.Task), alloc, env)
 	if err := writeJSON(h.dir, gatedFile, rec); err != nil {
 		h.logger.Warn("record the gated tasks", "error", err)
 	}
@@ -109,7 +102,7 @@ func (d *Driver) killGated(h *taskHandle, spec supervisorSpec, within time.Durat
 // gate fails (and the crash clean-up releases the lock once they are dead).
 func (d *Driver) gateWatchdog(h *taskHandle, why string) {
 	var spec supervisorSpec
-	if err := readJSON(h.dir, specFile, &spec); err != nil {
+	if err := readSpec(h.dir, &spec); err != nil {
 		h.logger.Error("watchdog: read the gate's spec", "error", err)
 	}
 	h.logger.Error("watchdog: killing the gate's gated tasks and its supervisor", "why", why)

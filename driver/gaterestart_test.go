@@ -43,7 +43,8 @@ func newRestartRig(t *testing.T) *restartRig {
 
 func (r *restartRig) held(t *testing.T, mode string, ago time.Duration) {
 	t.Helper()
-	spec := supervisorSpec{Mode: mode, Gate: &gateSpec{AllocID: r.cfg.AllocID, Task: r.cfg.Name}}
+	spec := gateSpecFile(shim.GateSpec{AllocID: r.cfg.AllocID, Task: r.cfg.Name})
+	spec.Run.Mode = mode
 	lease := heldLease{LockID: "lock-1", Fence: 7, TTL: 10 * time.Second, LockDelay: time.Second,
 		LastRenewBoot: lockclient.BootNanos(lockclient.BootNow().Add(-ago))}
 	for name, v := range map[string]any{specFile: spec, leaseFile: lease, exitFile: exitStatus{}} {

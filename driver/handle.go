@@ -14,7 +14,6 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/chans"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 	"golang.org/x/sys/unix"
 )
@@ -159,7 +158,7 @@ func (d *Driver) watchdog(h *taskHandle) {
 	now, grace := bootNow(), int64(watchdogGrace)
 	if gate && h.lease {
 		// A lease-mode gate's gated tasks must be dead by lease_kill_grace
-		// after its fence deadline (at least shim.GateLeaseKillGrace): the
+		// after its fence deadline (at least a gate's least lease_kill_grace): the
 		// watchdog leaves the supervisor less time to act.
 		grace = int64(watchdogLeaseGateGrace)
 	}
@@ -229,7 +228,7 @@ func (d *Driver) exitResult(h *taskHandle, ps *os.ProcessState, waitErr error) *
 	// The supervisor died without its exit status: the plugin compares the
 	// OOM kill count itself.
 	var spec supervisorSpec
-	oom := readJSON(h.dir, specFile, &spec) == nil && h.cgroup.oomKilledSince(spec.OOMKillsAtStart)
+	oom := readSpec(h.dir, &spec) == nil && h.cgroup.oomKilledSince(spec.OOMKillsAtStart)
 	if ps != nil {
 		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			return &drivers.ExitResult{ExitCode: 128 + int(ws.Signal()), Signal: int(ws.Signal()), OOMKilled: oom,
@@ -257,16 +256,14 @@ func (h *taskHandle) finish(res *drivers.ExitResult) {
 // (request_timeout). StopTask waits that much longer.
 func (h *taskHandle) lbRemoveReserve() time.Duration {
 	var spec supervisorSpec
-	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.LB.IsZero() {
+	switch err := readSpec(h.dir, &spec); {
+	case err != nil:
 		return 0
+	case spec.Run.LB == nil:
+		return spec.legacyLBReserve
 	}
-	parse := func(v string, def time.Duration) time.Duration {
-		if d, err := time.ParseDuration(v); err == nil && d > 0 {
-			return d
-		}
-		return def
-	}
-	return parse(spec.LB.RemoveDeadline, lbhook.DefaultRemoveDeadline) + parse(spec.LB.RequestTimeout, lbhook.DefaultRequestTimeout)
+	lb := spec.Run.LB.WithDefaults()
+	return lb.RemoveDeadline + lb.RequestTimeout
 }
 
 // killTask SIGKILLs the supervisor, through the handle that proves it is

@@ -25,7 +25,8 @@ const (
 
 // resolveLBFiles replaces load_balancer.authkey_file and ca_file by the
 // contents of those files, read as described above.
-func resolveLBFiles(cfg *drivers.TaskConfig, spec shim.LBSpec) (shim.LBSpec, error) {
+func resolveLBFiles(cfg *drivers.TaskConfig, blocks *shim.DriverBlocks) error {
+	spec := &blocks.LoadBalancer
 	var errs []error
 	if spec.AuthKeyFile != "" {
 		b, err := readSecretsFile(cfg, "config.load_balancer.authkey_file", spec.AuthKeyFile, maxAuthKeyBytes)
@@ -37,7 +38,7 @@ func resolveLBFiles(cfg *drivers.TaskConfig, spec shim.LBSpec) (shim.LBSpec, err
 		errs = append(errs, err)
 		spec.CAPEM, spec.CAFile = b, ""
 	}
-	return spec, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // readSecretsFile reads the file that jobspec field names, which must lie in

@@ -39,7 +39,12 @@ func TestResolveLBFiles(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(td.SecretsDir, "lb.key"), []byte("k3y\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	spec, err := resolveLBFiles(cfg, shim.LBSpec{AuthKeyFile: "secrets/lb.key"})
+	resolved := func(lb shim.LBSpec) (shim.LBSpec, error) {
+		b := shim.DriverBlocks{LoadBalancer: lb}
+		err := resolveLBFiles(cfg, &b)
+		return b.LoadBalancer, err
+	}
+	spec, err := resolved(shim.LBSpec{AuthKeyFile: "secrets/lb.key"})
 	if err != nil || spec.AuthKey != "k3y\n" || spec.AuthKeyFile != "" {
 		t.Fatalf("resolveLBFiles = %+v, %v", spec, err)
 	}
@@ -51,7 +56,7 @@ func TestResolveLBFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, bad := range []shim.LBSpec{{AuthKeyFile: outside}, {AuthKeyFile: "secrets/link"}, {CAFile: "/etc/ssl/certs/ca-certificates.crt"}} {
-		spec, err := resolveLBFiles(cfg, bad)
+		spec, err := resolved(bad)
 		if err == nil || !strings.Contains(err.Error(), "config.load_balancer.") || strings.Contains(spec.AuthKey, "secret") {
 			t.Errorf("resolveLBFiles(%+v) = %+v, %v; want a refusal naming the field", bad, spec, err)
 		}

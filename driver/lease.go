@@ -26,7 +26,7 @@ var errLeaseNeedsToken = errors.New(`config.lock.mode = "lease" needs the plugin
 
 // checkLeaseMode refuses a lease-mode task this plugin could not stand by for.
 func (d *Driver) checkLeaseMode(spec supervisorSpec) error {
-	if spec.Mode != shim.ModeLease {
+	if !spec.Run.LeaseMode() {
 		return nil
 	}
 	d.mu.RLock()
@@ -45,18 +45,17 @@ const leaseStandbyCheck = time.Second
 // startLeaseStandby says at start what lease mode derives (L), and runs
 // the standby while the task waits for the lock.
 func (d *Driver) startLeaseStandby(h *taskHandle, spec supervisorSpec) {
-	sc := spec.shimConfig()
-	hb := sc.Heartbeat()
+	hb := spec.Run.Heartbeat()
 	if hb == nil {
 		return
 	}
 	d.emitEvent(h.cfg, leaseModeMessage(*hb), nil)
-	go d.leaseStandby(h, sc, *hb)
+	go d.leaseStandby(h, spec.Run, *hb)
 }
 
 // leaseStandby watches the lock's heartbeat until the task holds the lock
 // or ends, and takes a dead holder's lock over (lockclient.WatchTakeover).
-func (d *Driver) leaseStandby(h *taskHandle, sc shim.Config, hb lockclient.Heartbeat) {
+func (d *Driver) leaseStandby(h *taskHandle, run shim.Spec, hb lockclient.Heartbeat) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -82,7 +81,7 @@ func (d *Driver) leaseStandby(h *taskHandle, sc shim.Config, hb lockclient.Heart
 	ep, err := d.operatorEndpoint(h)
 	if err == nil {
 		var l *lockclient.Locker
-		l, err = lockclient.New(lockclient.Config{Endpoint: ep, Namespace: sc.Namespace, Path: sc.Path, Timing: sc.Timing(), Logger: log})
+		l, err = lockclient.New(lockclient.Config{Endpoint: ep, Namespace: run.Namespace, Path: run.Path, Timing: run.Timing(), Logger: log})
 		if err == nil {
 			err = l.WatchTakeover(ctx, lockclient.TakeoverOptions{
 				Heartbeat: hb, SealedBy: h.cfg.AllocID,

@@ -83,7 +83,7 @@ func TestLeaseModeTakesOnlyTheJobsOwnPaths(t *testing.T) {
 		{`lock { path = "locks/web" }`, true}, // lock mode: the task's own token decides
 	} {
 		tcfg := decodeJobspecConfig(t, "\n      config {\n        command = \"/bin/true\"\n        "+tc.lockBlock+"\n      }")
-		_, err := tcfg.shimConfig(cfg, 10*time.Second, time.Second)
+		_, err := tcfg.runSpec(cfg, 10*time.Second, time.Second)
 		switch {
 		case tc.ok && err != nil:
 			t.Errorf("%s: refused: %v", tc.lockBlock, err)

@@ -20,7 +20,7 @@ func TestLeaseModeConfig(t *testing.T) {
 		for k, v := range extra {
 			l[k] = v
 		}
-		return TaskConfig{Command: "/bin/app", Lock: l}
+		return taskWithLock("/bin/app", l)
 	}
 	tests := []struct {
 		name    string
@@ -33,9 +33,9 @@ func TestLeaseModeConfig(t *testing.T) {
 			lockclient.Heartbeat{Interval: 500 * time.Millisecond, Fence: 2 * time.Second, KillGrace: time.Second}, ""},
 		{"a setting over the profile", lease(LockConfig{"lease_fence": "8s"}),
 			lockclient.Heartbeat{Interval: time.Second, Fence: 8 * time.Second, KillGrace: 2 * time.Second}, ""},
-		{"unknown mode", TaskConfig{Command: "/bin/app", Lock: LockConfig{"mode": "fast"}}, lockclient.Heartbeat{}, `config.lock.mode = "fast"`},
+		{"unknown mode", taskWithLock("/bin/app", LockConfig{"mode": "fast"}), lockclient.Heartbeat{}, `config.lock.mode = "fast"`},
 		{"unknown profile", lease(LockConfig{"lease_profile": "fast"}), lockclient.Heartbeat{}, `config.lock.lease_profile = "fast"`},
-		{"lease settings without lease mode", TaskConfig{Command: "/bin/app", Lock: LockConfig{"lease_fence": "8s"}},
+		{"lease settings without lease mode", taskWithLock("/bin/app", LockConfig{"lease_fence": "8s"}),
 			lockclient.Heartbeat{}, `add mode = "lease"`},
 		{"fence past the lock's own", lease(LockConfig{"lease_fence": "14s"}), lockclient.Heartbeat{}, "lease_fence 14s must be below"},
 		{"interval below its minimum", lease(LockConfig{"lease_interval": "100ms"}), lockclient.Heartbeat{}, "config.lock.lease_interval = 100ms is below"},
@@ -45,7 +45,7 @@ func TestLeaseModeConfig(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			sc, err := tc.tc.shimConfig(cfg, 15*time.Second, time.Second)
+			sc, err := tc.tc.runSpec(cfg, 15*time.Second, time.Second)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
@@ -59,13 +59,13 @@ func TestLeaseModeConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := spec.shimConfig().Heartbeat()
+			got := specThroughFile(t, spec).Heartbeat()
 			want := tc.want
 			want.Path, want.EscrowPath = DefaultLockPath(cfg)+"/lease", "singleton/escrow/"+DefaultLockPath(cfg)
 			if got == nil || *got != want {
 				t.Fatalf("supervisor's heartbeat = %+v, want %+v", got, want)
 			}
-			if r := spec.shimConfig().Timing().RenewInterval; r != shim.LeaseRenew {
+			if r := specThroughFile(t, spec).Timing().RenewInterval; r != shim.LeaseRenew {
 				t.Errorf("renew interval in lease mode = %s, want %s", r, shim.LeaseRenew)
 			}
 		})
@@ -76,14 +76,14 @@ func TestLeaseModeConfig(t *testing.T) {
 // start, naming the plugin setting; a plain lock starts as before.
 func TestLeaseModeNeedsTheReleaseToken(t *testing.T) {
 	d := &Driver{}
-	if err := d.checkLeaseMode(supervisorSpec{Mode: shim.ModeLease}); err == nil || !strings.Contains(err.Error(), "release_token_file") {
+	if err := d.checkLeaseMode(supervisorSpec{Run: shim.Spec{Config: shim.Config{Mode: shim.ModeLease}}}); err == nil || !strings.Contains(err.Error(), "release_token_file") {
 		t.Fatalf("lease mode without release_token_file: err = %v, want it refused naming release_token_file", err)
 	}
 	if err := d.checkLeaseMode(supervisorSpec{}); err != nil {
 		t.Fatalf("a plain lock: %v", err)
 	}
 	d.config.ReleaseTokenFile = "/etc/nomad.d/singleton-release.token"
-	if err := d.checkLeaseMode(supervisorSpec{Mode: shim.ModeLease}); err != nil {
+	if err := d.checkLeaseMode(supervisorSpec{Run: shim.Spec{Config: shim.Config{Mode: shim.ModeLease}}}); err != nil {
 		t.Fatalf("lease mode with release_token_file: %v", err)
 	}
 }

@@ -78,7 +78,7 @@ func (m *pluginMetrics) track(h *taskHandle, spec supervisorSpec) {
 	}
 	c := h.cfg
 	tm := &taskMetrics{h: h, dir: dir, labels: lockmetrics.Labels{Namespace: cmp.Or(c.Namespace, "default"),
-		Job: cmp.Or(c.ParentJobID, c.JobID), Group: c.TaskGroupName, Task: c.Name, AllocID: c.AllocID, Path: spec.Path}}
+		Job: cmp.Or(c.ParentJobID, c.JobID), Group: c.TaskGroupName, Task: c.Name, AllocID: c.AllocID, Path: spec.Run.Path}}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.tasks == nil {
@@ -302,23 +302,26 @@ func (m *pluginMetrics) serve(ctx context.Context, addr string, log hclog.Logger
 // lease's goroutines, which must never wait on a disk), at most every
 // metricsWriteEvery.
 type metricsWriter struct {
-	dir     *securefs.Dir
-	log     hclog.Logger
-	metrics *shim.Metrics
-	kick    chan struct{}
+	dir *securefs.Dir
+	log hclog.Logger
+	// snapshot is the count now (the run's Metrics').
+	snapshot func() lockmetrics.Snapshot
+	kick     chan struct{}
 }
 
 // metricsWriteEvery paces the writes of metrics.json.
 const metricsWriteEvery = 50 * time.Millisecond
 
-func newMetricsWriter(dir *securefs.Dir, log hclog.Logger) *metricsWriter {
+// newMetricsWriter writes the metrics of the run env counts them for.
+func newMetricsWriter(dir *securefs.Dir, log hclog.Logger, env *shim.Env) *metricsWriter {
 	w := &metricsWriter{dir: dir, log: log, kick: make(chan struct{}, 1)}
-	w.metrics = shim.NewMetrics(func() {
+	m := shim.NewMetrics(func() {
 		select {
 		case w.kick <- struct{}{}:
 		default:
 		}
 	})
+	env.Metrics, w.snapshot = m, m.Snapshot
 	go func() {
 		for range w.kick {
 			w.flush()
@@ -330,7 +333,7 @@ func newMetricsWriter(dir *securefs.Dir, log hclog.Logger) *metricsWriter {
 
 // flush writes the count now.
 func (w *metricsWriter) flush() {
-	if err := writeJSON(w.dir, metricsFile, w.metrics.Snapshot()); err != nil {
+	if err := writeJSON(w.dir, metricsFile, w.snapshot()); err != nil {
 		w.log.Debug("write metrics", "error", err)
 	}
 }

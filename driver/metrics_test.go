@@ -18,6 +18,7 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/promtooltest"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
 // metricsTask is a task the plugin tracks for its metrics, with a private
@@ -37,7 +38,7 @@ func metricsTask(t *testing.T, m *pluginMetrics) *taskHandle {
 		TaskGroupName: "g", Name: "web", Namespace: "prod",
 		Env: map[string]string{"NOMAD_JOB_ID": "evil", "NOMAD_ALLOC_ID": "evil", "NOMAD_NAMESPACE": "evil"}}
 	h := &taskHandle{cfg: cfg, dir: dir, done: make(chan struct{}), logger: hclog.NewNullLogger()}
-	m.track(h, supervisorSpec{Path: "nomad/jobs/web/lock"})
+	m.track(h, supervisorSpec{Run: shim.Spec{Config: shim.Config{Path: "nomad/jobs/web/lock"}}})
 	return h
 }
 
@@ -92,7 +93,7 @@ func TestPluginMetricsOfATask(t *testing.T) {
 	if s := m.gather(time.Now())[0].Snap; !s.Held || s.Fence != 41 {
 		t.Errorf("without metrics.json: %+v, want held at fence 41 (the status)", s)
 	}
-	w := newMetricsWriter(h.dir, hclog.NewNullLogger())
+	w := newMetricsWriter(h.dir, hclog.NewNullLogger(), &shim.Env{})
 	w.flush()
 	if s := m.gather(time.Now())[0].Snap; s.Held || s.Fence != 0 {
 		t.Errorf("with an empty metrics.json: %+v, want the supervisor's count", s)
@@ -110,7 +111,7 @@ func TestPluginMetricsOfATask(t *testing.T) {
 	}
 	// Nomad restarts it in place: what the plugin counted goes on.
 	again := &taskHandle{cfg: h.cfg, dir: h.dir, done: make(chan struct{}), logger: hclog.NewNullLogger()}
-	m.track(again, supervisorSpec{Path: "nomad/jobs/web/lock"})
+	m.track(again, supervisorSpec{Run: shim.Spec{Config: shim.Config{Path: "nomad/jobs/web/lock"}}})
 	if ts := m.gather(time.Now()); len(ts) != 1 || ts[0].Exited || ts[0].Plugin.CrashReleases["released"] != 1 {
 		t.Errorf("restarted: %+v, want the task, running, with its crash release", ts)
 	}
@@ -176,7 +177,7 @@ func BenchmarkPluginScrape(b *testing.B) {
 		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("alloc-%d/web", i), AllocID: fmt.Sprintf("alloc-%d", i), JobID: "web",
 			TaskGroupName: "g", Name: "web", Namespace: "default"}
 		h := &taskHandle{cfg: cfg, dir: dir, done: make(chan struct{}), logger: hclog.NewNullLogger()}
-		m.track(h, supervisorSpec{Path: "nomad/jobs/web/lock"})
+		m.track(h, supervisorSpec{Run: shim.Spec{Config: shim.Config{Path: "nomad/jobs/web/lock"}}})
 		snap := lockmetrics.Snapshot{WaitingSince: time.Now(), Acquisitions: map[string]uint64{"released": 3}}
 		if i == 0 {
 			snap = lockmetrics.Snapshot{Held: true, Fence: 9, HeldSince: time.Now(), LBRequests: map[string]uint64{"add/success": 1}}

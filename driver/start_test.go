@@ -36,7 +36,7 @@ start = "ON_LOCK"`, err: `or "on_lock"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tc := decodeJobspecConfig(t, "      config {\n"+c.config+"\n      }")
-			sc, err := tc.shimConfig(cfg, 15*time.Second, 5*time.Second)
+			sc, err := tc.runSpec(cfg, 15*time.Second, 5*time.Second)
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), "config.start") || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("error %v, want one naming config.start and saying %q", err, c.err)
@@ -60,8 +60,7 @@ start = "ON_LOCK"`, err: `or "on_lock"`},
 			}
 			// Through the supervisor's spec file and back, as the
 			// supervisor builds its config.
-			spec := supervisorSpec{Path: sc.Path, Namespace: sc.Namespace, Holder: taskHolder(cfg), StartOnLock: true}
-			back := spec.shimConfig()
+			back := specThroughFile(t, supervisorSpec{Run: sc})
 			if back.WatchAlloc == nil || *back.WatchAlloc != *sc.WatchAlloc {
 				t.Errorf("the supervisor's watch %+v, want %+v", back.WatchAlloc, sc.WatchAlloc)
 			}

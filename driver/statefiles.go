@@ -93,43 +93,34 @@ func prepareStateDir(dir *securefs.Dir, spec supervisorSpec) error {
 
 var allocIDPattern = regexp.MustCompile(`^[0-9a-fA-F-]{1,64}$`)
 
-// supervisorSpec is everything the supervisor needs that is not a secret.
+// supervisorSpec is everything the supervisor needs: the run, whole, as
+// package shim reads it (Run), and where and as whom its workload runs.
+// The plugin writes it once, at the task's start; its version (Run's) is
+// recorded in the task's driverState too, so that a later plugin reads it
+// (readSpec), or refuses it naming the way out.
 type supervisorSpec struct {
+	// Run is the supervised run: the lock settings and the workload, a
+	// gate's own task or an on-lock task's watch of its allocation, the
+	// lock's holder record (the task as Nomad's task config names it:
+	// never from the task environment, whose NOMAD_ALLOC_ID and the like
+	// the job's env block can override; the next gate waits for the
+	// allocation it names, and the LB request ids are made of it), and the
+	// load balancer with its port labels resolved.
+	Run    shim.Spec
 	TaskID string
-	// Gate holds the lock for the group's other tasks (config.gate): its
-	// allocation, task and namespace, from Nomad.
-	Gate *gateSpec `json:",omitempty"`
-	// StartOnLock: the task starts once it holds the lock (config.start =
-	// "on_lock"), and its supervisor watches its allocation meanwhile.
-	StartOnLock bool `json:",omitempty"`
-	Path        string
-	Namespace   string
-	// Holders is the semaphore's N (config.lock.holders; 0: one lock at
-	// Path), AllocIndex the allocation's index, whose slot it tries first.
-	Holders     int `json:",omitempty"`
-	AllocIndex  int `json:",omitempty"`
-	Command     []string
-	TTL         time.Duration
-	LockDelay   time.Duration
-	Renew       time.Duration
-	Wait        time.Duration
-	UpdateGrace time.Duration `json:",omitempty"`
-	KillSignal  int
-	KillSigSet  bool
-	KillTimeout time.Duration
-	// Mode, LeaseProfile and the Lease* durations are config.lock's lease
-	// mode settings (shim.Config.Heartbeat).
-	Mode           string        `json:",omitempty"`
-	LeaseProfile   string        `json:",omitempty"`
-	LeaseInterval  time.Duration `json:",omitempty"`
-	LeaseFence     time.Duration `json:",omitempty"`
-	LeaseKillGrace time.Duration `json:",omitempty"`
+	// DockerEndpoint is, for a gate, the plugin config's docker_endpoint,
+	// through which it kills its gated docker tasks ("" leaves them to
+	// Nomad).
+	DockerEndpoint string `json:",omitempty"`
+	taskProcess
+	// legacyLBReserve is lbRemoveReserve of a version 1 spec, whose run has
+	// no resolved load balancer (decodeLegacySpec).
+	legacyLBReserve time.Duration
+}
 
-	// LB and Health are the task's blocks; the supervisor resolves their
-	// port labels from its environment.
-	LB     shim.LBSpec
-	Health shim.HealthSpec
-
+// taskProcess is where and as whom the task's workload runs: the part of a
+// task's spec that is the plugin's own, the same in every version of it.
+type taskProcess struct {
 	// CgroupProcs are the task cgroup's cgroup.procs files, which the
 	// supervisor joins only around the workload's fork (see taskStarter),
 	// and the exec helper joins for `nomad alloc exec`. CgroupMode and CgroupPath name the cgroup that proves the
@@ -143,15 +134,6 @@ type supervisorSpec struct {
 	UID    *uint32
 	GID    uint32
 	Groups []uint32
-	// Holder names the task in the lock's holder record (allocation, job,
-	// group, task, node), from Nomad's task config: never from the task
-	// environment, whose NOMAD_ALLOC_ID and the like the job's env block
-	// can override. The next gate waits for the allocation it names, and
-	// the LB request ids are made of it.
-	Holder lockclient.Holder
-	// SecretsDir is the task's secrets dir, from the plugin (never from the
-	// task environment, which a job can set): where the Task API socket is.
-	SecretsDir string
 	// ShareNomadToken leaves NOMAD_TOKEN in the workload's environment.
 	ShareNomadToken bool
 	// DeniedEnvvars are glob patterns of variables removed from the
@@ -355,16 +337,4 @@ func (t *eventTail) read() ([]taskEventLine, error) {
 		}
 	}
 	return out, nil
-}
-
-// gateSpec names a gate's own task, for its supervisor's reads of the
-// allocation.
-type gateSpec struct {
-	AllocID, Task, Namespace string
-	// Adopt is the lease the gate's previous run in this allocation left
-	// held (see gateLeases).
-	Adopt *shim.AdoptLease `json:",omitempty"`
-	// DockerEndpoint is the plugin config's docker_endpoint, through which
-	// the gate kills its gated docker tasks ("" leaves them to Nomad).
-	DockerEndpoint string `json:",omitempty"`
 }

@@ -50,7 +50,7 @@ func runSupervisor(path string) int {
 		return shim.ExitInfra
 	}
 	var spec supervisorSpec
-	if err := readJSON(dir, specFile, &spec); err != nil {
+	if err := readSpec(dir, &spec); err != nil {
 		log.Error("read supervisor spec", "error", err)
 		_ = writeJSON(dir, exitFile, exitStatus{ExitCode: shim.ExitConfig, Message: err.Error()})
 		return shim.ExitConfig
@@ -81,132 +81,56 @@ func setOOMScoreAdj(v int) error {
 }
 
 func superviseTask(dir *securefs.Dir, spec supervisorSpec, log hclog.Logger) (int, string) {
-	cfg := spec.shimConfig()
-	lb, err := shim.BuildLoadBalancer(spec.LB, spec.Health, os.Getenv, "config.")
-	if err != nil {
-		log.Error("invalid load balancer config", "error", err)
-		return shim.ExitConfig, err.Error()
-	}
-	cfg.LB = lb
-
-	holder := spec.holder()
-	locker, err := shim.NewLocker(cfg, log, holder)
-	if err != nil {
-		log.Error("cannot set up the lock", "error", err)
-		return shim.ExitConfig, err.Error()
-	}
-
-	if cfg.Gate != nil {
-		cfg.Gate.Killer = gatedTasksFunc(dir, spec, locker, log)
-	}
-
+	run := spec.Run
+	run.Holder = spec.holder()
 	starter, err := newTaskStarter(spec, log)
 	if err != nil {
 		log.Error("find the cgroups to start the workload in", "error", err)
 		return shim.ExitInfra, err.Error()
 	}
-	pub := &publisher{dir: dir, path: cfg.Path, log: log}
-	sup := &shim.Supervisor{
-		Config: cfg, Locker: locker, Logger: log, Observe: pub.observe,
-		OnAcquire: recordLease(dir, cfg, log),
-		OnLBPosted: func(lb *shim.LoadBalancer, hook *lbhook.Hook, self lbhook.UpstreamInfo) {
-			reg := lbRegistration{Config: lb.Config, AllocID: holder.AllocID, Fence: hook.Fence(), Upstream: self}
-			if err := writeJSON(dir, lbFile, reg); err != nil {
-				log.Warn("record the LB registration for a crash REMOVE", "error", err)
-			}
-		},
-		OnLBRemoved: func() { _ = dir.Remove(lbFile) },
-		// After a loss the supervisor tries to release by itself (the lock
-		// may still be ours on the server); once it has, a second try by
-		// the plugin would only delay the task's exit by its budget.
-		//
-		// Unless the task's identity no longer authenticates (a purged job):
-		// the workload is proven dead, and the record tells the plugin to
-		// release with the operator's token (see releaseAfterCrash).
-		OnReleaseTried: func(err error) {
-			var held heldLease
-			if errors.Is(err, lockclient.ErrIdentityRejected) && readJSON(dir, leaseFile, &held) == nil {
-				held.IdentityRejected = true
-				if werr := writeJSON(dir, leaseFile, held); werr == nil {
-					return
-				}
-			}
-			_ = dir.Remove(leaseFile)
-		},
-		PluginReleases: true,
-
-		Stdin: nil, Stdout: os.Stdout, Stderr: os.Stderr,
-		Env: workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars),
-		// The forked child drops to the task user first and only then
-		// changes into spec.WorkDir (Go's exec does it in that order), so
-		// work_dir reaches only what the task user may reach.
-		Dir: spec.WorkDir,
-		// The workload is born in the task cgroup (see taskStarter).
-		StartIn:       starter.within,
-		Tree:          workloadTree(spec),
-		RequireGuard:  true,
-		WaitForPolicy: true,
-	}
+	pub := &publisher{dir: dir, path: run.Path, log: log}
+	records := &recordHook{dir: dir, run: run, log: log}
+	env := shim.Env{Logger: log, Observe: pub.observe,
+		GatedTasks: gatedTasksFunc(dir, spec, log), LBRecords: records}
+	env.Hooks = append(env.Hooks, records)
+	env.Stdout, env.Stderr = os.Stdout, os.Stderr
+	env.Env = workloadEnv(os.Environ(), spec.ShareNomadToken, spec.DeniedEnvvars)
+	// The forked child drops to the task user first and only then changes
+	// into spec.WorkDir (Go's exec does it in that order), so work_dir
+	// reaches only what the task user may reach.
+	env.Dir = spec.WorkDir
+	// The workload is born in the task cgroup (see taskStarter).
+	env.StartIn, env.Tree, env.RequireGuard = starter.within, workloadTree(spec), true
 	if spec.UID != nil {
-		sup.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
+		env.Credential = &syscall.Credential{Uid: *spec.UID, Gid: spec.GID, Groups: spec.Groups}
 	}
 	if spec.CgroupPath == "" {
 		pub.note(noCgroupMessage())
 	}
 	if spec.Metrics {
-		w := newMetricsWriter(dir, log)
-		sup.Metrics = w.metrics
-		defer w.flush()
+		defer newMetricsWriter(dir, log, &env).flush()
 	}
 
 	forward := make(chan os.Signal, 16)
 	stops := make(chan shim.StopRequest, 1)
-	sup.Stop = stops
+	env.Stop = stops
 	go routeSignals(dir, log, forward, stops)
 
-	return sup.Run(context.Background(), forward), ""
+	code, err := shim.Supervise(context.Background(), run, env, forward)
+	if err != nil {
+		return code, err.Error()
+	}
+	return code, ""
 }
 
 // holder is the lock's holder record: the task as the plugin named it in
-// the spec (see supervisorSpec.Holder), this host and this process.
+// the spec (see supervisorSpec.Run), this host and this process.
 func (spec supervisorSpec) holder() lockclient.Holder {
-	h := spec.Holder
+	h := spec.Run.Holder
 	h.Hostname, _ = os.Hostname()
 	h.Node = cmp.Or(h.Node, h.Hostname)
 	h.PID = os.Getpid()
 	return h
-}
-
-// shimConfig is the supervisor's config for spec, before its load balancer.
-func (spec supervisorSpec) shimConfig() shim.Config {
-	cfg := shim.DefaultConfig()
-	cfg.Path, cfg.Namespace, cfg.Command = spec.Path, spec.Namespace, spec.Command
-	cfg.Holders, cfg.AllocIndex = spec.Holders, spec.AllocIndex
-	cfg.RootSecretsDir = spec.SecretsDir
-	cfg.TTL, cfg.LockDelay, cfg.Renew, cfg.Wait = spec.TTL, spec.LockDelay, spec.Renew, spec.Wait
-	cfg.UpdateGrace = spec.UpdateGrace
-	cfg.Mode, cfg.LeaseProfile = spec.Mode, spec.LeaseProfile
-	cfg.LeaseInterval, cfg.LeaseFence, cfg.LeaseKillGrace = spec.LeaseInterval, spec.LeaseFence, spec.LeaseKillGrace
-	cfg.KillSignal, cfg.KillSignalSet, cfg.KillTimeout = syscall.Signal(spec.KillSignal), spec.KillSigSet, spec.KillTimeout
-	if g := spec.Gate; g != nil {
-		cfg.Gate = &shim.Gate{AllocID: g.AllocID, Task: g.Task, Namespace: g.Namespace, Adopt: g.Adopt}
-	} else if spec.StartOnLock {
-		cfg.WatchAlloc = &shim.AllocWatch{AllocID: spec.Holder.AllocID, Namespace: spec.Namespace, Who: onLockWho}
-	}
-	return cfg
-}
-
-// recordLease is the supervisor's OnAcquire: it records the lease, for the
-// plugin to release should the supervisor crash: a semaphore's, its slot's
-// lock.
-func recordLease(dir *securefs.Dir, cfg shim.Config, log hclog.Logger) func(*lockclient.Lease) {
-	return func(l *lockclient.Lease) {
-		held := heldLease{LockID: l.LockID(), Path: l.Path(), Namespace: cfg.Namespace, Fence: l.Fence,
-			TTL: cfg.TTL, LockDelay: cfg.LockDelay, LastRenewBoot: lockclient.BootNanos(l.LastRenew())}
-		if err := writeJSON(dir, leaseFile, held); err != nil {
-			log.Warn("record the lease for a crash release; a crash will wait for the lock to expire", "error", err)
-		}
-	}
 }
 
 // workloadTree is the task cgroup, which holds the workload's processes and

@@ -16,6 +16,7 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/ctxsleep"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -99,11 +100,11 @@ func (d *Driver) startWarden(w wardenState) {
 // disk before StartTask returns, so before Nomad starts any gated task.
 func (d *Driver) armWarden(h *taskHandle, root *securefs.Dir) error {
 	var spec supervisorSpec
-	if err := readJSON(h.dir, specFile, &spec); err != nil || spec.Gate == nil {
+	if err := readSpec(h.dir, &spec); err != nil || spec.Run.Gate == nil {
 		return fmt.Errorf("read the gate's spec: %v", err)
 	}
-	w := wardenState{AllocID: spec.Gate.AllocID, Task: spec.Gate.Task, Namespace: spec.Gate.Namespace, LockPath: spec.Path,
-		TTL: spec.TTL, LockDelay: spec.LockDelay, SecretsDir: h.cfg.TaskDir().SecretsDir, AllocDir: h.cfg.AllocDir,
+	w := wardenState{AllocID: spec.Run.Gate.AllocID, Task: spec.Run.Gate.Task, Namespace: spec.Run.Gate.Namespace, LockPath: spec.Run.Path,
+		TTL: spec.Run.TTL, LockDelay: spec.Run.LockDelay, SecretsDir: h.cfg.TaskDir().SecretsDir, AllocDir: h.cfg.AllocDir,
 		Env: gatedEnvOf(spec)}
 	if k, err := d.gatedKillerOf(h, spec); err != nil {
 		h.logger.Warn("gate: its gated tasks are not known yet; the warden learns them from the allocation", "error", err)
@@ -344,15 +345,15 @@ func (d *Driver) gateHolds(w wardenState) (held bool, killBy int64, why string) 
 // under way). by is a kept lease's stop deadline.
 func runHolds(dir *securefs.Dir, now int64) (held bool, by int64, why string) {
 	var spec supervisorSpec
-	if err := readJSON(dir, specFile, &spec); err != nil || spec.Gate == nil {
+	if err := readSpec(dir, &spec); err != nil || spec.Run.Gate == nil {
 		return false, 0, fmt.Sprintf("no gate spec (%v)", err)
 	}
 	var st supervisorStatus
 	_ = readJSON(dir, statusFile, &st)
-	adopting := spec.Gate.Adopt != nil && now < spec.Gate.Adopt.FenceBoot
+	adopting := spec.Run.Gate.Adopt != nil && now < spec.Run.Gate.Adopt.FenceBoot
 	if st.SupervisorPID == 0 {
 		if adopting {
-			return true, spec.Gate.Adopt.StopBoot, ""
+			return true, spec.Run.Gate.Adopt.StopBoot, ""
 		}
 		return false, 0, "no supervisor recorded"
 	}
@@ -362,7 +363,7 @@ func runHolds(dir *securefs.Dir, now int64) (held bool, by int64, why string) {
 		case state.Holds() || state == shim.StateStopping || state == shim.StateLost:
 			return true, 0, ""
 		case adopting:
-			return true, spec.Gate.Adopt.StopBoot, ""
+			return true, spec.Run.Gate.Adopt.StopBoot, ""
 		}
 		return false, 0, fmt.Sprintf("supervisor %d %s", st.SupervisorPID, st.State)
 	}
@@ -400,17 +401,17 @@ func (d *Driver) startWardenWatch(w wardenState, log hclog.Logger) (stop context
 func (d *Driver) wardenWatch(ctx context.Context, w wardenState, done chan<- string, log hclog.Logger) {
 	var index uint64
 	for ctx.Err() == nil {
-		locker, err := d.wardenLocker(w, log)
+		reader, err := d.wardenReader(w)
 		if err != nil {
 			log.Debug("gate warden: no identity to read the allocation with", "error", err)
 			_ = ctxsleep.Sleep(ctx, wardenReadRetry)
 			continue
 		}
-		alloc, next, err := locker.Allocation(ctx, w.AllocID, w.Namespace, index)
+		alloc, next, err := reader.Allocation(ctx, w.AllocID, w.Namespace, index)
 		switch {
 		case ctx.Err() != nil:
 			return
-		case errors.Is(err, lockclient.ErrAllocGone) && !errors.Is(err, lockclient.ErrAllocHidden):
+		case errors.Is(err, allocs.ErrGone) && !errors.Is(err, allocs.ErrHidden):
 			done <- "the allocation is gone from the servers"
 			return
 		case err != nil:
@@ -446,10 +447,10 @@ func wardenDone(alloc *api.Allocation, w wardenState) string {
 	return "Nomad reports every gated task dead"
 }
 
-// wardenLocker reads with the gate's identity: a run's task environment
+// wardenReader reads with the gate's identity: a run's task environment
 // (identity { env = true }), else its token file (file = true), else the
 // operator's release_token_file.
-func (d *Driver) wardenLocker(w wardenState, log hclog.Logger) (*lockclient.Locker, error) {
+func (d *Driver) wardenReader(w wardenState) (*allocs.Reader, error) {
 	ep, err := lockclient.Endpoint{}, errors.New("no gate run known")
 	for _, h := range d.tasks.all() {
 		if h.cfg.AllocID == w.AllocID && h.cfg.Name == w.Task {
@@ -467,6 +468,5 @@ func (d *Driver) wardenLocker(w wardenState, log hclog.Logger) (*lockclient.Lock
 	if err != nil {
 		return nil, err
 	}
-	return lockclient.New(lockclient.Config{Endpoint: ep, Namespace: w.Namespace, Path: w.LockPath,
-		Timing: lockclient.Timing{TTL: w.TTL, LockDelay: w.LockDelay}, Logger: log})
+	return allocs.New(allocs.Config{Endpoint: ep, Timing: lockclient.Timing{TTL: w.TTL, LockDelay: w.LockDelay}})
 }

@@ -28,7 +28,7 @@ func runDir(t *testing.T, root *securefs.Dir, alloc, id string, adopt *shim.Adop
 		t.Fatal(err)
 	}
 	defer dir.Close()
-	files := map[string]any{specFile: supervisorSpec{Gate: &gateSpec{AllocID: alloc, Task: "gate", Adopt: adopt}}}
+	files := map[string]any{specFile: gateSpecFile(shim.GateSpec{AllocID: alloc, Task: "gate", Adopt: adopt})}
 	if st != nil {
 		files[statusFile] = *st
 	}
@@ -244,7 +244,7 @@ func TestRestartedGateWithoutALeaseIsRefused(t *testing.T) {
 	const alloc = "5d171c8d-1421-633e-e44a-52cb9501d563"
 	cfg := &drivers.TaskConfig{ID: alloc + "/gate/2", AllocID: alloc, Name: "gate"}
 	tc := TaskConfig{Gate: true}
-	spec := func() *supervisorSpec { return &supervisorSpec{Gate: &gateSpec{AllocID: alloc, Task: "gate"}} }
+	spec := func() *supervisorSpec { s := gateSpecFile(shim.GateSpec{AllocID: alloc, Task: "gate"}); return &s }
 	if err := d.takeOver(cfg, root, tc, spec()); err != nil {
 		t.Fatalf("first start: %v", err)
 	}
@@ -265,7 +265,7 @@ func TestRestartedGateWithoutALeaseIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := spec()
-	if err := d.takeOver(cfg, root, tc, s); err != nil || s.Gate.Adopt == nil || s.Gate.Adopt.LockID != "lock-1" {
-		t.Fatalf("restart with a kept lease: err %v, adopt %+v; want it taken over", err, s.Gate.Adopt)
+	if err := d.takeOver(cfg, root, tc, s); err != nil || s.Run.Gate.Adopt == nil || s.Run.Gate.Adopt.LockID != "lock-1" {
+		t.Fatalf("restart with a kept lease: err %v, adopt %+v; want it taken over", err, s.Run.Gate.Adopt)
 	}
 }

@@ -67,12 +67,12 @@ func TestLockRecordWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	lease, err := l.Acquire(ctx, lockclient.AcquireOptions{GatedDirect: true})
+	lease, err := l.Acquire(ctx, lockclient.AcquireOptions{Items: map[string]string{"gated_direct": "true"}})
 	if err != nil {
 		t.Fatalf("acquire %s: %v", path, err)
 	}
-	if err := lease.MarkNotGatedDirect(ctx); err != nil {
-		t.Fatalf("MarkNotGatedDirect: %v", err)
+	if err := lease.SetItem(ctx, "gated_direct", ""); err != nil {
+		t.Fatalf("withdraw gated_direct: %v", err)
 	}
 	if lk := varGetLock(path); lk == nil || lk.ID != lease.LockID() || lk.TTL != "10s" || lk.LockDelay != "1s" {
 		t.Errorf("after the withdrawal nomad var get shows the lock %+v, want ours with TTL 10s and delay 1s", lk)

@@ -47,6 +47,31 @@ func (e Endpoint) String() string {
 	return e.Address
 }
 
+// Client is a Nomad API client of the endpoint, in namespace ("" for the
+// token's default).
+func (e Endpoint) Client(namespace string) (*api.Client, error) {
+	ac := api.DefaultConfig()
+	ac.Address = e.Address
+	ac.SecretID = e.Token
+	if e.RootPeer {
+		ac.HttpClient = rootPeerClient(strings.TrimPrefix(e.Address, "unix://"), e.Peer)
+	}
+	if e.TLS != nil {
+		ac.TLSConfig = e.TLS.Copy()
+	}
+	if e.Region != "" {
+		ac.Region = e.Region
+	}
+	if namespace != "" {
+		ac.Namespace = namespace
+	}
+	client, err := api.NewClient(ac)
+	if err != nil {
+		return nil, fmt.Errorf("nomad client for %s: %w", e, err)
+	}
+	return client, nil
+}
+
 // ErrNoEndpoint means neither a Task API socket nor NOMAD_ADDR was found.
 var ErrNoEndpoint = errors.New(
 	"no Nomad Task API socket found (NOMAD_UNIX_ADDR unset and no $NOMAD_SECRETS_DIR/api.sock): " +

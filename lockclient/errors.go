@@ -1,7 +1,6 @@
 package lockclient
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,9 +9,14 @@ import (
 	"strings"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/hclsnippet"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/internal/apierr"
 )
 
 var (
+	// ErrIdentityRejected means the Task API could not authenticate the
+	// workload identity: its allocation is gone from the servers (a
+	// purged job), or, for a while, the servers could not be asked.
+	ErrIdentityRejected = errors.New("the workload identity no longer authenticates")
 	// ErrLost is wrapped by every error that ends a lease without a release:
 	// renew answered 409 or 404, or the fence deadline passed.
 	ErrLost = errors.New("lock lost")
@@ -49,14 +53,8 @@ type PermissionError struct {
 
 func (e *PermissionError) Unwrap() error { return e.Err }
 
-// policyTarget is the namespace and job an ACL fix names: "default" and
-// "<job>" where unknown.
-func policyTarget(namespace, jobID string) (ns, job string) {
-	return cmp.Or(namespace, "default"), cmp.Or(jobID, "<job>")
-}
-
 func (e *PermissionError) Error() string {
-	ns, job := policyTarget(e.Namespace, e.JobID)
+	ns, job := apierr.PolicyTarget(e.Namespace, e.JobID)
 	return fmt.Sprintf(`%s %s: permission denied (HTTP 403).
 The token needs the "write" capability on the variable path; the implicit workload-identity policy never grants it.
 Save this as singleton-lock.policy.hcl:
@@ -84,7 +82,7 @@ var lockPolicyHCL = hclsnippet.Policy(`namespace %q { variables { path %q { capa
 // Fix is the fix for e on one line, for a task event: the policy (with the
 // path filled in) and the command that attaches it to the job.
 func (e *PermissionError) Fix() string {
-	ns, job := policyTarget(e.Namespace, e.JobID)
+	ns, job := apierr.PolicyTarget(e.Namespace, e.JobID)
 	return fmt.Sprintf(`the job's workload identity needs "write" on %s: apply `+
 		lockPolicyHCL+` `+
 		`(examples/acl/singleton-lock.policy.hcl) with `+
@@ -122,28 +120,13 @@ func ValidatePath(path string) error {
 	return nil
 }
 
-// statusCode is the HTTP status of a Nomad API error, or 0 for transport errors.
-// It reads any error with an HTTP status, as api.UnexpectedResponseError
-// (value or pointer) has, so a fake lockAPI can answer with one.
-func statusCode(err error) int {
-	var sc interface {
-		HasStatusCode() bool
-		StatusCode() int
-	}
-	if errors.As(err, &sc) && sc.HasStatusCode() {
-		return sc.StatusCode()
-	}
-	return 0
-}
-
-// responseBody is the server's message for an API error, for error text.
-func responseBody(err error) string {
-	var b interface{ Body() string }
-	if errors.As(err, &b) {
-		return strings.TrimSpace(b.Body())
-	}
-	return err.Error()
-}
+// statusCode, responseBody and identityRejected read an API error (see
+// package apierr).
+var (
+	statusCode       = apierr.StatusCode
+	responseBody     = apierr.Body
+	identityRejected = apierr.IdentityRejected
+)
 
 // permanent reports whether retrying err cannot help: bad input or no permission.
 func permanent(err error) bool {
@@ -154,14 +137,6 @@ func permanent(err error) bool {
 	var ce *ConfigError
 	var pe *PermissionError
 	return errors.As(err, &ce) || errors.As(err, &pe)
-}
-
-// identityRejected recognises the Task API's answer when it cannot
-// authenticate the workload identity: 500 "Server error authenticating
-// request". Its WhoAmI failed: the allocation is gone (a purged job), or the
-// servers could not be asked. Only an answer that lasts tells the two apart.
-func identityRejected(err error) bool {
-	return err != nil && strings.Contains(responseBody(err), "error authenticating request")
 }
 
 // classify turns a failed lock operation into the error value callers switch on.

@@ -36,12 +36,6 @@ type Holder struct {
 	// is of a lock that nobody has taken since. Zero: not released, or
 	// released by someone who does not write it (the server's expiry).
 	ReleasedAt time.Time
-	// GatedDirect is written by a gate whose gated tasks it kills and
-	// proves dead itself (shim.GatedTasks) on every ending but Nomad's own
-	// stop of its allocation: they are dead by its fence deadline, so the
-	// lock's expiry is safe to trust and the next gate need not wait for
-	// Nomad's report of them.
-	GatedDirect bool
 	// Holders is the N of the semaphore whose slot this is (0: a plain
 	// lock), and Slot the slot's number, 0 to N-1 (Config.Holders).
 	Holders int
@@ -49,6 +43,8 @@ type Holder struct {
 }
 
 // Items keys. They are part of our on-Nomad format: keep them stable.
+// Callers add items of their own (AcquireOptions.Items), which lockclient
+// writes and reads back as they are.
 const (
 	itemAlloc      = "holder_alloc_id"
 	itemJob        = "holder_job_id"
@@ -64,7 +60,6 @@ const (
 	itemLockDelay  = "lock_delay"
 	itemClean      = "released_clean"
 	itemReleasedAt = "released_at"
-	itemDirect     = "gated_direct"
 	itemHolders    = "semaphore_holders"
 	itemSlot       = "semaphore_slot"
 )
@@ -97,9 +92,6 @@ func (h Holder) items() map[string]string {
 		itemTTL:        h.TTL.String(),
 		itemLockDelay:  h.LockDelay.String(),
 		itemPID:        strconv.Itoa(h.PID),
-	}
-	if h.GatedDirect {
-		m[itemDirect] = "true"
 	}
 	if h.Holders > 0 {
 		m[itemHolders] = strconv.Itoa(h.Holders)
@@ -134,7 +126,6 @@ func holderFromItems(items map[string]string) Holder {
 	h.LockDelay, _ = time.ParseDuration(items[itemLockDelay])
 	h.ReleasedClean = items[itemClean] == "true"
 	h.ReleasedAt, _ = time.Parse(time.RFC3339Nano, items[itemReleasedAt])
-	h.GatedDirect = items[itemDirect] == "true"
 	h.Holders, _ = strconv.Atoi(items[itemHolders])
 	h.Slot, _ = strconv.Atoi(items[itemSlot])
 	return h

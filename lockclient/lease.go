@@ -34,6 +34,8 @@ type Lease struct {
 
 	locker *Locker
 	id     string
+	// previousItems is the record of Previous as read before the acquire.
+	previousItems map[string]string
 
 	mu        sync.Mutex
 	lastRenew time.Time // send time of the last successful acquire or renew
@@ -90,6 +92,10 @@ func newLease(l *Locker, id string, fence uint64, sent time.Time, previous Holde
 // a party that may end the lease (the driver, for a crashed supervisor);
 // never to the workload.
 func (ls *Lease) LockID() string { return ls.id }
+
+// PreviousItem is the item key of the previous holder's record, as read
+// before the acquire ("" if none): one its caller wrote (AcquireOptions.Items).
+func (ls *Lease) PreviousItem(key string) string { return ls.previousItems[key] }
 
 // Path is the variable path of the lock.
 func (ls *Lease) Path() string { return ls.locker.cfg.Path }

@@ -13,8 +13,7 @@ import (
 // production callers cannot hand a Locker a lock API of their own (and skip
 // New's endpoint and transport setup). cfg is validated and completed as New
 // does. The Locker has no Nomad client besides vars: what is not the
-// lease's (the token's ACL) is not available, and a gate's reads of
-// allocations are answered by vars if it implements allocAPI.
+// lease's (the token's ACL) is not available.
 func NewWithLockAPI(key testkey.Key, cfg Config, vars lockAPI) (*Locker, error) {
 	if !key.Valid() || vars == nil {
 		return nil, errors.New("lockclient.NewWithLockAPI: for lockclient/locktest only")
@@ -23,15 +22,5 @@ func NewWithLockAPI(key testkey.Key, cfg Config, vars lockAPI) (*Locker, error) 
 	if err != nil {
 		return nil, err
 	}
-	l := newLocker(cfg, nil, vars, theBootClock)
-	if a, ok := vars.(allocAPI); ok {
-		l.allocs = a
-		for _, sl := range l.slots {
-			sl.allocs = a
-		}
-	}
-	if j, ok := vars.(jobAllocsAPI); ok {
-		l.jobs = j
-	}
-	return l, nil
+	return newLocker(cfg, nil, vars, theBootClock), nil
 }

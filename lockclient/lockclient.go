@@ -16,7 +16,7 @@
 // can hold the lock.
 //
 // The whole argument for "never two at once" (deadlines, partitions, proving
-// every process dead before a release, what the driver and the gate add) is
+// every process dead before a release, what the driver and its tasks add) is
 // in docs/design.md.
 package lockclient
 
@@ -25,7 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,6 +61,9 @@ type Timing struct {
 	// MaxBackoff caps the jittered exponential backoff after API errors. Default 5s.
 	MaxBackoff time.Duration
 }
+
+// WithDefaults is t with its zero values replaced by their defaults.
+func (t Timing) WithDefaults() Timing { return t.withDefaults() }
 
 func (t Timing) withDefaults() Timing {
 	if t.RenewInterval == 0 {
@@ -137,15 +139,13 @@ type Config struct {
 
 // Locker acquires leases on one variable path.
 type Locker struct {
-	cfg    Config
-	api    *api.Client  // for what is not the lease's: the token's own ACL
-	vars   lockAPI      // the variable and its lock
-	cas    casAPI       // check-and-set writes (heartbeat, the lock's record); nil without one
-	slots  []*Locker    // a semaphore's, one per slot (Config.Holders)
-	allocs allocAPI     // a gate's reads of allocations; nil without one
-	jobs   jobAllocsAPI // a rolling update's reads of the job's allocations; nil without one
-	clock  clock
-	log    hclog.Logger
+	cfg   Config
+	api   *api.Client // for what is not the lease's: the token's own ACL
+	vars  lockAPI     // the variable and its lock
+	cas   casAPI      // check-and-set writes (heartbeat, the lock's record); nil without one
+	slots []*Locker   // a semaphore's, one per slot (Config.Holders)
+	clock clock
+	log   hclog.Logger
 	// seesOnce and sees cache whether the token is shown lock state.
 	seesOnce sync.Once
 	sees     bool
@@ -162,24 +162,9 @@ func New(cfg Config) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	ac := api.DefaultConfig()
-	ac.Address = cfg.Endpoint.Address
-	ac.SecretID = cfg.Endpoint.Token
-	if cfg.Endpoint.RootPeer {
-		ac.HttpClient = rootPeerClient(strings.TrimPrefix(cfg.Endpoint.Address, "unix://"), cfg.Endpoint.Peer)
-	}
-	if cfg.Endpoint.TLS != nil {
-		ac.TLSConfig = cfg.Endpoint.TLS.Copy()
-	}
-	if cfg.Endpoint.Region != "" {
-		ac.Region = cfg.Endpoint.Region
-	}
-	if cfg.Namespace != "" {
-		ac.Namespace = cfg.Namespace
-	}
-	client, err := api.NewClient(ac)
+	client, err := cfg.Endpoint.Client(cfg.Namespace)
 	if err != nil {
-		return nil, fmt.Errorf("nomad client for %s: %w", cfg.Endpoint, err)
+		return nil, err
 	}
 	return newLocker(cfg, client, client.Variables(), theBootClock), nil
 }
@@ -216,10 +201,6 @@ func newLocker(cfg Config, client *api.Client, vars lockAPI, c clock) *Locker {
 	if cas, ok := vars.(casAPI); ok {
 		l.cas = cas
 	}
-	if client != nil {
-		l.allocs = client.Allocations()
-		l.jobs = client.Jobs()
-	}
 	l.slots = l.slotLockers()
 	return l
 }
@@ -236,9 +217,11 @@ type AcquireOptions struct {
 	// OnBlocked is called when the lock is found held by a different holder
 	// than last reported, e.g. to emit "waiting for lock held by ...".
 	OnBlocked func(Holder)
-	// GatedDirect is written into the holder's Items (Holder.GatedDirect):
-	// a gate that kills and proves dead every one of its gated tasks itself.
-	GatedDirect bool
+	// Items are written into the holder's record beside lockclient's own
+	// (which win should a key be the same): claims of the caller's that
+	// the next holder reads (Lease.PreviousItem) and that the caller may
+	// withdraw (Lease.SetItem).
+	Items map[string]string
 	// Defer, if set, is asked before each attempt made while the lock
 	// looks free (see snapshot.looksFree). hold keeps the caller from
 	// acquiring at all for now (an allocation that is being stopped): the
@@ -415,15 +398,20 @@ func (l *Locker) read(ctx context.Context, index uint64) (snapshot, uint64, erro
 // before, which names the previous holder.
 func (l *Locker) tryAcquire(ctx context.Context, current snapshot, opts AcquireOptions) (*Lease, error) {
 	holder := l.cfg.Holder
-	holder.GatedDirect = opts.GatedDirect
 	holder.PreviousUpstream = holderFromItems(current.items()).Upstream
 	holder.AcquiredAt = time.Now() // the wall clock: read by people and other hosts, never a deadline
 	holder.TTL = l.cfg.TTL
 	holder.LockDelay = l.cfg.LockDelay
+	items := holder.items()
+	for k, v := range opts.Items {
+		if _, own := items[k]; !own {
+			items[k] = v
+		}
+	}
 	v := &api.Variable{
 		Namespace: l.cfg.Namespace,
 		Path:      l.cfg.Path,
-		Items:     holder.items(),
+		Items:     items,
 		Lock: &api.VariableLock{
 			TTL:       l.cfg.TTL.String(),
 			LockDelay: l.cfg.LockDelay.String(),
@@ -443,6 +431,7 @@ func (l *Locker) tryAcquire(ctx context.Context, current snapshot, opts AcquireO
 		return nil, fmt.Errorf("acquire %s: Nomad answered without a lock ID", l.cfg.Path)
 	}
 	lease := newLease(l, out.Lock.ID, out.ModifyIndex, sent, holderFromItems(current.items()))
+	lease.previousItems = current.items()
 	l.log.Info("lock acquired", "fence", lease.Fence)
 	if l.cfg.Heartbeat != nil {
 		if err := lease.startHeartbeat(ctx); err != nil {

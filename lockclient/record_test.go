@@ -12,8 +12,8 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/locktest"
 )
 
-// Writes of the lock's record under its lock ID (a gate's withdrawal of
-// gated_direct, the mark of a clean release) leave the lock as its holder
+// Writes of the lock's record under its lock ID (a holder's withdrawal of
+// an item of its own, the mark of a clean release) leave the lock as its holder
 // had it, with its TTL and delay, or write nothing: Nomad stores a lock
 // written by a plain write with its own default TTL and delay (a renew or a
 // new leader then times it by those), and a plain write with a lock ID
@@ -32,15 +32,18 @@ func TestRecordWritesKeepTheLock(t *testing.T) {
 	t.Run("a withdrawal keeps the TTL, and the lease adoptable", func(t *testing.T) {
 		srv := locktest.New()
 		l := srv.Locker(t, cfg)
-		lease := acquireWithin(t, l, lockclient.AcquireOptions{GatedDirect: true})
-		if err := lease.MarkNotGatedDirect(ctx); err != nil {
-			t.Fatalf("MarkNotGatedDirect: %v", err)
+		lease := acquireWithin(t, l, lockclient.AcquireOptions{Items: map[string]string{"gated_direct": "true"}})
+		if items := srv.Items(); items["gated_direct"] != "true" {
+			t.Fatalf("record %v, want the caller's item", items)
+		}
+		if err := lease.SetItem(ctx, "gated_direct", ""); err != nil {
+			t.Fatalf("SetItem: %v", err)
 		}
 		if lk := lockOf(srv); lk == nil || lk.ID != lease.LockID() || lk.TTL != cfg.Timing.TTL.String() {
 			t.Fatalf("after the write the lock is %+v, want ours with TTL %s", lk, cfg.Timing.TTL)
 		}
 		if items := srv.Items(); items["gated_direct"] != "" || items["holder_alloc_id"] != "alloc-self" {
-			t.Fatalf("record %v, want the holder's without gated_direct", items)
+			t.Fatalf("record %v, want the holder's without the item withdrawn", items)
 		}
 		adopted, err := l.Adopt(ctx, lease.LockID(), lease.Fence)
 		if err != nil {

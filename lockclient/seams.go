@@ -24,13 +24,6 @@ type lockAPI interface {
 	CheckedCreate(v *api.Variable, w *api.WriteOptions) (*api.Variable, *api.WriteMeta, error)
 }
 
-// allocAPI is the part of Nomad's Allocations API a gate needs (see
-// Locker.Allocation): *api.Allocations implements it, and so does
-// locktest.Server, whose allocations the test writes.
-type allocAPI interface {
-	Info(allocID string, q *api.QueryOptions) (*api.Allocation, *api.QueryMeta, error)
-}
-
 // clock is every source of time a lease reads: now, timers and request
 // deadlines. The lease's safety is a matter of timing (renew every
 // RenewInterval, give up at the fence deadline, bound each request by it), so

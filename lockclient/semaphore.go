@@ -70,7 +70,7 @@ func (l *Locker) slotLockers() []*Locker {
 		c := l.cfg
 		c.Path, c.Holders = SlotPath(l.cfg.Path, i), 0
 		c.Holder.Holders, c.Holder.Slot = l.cfg.Holders, i
-		slots = append(slots, &Locker{cfg: c, api: l.api, vars: l.vars, cas: l.cas, allocs: l.allocs, jobs: l.jobs, clock: l.clock,
+		slots = append(slots, &Locker{cfg: c, api: l.api, vars: l.vars, cas: l.cas, clock: l.clock,
 			log: l.cfg.Logger.With("path", c.Path)})
 	}
 	return slots

@@ -179,7 +179,7 @@ func isLock(s snapshot) bool {
 func (l *Locker) at(path, namespace string) *Locker {
 	c := l.cfg
 	c.Path, c.Namespace, c.Holders = path, namespace, 0
-	return &Locker{cfg: c, api: l.api, vars: l.vars, cas: l.cas, allocs: l.allocs, jobs: l.jobs, clock: l.clock,
+	return &Locker{cfg: c, api: l.api, vars: l.vars, cas: l.cas, clock: l.clock,
 		log: l.cfg.Logger.With("path", path)}
 }
 

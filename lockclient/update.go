@@ -2,53 +2,7 @@ package lockclient
 
 import (
 	"context"
-	"fmt"
-	"net/http"
-
-	"github.com/hashicorp/nomad/api"
 )
-
-// jobAllocsAPI is the part of Nomad's Jobs API a rolling update needs: the
-// allocations of one job. *api.Jobs implements it.
-type jobAllocsAPI interface {
-	Allocations(jobID string, allAllocs bool, q *api.QueryOptions) ([]*api.AllocationListStub, *api.QueryMeta, error)
-}
-
-// JobAllocations lists the allocations of job jobID in namespace, through
-// the same endpoint and token as the lock. With index > 0 it is a blocking
-// query that returns once they change past index, or after BlockingWait.
-// A standby uses it to find a newer version of its group (an allocation of
-// a rolling update) before it takes a lock that came free, and a holder
-// stopped by an update to find the allocation it hands over to.
-//
-// Like Allocation it needs "read-job" in the namespace; a 403 wraps
-// ErrAllocHidden.
-func (l *Locker) JobAllocations(ctx context.Context, jobID, namespace string, index uint64) ([]*api.AllocationListStub, uint64, error) {
-	timeout := l.cfg.RequestTimeout
-	q := &api.QueryOptions{Namespace: namespace}
-	if index > 0 {
-		q.WaitIndex = index
-		q.WaitTime = l.cfg.BlockingWait
-		timeout += l.cfg.BlockingWait + l.cfg.BlockingWait/16
-	}
-	if l.jobs == nil {
-		return nil, 0, fmt.Errorf("read allocations of job %s: this locker has no Nomad client", jobID)
-	}
-	rctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	stubs, meta, err := l.jobs.Allocations(jobID, false, q.WithContext(rctx))
-	if err != nil {
-		if statusCode(err) == http.StatusForbidden {
-			return nil, 0, fmt.Errorf("read allocations of job %s: %w (%v)", jobID, ErrAllocHidden, err)
-		}
-		return nil, 0, fmt.Errorf("read allocations of job %s: %w", jobID, err)
-	}
-	var last uint64
-	if meta != nil {
-		last = meta.LastIndex
-	}
-	return stubs, last, nil
-}
 
 // deferral is the acquire loop's memory of a grace it gives another
 // allocation (AcquireOptions.Defer): since when, while the lock looks free.

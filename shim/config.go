@@ -79,13 +79,6 @@ type Config struct {
 	// LB registers the instance with a load balancer; nil for none.
 	LB *LoadBalancer
 
-	// Gate holds the lock for the other tasks of the allocation (the
-	// driver's `gate = true`); nil for none. A gate's Command may be empty.
-	Gate *Gate
-	// WatchAlloc ends the wait for the lock when the run's allocation is
-	// being stopped (the driver's start = "on_lock"); nil for none. A gate
-	// watches its allocation anyway.
-	WatchAlloc *AllocWatch
 	// UpstreamPort is a Nomad port label (-upstream-port, lock.upstream_port)
 	// whose host:port, Upstream, is recorded as the holder's upstream in the
 	// lock's Items without any LB request of our own: for a `lock lb follow`
@@ -94,6 +87,17 @@ type Config struct {
 	// recorded instead.
 	UpstreamPort string
 	Upstream     string
+
+	// WaitForPolicy makes an HTTP 403 on acquire a wait instead of exit 77
+	// (the driver): the supervisor says in a task event which ACL policy
+	// to apply, retries with backoff, and takes the lock as soon as the
+	// policy is applied, without a restart of the task. Only a stop ends
+	// the wait.
+	WaitForPolicy bool
+	// PluginReleases says that a plugin stands behind the supervisor (the
+	// driver's) and releases with its own token what the task's identity
+	// no longer can (a purged job): the supervisor leaves that to it.
+	PluginReleases bool
 
 	// HTTPAddr is where `lock` serves /metrics and /holder (-http-addr);
 	// "" serves nothing.
@@ -126,6 +130,9 @@ func (c Config) Timing() lockclient.Timing {
 	return lockclient.Timing{TTL: c.TTL, LockDelay: c.LockDelay, RenewInterval: renew, MaxBackoff: c.Backoff}
 }
 
+// LeaseMode reports whether the lock is in lease mode (docs/lease.md).
+func (c Config) LeaseMode() bool { return c.Mode == ModeLease }
+
 // Lock modes and lease profiles (config.lock.mode, config.lock.lease_profile).
 const (
 	ModeLock          = "lock"
@@ -136,10 +143,11 @@ const (
 	LeaseRenew = 2 * time.Second
 )
 
-// Heartbeat is lease mode's heartbeat for this config: the profile's
+// heartbeat is lease mode's heartbeat for this config: the profile's
 // timings with the lease_* settings over them, at the lock's heartbeat and
-// escrow paths; nil outside lease mode.
-func (c Config) Heartbeat() *lockclient.Heartbeat {
+// escrow paths; a gate's lease_kill_grace is at least GateLeaseKillGrace.
+// nil outside lease mode. Spec.Heartbeat is the run's.
+func (c Config) heartbeat(gate bool) *lockclient.Heartbeat {
 	if c.Mode != ModeLease {
 		return nil
 	}
@@ -157,7 +165,7 @@ func (c Config) Heartbeat() *lockclient.Heartbeat {
 	if c.LeaseKillGrace != 0 {
 		hb.KillGrace = c.LeaseKillGrace
 	}
-	if c.Gate != nil {
+	if gate {
 		// A gate kills its gated tasks without grace, but its kill needs
 		// time of its own (GateLeaseKillGrace): a profile's shorter K is
 		// raised, and L with it.
@@ -175,7 +183,7 @@ func (c Config) Heartbeat() *lockclient.Heartbeat {
 const GateLeaseKillGrace = 2 * time.Second
 
 // leaseErrors are what is wrong with the lock mode and lease settings.
-func (c Config) leaseErrors() []error {
+func (c Config) leaseErrors(gate bool) []error {
 	var errs []error
 	switch c.Mode {
 	case "", ModeLock, ModeLease:
@@ -197,23 +205,28 @@ func (c Config) leaseErrors() []error {
 	if c.Holders > 0 {
 		errs = append(errs, errors.New(`config.lock.mode = "lease" with holders (a semaphore) is not supported: use a single lock`))
 	}
-	if c.Gate != nil && c.LeaseKillGrace != 0 && c.LeaseKillGrace < GateLeaseKillGrace {
+	if gate && c.LeaseKillGrace != 0 && c.LeaseKillGrace < GateLeaseKillGrace {
 		errs = append(errs, fmt.Errorf(`config.lock.lease_kill_grace = %s is below a gate's minimum of %s: a gate's kill of its gated tasks, `+
 			`or the plugin's watchdog's if the gate is stuck, must fit in it; raise lease_kill_grace or remove it (docs/gate.md)`,
 			c.LeaseKillGrace, GateLeaseKillGrace))
 	}
 	if c.Path != "" && len(errs) == 0 {
-		if err := c.Heartbeat().Validate(c.Timing()); err != nil {
+		if err := c.heartbeat(gate).Validate(c.Timing()); err != nil {
 			errs = append(errs, fmt.Errorf("config.lock: %w", err))
 		}
 	}
 	return errs
 }
 
-// Validate checks everything that can be checked without Nomad.
-func (c Config) Validate() error {
-	errs := c.lockErrors()
-	if (len(c.Command) == 0 && c.Gate == nil) || (len(c.Command) > 0 && c.Command[0] == "") {
+// Validate checks everything that can be checked without Nomad, for a run
+// of lock (Spec.Validate checks a driver's task).
+func (c Config) Validate() error { return c.validate(false) }
+
+// validate is Validate for a run that is a gate, or not: a gate needs no
+// command of its own.
+func (c Config) validate(gate bool) error {
+	errs := c.lockErrors(gate)
+	if (len(c.Command) == 0 && !gate) || (len(c.Command) > 0 && c.Command[0] == "") {
 		errs = append(errs, errors.New("missing command: give it after the lock path, or as command in -config"))
 	}
 	if c.Wait < 0 {
@@ -244,10 +257,10 @@ func (c Config) Validate() error {
 // ValidateLock checks what a command that runs nothing under the lock needs
 // (`lock lb follow` follows the lock's holder, `lock status` reads it): its
 // path and lease timing.
-func (c Config) ValidateLock() error { return errors.Join(c.lockErrors()...) }
+func (c Config) ValidateLock() error { return errors.Join(c.lockErrors(false)...) }
 
 // lockErrors are what is wrong with the lock path and the lease timing.
-func (c Config) lockErrors() []error {
+func (c Config) lockErrors(gate bool) []error {
 	var errs []error
 	if c.Path == "" {
 		errs = append(errs, errors.New("missing lock path: give it as the first argument or as lock.path in -config"))
@@ -266,7 +279,7 @@ func (c Config) lockErrors() []error {
 			errs = append(errs, fmt.Errorf("holders %d: the slot paths: %w", c.Holders, err))
 		}
 	}
-	return append(errs, c.leaseErrors()...)
+	return append(errs, c.leaseErrors(gate)...)
 }
 
 // ParseDuration sets *dst from v, a Go duration such as "10s", for the

@@ -329,42 +329,42 @@ func gateStoppingMessage(onSignal bool) string {
 // killerMessage is the task event, at start, that says which gated tasks
 // the gate kills and proves dead itself and which it leaves to Nomad,
 // with their bound.
-func (g *Gate) killerMessage(t lockclient.Timing) string {
+func (w *gatedWorkload) killerMessage(t lockclient.Timing) string {
 	var parts []string
 	driver := func(name string) string {
-		for _, t := range g.tasks {
+		for _, t := range w.tasks {
 			if t.Name == name {
 				return name + " (" + t.Driver + ")"
 			}
 		}
 		return name
 	}
-	if len(g.direct) > 0 {
+	if len(w.direct) > 0 {
 		var names []string
-		for _, n := range g.direct {
+		for _, n := range w.direct {
 			names = append(names, driver(n))
 		}
 		parts = append(parts, evGateKillsItself.Text("%s; the lock can pass only once they are dead", strings.Join(names, ", ")))
 	}
-	if left := g.leftToNomad(); len(left) > 0 {
+	if left := w.leftToNomad(); len(left) > 0 {
 		var names []string
 		for _, n := range left {
-			if why := g.whyLeft(n); why != "" {
+			if why := w.whyLeft(n); why != "" {
 				names = append(names, strings.TrimSuffix(driver(n), ")")+": "+why+")")
 				continue
 			}
 			names = append(names, driver(n))
 		}
 		why := "no driver kill for them"
-		if g.Killer == nil {
+		if w.build == nil {
 			why = "no direct kill on this client"
 		}
-		if g.killerErr != nil {
-			why = g.killerErr.Error()
+		if w.killerErr != nil {
+			why = w.killerErr.Error()
 		}
 		parts = append(parts, evGateLeavesToNomad.Text("%s): %s; killed once the gate fails, within the group's shutdown_delay + "+
 			"kill_timeout + shutdown_delay (at most %s), before the server can expire the lock (ttl + delay %s); the next holder "+
-			"waits for Nomad to report them dead", why, strings.Join(names, ", "), g.killBound, t.TTL+t.LockDelay))
+			"waits for Nomad to report them dead", why, strings.Join(names, ", "), w.killBound, t.TTL+t.LockDelay))
 	}
 	return strings.Join(parts, ". ")
 }

@@ -89,7 +89,7 @@ func eventExamples() map[string][]string {
 	releaseErr := fmt.Errorf("release nomad/jobs/web/lock: gave up, the lock expires on its own: %w", errors.New("connection refused"))
 	rejected := fmt.Errorf("release nomad/jobs/web/lock: %w (ACL token not found)", lockclient.ErrIdentityRejected)
 	leftToExpire := fmt.Errorf("release nomad/jobs/web/lock: %w", lockCfg.Timing.MayRelease(time.Now().Add(-time.Minute), time.Now()))
-	gate := &Gate{gated: []string{"app", "db"}, direct: []string{"app"}, tasks: []GatedTask{{"app", "docker"}, {"db", "java"}},
+	gate := &gatedWorkload{gated: []string{"app", "db"}, direct: []string{"app"}, tasks: []GatedTask{{"app", "docker"}, {"db", "java"}},
 		killBound: 40 * time.Second}
 	return map[string][]string{
 		"waiting-held":          {waitingHeldMessage("nomad/jobs/web/lock", holder)},
@@ -135,7 +135,7 @@ func eventExamples() map[string][]string {
 		"update-successor-late":    {updateSuccessorLateMessage(16 * time.Second)},
 		"gate-stopping":            {gateStoppingMessage(false), gateStoppingMessage(true)},
 		"gate-kills-itself":        {gate.killerMessage(lockCfg.Timing)},
-		"gate-leaves-to-nomad":     {(&Gate{gated: []string{"db"}, tasks: []GatedTask{{"db", "java"}}, killBound: time.Minute}).killerMessage(lockCfg.Timing)},
+		"gate-leaves-to-nomad":     {(&gatedWorkload{gated: []string{"db"}, tasks: []GatedTask{{"db", "java"}}, killBound: time.Minute}).killerMessage(lockCfg.Timing)},
 		"gate-killed":              {gateKilledMessage([]string{"app"}, "the lock was lost")},
 		"gate-kill-unproven":       {gateKillUnprovenMessage([]string{"app"}, errors.New("docker: no answer"))},
 		"gate-lost":                {gateLostMessage([]string{"app"}, []string{"db"}), gateLostMessage(nil, []string{"app", "db"})},

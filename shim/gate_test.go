@@ -61,7 +61,7 @@ func TestCheckGateJob(t *testing.T) {
 		{"nothing to gate", alloc(gateTask(nil)), "", "no other task to gate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gated, err := checkGateJob(tc.alloc, &Gate{AllocID: "a1", Task: "gate"}, timing, nil)
+			gated, err := checkGateJob(tc.alloc, "gate", &gatedWorkload{}, timing, nil)
 			if tc.err == "" {
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)
@@ -140,13 +140,13 @@ func TestCheckGateJobBounds(t *testing.T) {
 			app(&api.RestartPolicy{Attempts: num(0), Delay: dur(time.Minute), Mode: str("delay")})), true, `restart mode "delay"`, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			g := &Gate{AllocID: "a1", Task: "gate"}
+			g := &gatedWorkload{}
 			direct := map[string]bool{"app": tc.direct}
 			tm := timing
 			if strings.Contains(tc.name, "within a long ttl") {
 				tm.TTL = 50 * time.Second
 			}
-			_, err := checkGateJob(tc.alloc, g, tm, direct)
+			_, err := checkGateJob(tc.alloc, "gate", g, tm, direct)
 			if tc.err == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -177,17 +177,17 @@ func TestCheckGateJobLease(t *testing.T) {
 		return &api.Allocation{ID: "a1", TaskGroup: name, Job: &api.Job{TaskGroups: []*api.TaskGroup{{Name: &name, Tasks: tasks}}}}
 	}
 	timing := lockclient.Timing{TTL: 10 * time.Second, LockDelay: time.Second}
-	g := &Gate{AllocID: "a1", Task: "gate", lease: true, tasks: []GatedTask{{"app", "docker"}, {"vm", "qemu"}}}
-	if gated, err := checkGateJob(alloc(gate, app), g, timing, map[string]bool{"app": true}); err != nil || strings.Join(gated, ",") != "app" {
+	g := &gatedWorkload{lease: true, tasks: []GatedTask{{"app", "docker"}, {"vm", "qemu"}}}
+	if gated, err := checkGateJob(alloc(gate, app), "gate", g, timing, map[string]bool{"app": true}); err != nil || strings.Join(gated, ",") != "app" {
 		t.Fatalf("lease mode, every gated task direct: gated %v, error %v; want app, no error", gated, err)
 	}
-	_, err := checkGateJob(alloc(gate, app, vm), g, timing, map[string]bool{"app": true})
+	_, err := checkGateJob(alloc(gate, app, vm), "gate", g, timing, map[string]bool{"app": true})
 	if err == nil || !strings.Contains(err.Error(), `task "vm" (driver "qemu")`) || !strings.Contains(err.Error(), `config.lock.mode = "lock"`) ||
 		!strings.Contains(err.Error(), "lease_fence + lease_kill_grace") {
 		t.Fatalf("lease mode, a task left to Nomad: error %v, want one naming the task, its driver and the fix", err)
 	}
 	g.lease = false
-	if _, err := checkGateJob(alloc(gate, app, vm), g, timing, map[string]bool{"app": true}); err != nil {
+	if _, err := checkGateJob(alloc(gate, app, vm), "gate", g, timing, map[string]bool{"app": true}); err != nil {
 		t.Fatalf("lock mode, a task left to Nomad within the bound: %v", err)
 	}
 }
@@ -196,9 +196,8 @@ func TestCheckGateJobLease(t *testing.T) {
 // GateLeaseKillGrace; a profile's shorter K is raised (and L with it), a
 // written one refused.
 func TestGateLeaseKillGrace(t *testing.T) {
-	c := DefaultConfig()
+	c := Spec{Config: DefaultConfig(), Gate: &GateSpec{AllocID: "a1", Task: "gate"}}
 	c.Path, c.Command, c.TTL, c.LockDelay = "nomad/jobs/web/web/gate/lock", nil, 10*time.Second, time.Second
-	c.Gate = &Gate{AllocID: "a1", Task: "gate"}
 	c.Mode = ModeLease
 	if err := c.Validate(); err != nil {
 		t.Fatalf("lease mode on a gate: %v", err)
@@ -235,7 +234,7 @@ func TestGateRefusalsShowHCLThatParses(t *testing.T) {
 		{Name: "cron", Driver: "docker", RestartPolicy: &api.RestartPolicy{Attempts: num(2), Mode: str("delay")}},
 	}
 	alloc := &api.Allocation{ID: "a1", TaskGroup: name, Job: &api.Job{TaskGroups: []*api.TaskGroup{{Name: &name, Tasks: apps, ShutdownDelay: dur(10 * time.Second)}}}}
-	_, err := checkGateJob(alloc, &Gate{AllocID: "a1", Task: "gate"}, lockclient.Timing{TTL: 10 * time.Second, LockDelay: time.Second},
+	_, err := checkGateJob(alloc, "gate", &gatedWorkload{}, lockclient.Timing{TTL: 10 * time.Second, LockDelay: time.Second},
 		map[string]bool{"api": true, "cron": true})
 	if err == nil {
 		t.Fatal("the job was accepted")

@@ -22,7 +22,6 @@ func TestGateKillOutlivesTheStopDeadline(t *testing.T) {
 	f := r.withKiller("app", "db")
 	f.killTakes = 100 * time.Millisecond
 	f.killErr, f.failKills = errors.New("docker: no answer"), 1
-	s := r.sup
 	lease := r.checkedAndHeld()
 	r.srv.TakeOver(time.Second) // a 409: the stop deadline is the fence deadline
 	select {
@@ -32,8 +31,8 @@ func TestGateKillOutlivesTheStopDeadline(t *testing.T) {
 	}
 	// Hold the loss until its stop deadline has passed.
 	time.Sleep(lockclient.BootUntil(lease.StopDeadline()) + 10*time.Millisecond)
-	if !s.killDirect(lease, "the lock was lost") {
-		t.Fatalf("killDirect past the stop deadline: not proven dead; events:\n%s", r.eventLog())
+	if !r.gate().w.kill(lease, "the lock was lost") {
+		t.Fatalf("the kill past the stop deadline: not proven dead; events:\n%s", r.eventLog())
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -14,6 +14,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/locktest"
 )
 
 // TestNoRemoveAfterFinalFailedAdd: an ADD that reached FAILED, CANCELED or
@@ -61,27 +63,51 @@ func TestNoRemoveAfterFinalFailedAdd(t *testing.T) {
 				ctx: ctx, cancel: cancel, events: make(chan lbEvent, 4), recheck: time.NewTicker(time.Hour)}
 			lb.posted.Store(true)
 			removed := 0
-			s := &Supervisor{Logger: hclog.NewNullLogger(), OnLBRemoved: func() { removed++ }}
-			held := func(st State, msg string) Event { return Event{State: st, Message: msg} }
+			h := testLBHook(lb, countRemoved{&removed})
 			if tc.stopping {
 				cancel()
 			}
-			err = s.handleLB(lb, lbEvent{kind: "added", err: tc.err}, held)
-			if tc.stopping != (err == nil) {
-				t.Errorf("handleLB = %v; want the workload stopped (an error) unless we were stopping already", err)
+			ev, send := lb.handle(lbEvent{kind: "added", err: tc.err}, h)
+			if stopped := send && ev.Fail != nil && ev.Fail.Code == ExitLBFailed; stopped == tc.stopping {
+				t.Errorf("handle = %+v, %v; want the workload stopped (a failure) unless we were stopping already", ev, send)
 			}
-			s.deregister(lb, 2*time.Second, held, nil, nil)
+			h.PreKill(context.Background(), PreKillRequest{Lease: heldLease(t)}, &PreKillResponse{})
 			if got := posts.Load() > 0; got != tc.wantRemove {
 				t.Errorf("REMOVE sent: %v, want %v", got, tc.wantRemove)
 			}
 			if wantRecordDropped := 1; removed != wantRecordDropped {
-				t.Errorf("OnLBRemoved ran %d times, want %d", removed, wantRecordDropped)
+				t.Errorf("LBRemoved ran %d times, want %d", removed, wantRecordDropped)
 			}
 		})
 	}
 }
 
-// testSession is an lbSession against uri for the handleLB and deregister tests.
+// countRemoved counts LBRemoved.
+type countRemoved struct{ n *int }
+
+func (countRemoved) LBPosted(lbhook.Config, *lbhook.Hook, lbhook.UpstreamInfo) {}
+func (c countRemoved) LBRemoved()                                              { *c.n++ }
+
+// testLBHook is an lbHook whose session lb runs, its loop not started.
+func testLBHook(lb *lbSession, rec LBRecorder) *lbHook {
+	stopped := make(chan struct{})
+	close(stopped)
+	return &lbHook{cfg: lb.cfg, log: hclog.NewNullLogger(), rec: rec, sess: lb, stop: func() {}, stopped: stopped,
+		startFailed: lbStartFailedMessage, addFailed: lbAddFailedMessage}
+}
+
+// heldLease is a lease held on an in-memory lock.
+func heldLease(t *testing.T) *lockclient.Lease {
+	t.Helper()
+	l, err := locktest.New().Locker(t, lockclient.Config{Path: "locks/web", Timing: locktest.Timing()}).Acquire(context.Background(), lockclient.AcquireOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	return l
+}
+
+// testSession is an lbSession against uri.
 func testSession(t *testing.T, uri string) *lbSession {
 	t.Helper()
 	cfg := &LoadBalancer{Config: lbhook.Config{URI: uri + "/baragon/v2/request", ServiceID: "web", BasePath: "/web",
@@ -100,26 +126,25 @@ func testSession(t *testing.T, uri string) *lbSession {
 		ctx: ctx, cancel: cancel, events: make(chan lbEvent, 4), recheck: time.NewTicker(time.Hour)}
 }
 
-// While a slow REMOVE runs, each renew reaches the caller (which re-arms
-// its guard and republishes its deadlines for the watchdog).
-func TestDeregisterRelaysRenewals(t *testing.T) {
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(300 * time.Millisecond)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"loadBalancerRequestId":"x","loadBalancerState":"SUCCESS"}`))
-	}))
-	defer ts.Close()
-	lb := testSession(t, ts.URL)
-	lb.posted.Store(true)
-	renewed := make(chan struct{}, 1)
-	renewed <- struct{}{}
+// While a slow PreKill (a REMOVE) runs, each renew reaches the caller
+// (which re-arms its guard and republishes its deadlines for the watchdog).
+func TestPreKillRelaysRenewals(t *testing.T) {
+	r := &heldRun{s: &Supervisor{Logger: hclog.NewNullLogger(), Hooks: []Hook{slowPreKill(600 * time.Millisecond)}},
+		lease: heldLease(t), w: &gatedWorkload{}}
 	relayed := 0
-	s := &Supervisor{Logger: hclog.NewNullLogger()}
-	held := func(st State, msg string) Event { return Event{State: st, Message: msg} }
-	s.deregister(lb, 5*time.Second, held, renewed, func() { relayed++ })
-	if relayed != 1 {
-		t.Errorf("%d renewals relayed during the REMOVE, want 1", relayed)
+	r.preKill(func() { relayed++ })
+	if relayed == 0 {
+		t.Errorf("no renewal relayed during a PreKill of 600ms, with renews every %s", locktest.Timing().RenewInterval)
 	}
+}
+
+// slowPreKill is a PreKill hook that takes its time.
+type slowPreKill time.Duration
+
+func (slowPreKill) Name() string                                { return "slow" }
+func (d slowPreKill) PreKillBound(PreKillRequest) time.Duration { return time.Duration(d) }
+func (d slowPreKill) PreKill(context.Context, PreKillRequest, *PreKillResponse) {
+	time.Sleep(time.Duration(d))
 }
 
 // A report of unanswered calls is a notice: the ADD goes on (the session
@@ -130,13 +155,14 @@ func TestUnansweredIsANotice(t *testing.T) {
 	var seen []Event
 	s := &Supervisor{Logger: hclog.NewNullLogger(), Observe: func(ev Event) { seen = append(seen, ev) },
 		state: StateHealthy, message: "Health check passed"}
-	held := func(st State, msg string) Event { return Event{State: st, Message: msg} }
 	ce := &lbhook.CallError{Method: "POST", URL: "http://127.0.0.1:1/baragon/v2/request", State: lbhook.StateUnknown,
 		Err: errors.New("dial tcp 127.0.0.1:1: connect: connection refused")}
-	err := s.handleLB(lb, lbEvent{kind: "unanswered", unanswered: lbhook.Unanswered{RequestID: "a-ADD-1", Err: ce, Calls: 1, Since: time.Now()}}, held)
-	if err != nil || !lb.busy {
-		t.Fatalf("handleLB = %v, busy %v: want the ADD to go on", err, lb.busy)
+	ev, send := lb.handle(lbEvent{kind: "unanswered", unanswered: lbhook.Unanswered{RequestID: "a-ADD-1", Err: ce, Calls: 1, Since: time.Now()}},
+		testLBHook(lb, nil))
+	if !send || ev.Fail != nil || !lb.busy {
+		t.Fatalf("handle = %+v, %v, busy %v: want the ADD to go on", ev, send, lb.busy)
 	}
+	(&heldRun{s: s, lease: heldLease(t)}).publish(ev)
 	if len(seen) != 1 || !seen[0].Notice || seen[0].State != StateHealthy ||
 		!strings.HasPrefix(seen[0].Message, "Holding the lock; not yet in the load balancer: ") {
 		t.Errorf("events %+v, want one notice in state healthy", seen)

@@ -2,16 +2,80 @@ package shim
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
+	"net"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/zclconf/go-cty/cty"
 	ctyjson "github.com/zclconf/go-cty/cty/json"
-
-	"github.com/nomad-driver-singleton/nomad-driver-singleton/lbhook"
 )
+
+// DefaultLBRecheck is how often a registered holder checks that the LB still
+// has its upstream, and re-adds it if it vanished out of band. MinLBRecheck
+// is the least recheck_interval: the check is a GET of the service's state.
+const (
+	DefaultLBRecheck = 10 * time.Second
+	MinLBRecheck     = time.Second
+)
+
+// LoadBalancer is the optional LB registration of the one live instance.
+type LoadBalancer struct {
+	lbhook.Config
+	// Upstream is our host:port, resolved from the port label.
+	Upstream string
+	// Recheck is the interval of the "is our upstream still there" check.
+	Recheck time.Duration
+	// Health gates the ADD; nil adds as soon as the workload started.
+	Health *HealthCheck
+}
+
+// Validate checks the LB block and the resolved upstream.
+func (lb *LoadBalancer) Validate() error {
+	errs := []error{lb.Config.Validate()}
+	if _, _, err := net.SplitHostPort(lb.Upstream); err != nil {
+		errs = append(errs, fmt.Errorf("load_balancer upstream %q is not host:port (from port label %q): %w", lb.Upstream, lb.PortLabel, err))
+	}
+	if lb.Recheck < 0 {
+		errs = append(errs, fmt.Errorf("load_balancer.recheck_interval %s must not be negative", lb.Recheck))
+	}
+	errs = append(errs, checkMin("load_balancer.recheck_interval", lb.Recheck, MinLBRecheck))
+	if lb.Health != nil {
+		errs = append(errs, lb.Health.Validate())
+	}
+	return errors.Join(errs...)
+}
+
+// checkMin refuses a positive d below min (zero takes the default; a
+// negative d has its own error).
+func checkMin(field string, d, min time.Duration) error {
+	if d > 0 && d < min {
+		return fmt.Errorf("%s = %s is below its minimum of %s", field, d, min)
+	}
+	return nil
+}
+
+// PortAddress resolves a Nomad port label to host:port from the task
+// environment: NOMAD_HOST_ADDR_<label>, else NOMAD_ADDR_<label>.
+func PortAddress(label string, getenv func(string) string) (string, error) {
+	key := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		return '_'
+	}, label)
+	for _, v := range []string{"NOMAD_HOST_ADDR_" + key, "NOMAD_ADDR_" + key} {
+		if addr := getenv(v); addr != "" {
+			return addr, nil
+		}
+	}
+	return "", fmt.Errorf("port label %q: the task has no NOMAD_HOST_ADDR_%s; add `port %q {}` to the group's network block", label, key, label)
+}
 
 // LBSpec is the load_balancer block as users write it: in the -config file,
 // in the driver's task config, and (field by field) as -lb-* flags.
@@ -20,7 +84,7 @@ type LBSpec struct {
 	ServiceID string   `hcl:"service_id,optional" codec:"service_id"`
 	BasePath  string   `hcl:"base_path,optional" codec:"base_path"`
 	Groups    []string `hcl:"groups,optional" codec:"groups"`
-	Port      string   `hcl:"port,optional" codec:"port"`
+	PortLabel string   `hcl:"port,optional" codec:"port"`
 	Owners    []string `hcl:"owners,optional" codec:"owners"`
 	// Options map names to any JSON values (Baragon's templates read lists
 	// such as nginxExtraConfigs, and numbers). It is `any` because Nomad's
@@ -90,31 +154,11 @@ func BuildLoadBalancer(spec LBSpec, health HealthSpec, getenv func(string) strin
 		return nil, nil
 	}
 	var errs []error
-	dur := func(block, field, v string) time.Duration {
-		var d time.Duration
-		if err := ParseDuration(prefix+block+"."+field, v, "2s", &d); err != nil {
-			errs = append(errs, err)
-		}
-		return d
-	}
-	lb := &LoadBalancer{
-		Config: lbhook.Config{
-			URI: spec.URI, ServiceID: spec.ServiceID, BasePath: spec.BasePath,
-			Groups: spec.Groups, PortLabel: spec.Port, Owners: spec.Owners,
-			TemplateName: spec.TemplateName, Domains: spec.Domains, AdditionalPaths: spec.AdditionalPaths,
-			Group: spec.Group, RackID: spec.RackID,
-			RequestTimeout: dur("load_balancer", "request_timeout", spec.RequestTimeout),
-			PollInterval:   dur("load_balancer", "poll_interval", spec.PollInterval),
-			AddDeadline:    dur("load_balancer", "add_deadline", spec.AddDeadline),
-			RemoveDeadline: dur("load_balancer", "remove_deadline", spec.RemoveDeadline),
-			AuthKeyFile:    spec.AuthKeyFile,
-			CAFile:         spec.CAFile,
-			AuthKey:        spec.AuthKey,
-			CAPEM:          spec.CAPEM,
-		},
-		Recheck: dur("load_balancer", "recheck_interval", spec.RecheckInterval),
-	}
-	if lb.Recheck == 0 {
+	lb := &LoadBalancer{}
+	errs = append(errs, copySettings(&lb.Config, &spec, prefix+"load_balancer."))
+	var recheck struct{ RecheckInterval time.Duration }
+	errs = append(errs, copySettings(&recheck, &spec, prefix+"load_balancer."))
+	if lb.Recheck = recheck.RecheckInterval; lb.Recheck == 0 {
 		lb.Recheck = DefaultLBRecheck
 	}
 	opts, err := specOptions(spec)
@@ -122,24 +166,17 @@ func BuildLoadBalancer(spec LBSpec, health HealthSpec, getenv func(string) strin
 		errs = append(errs, fmt.Errorf("%sload_balancer.options: %w", prefix, err))
 	}
 	lb.Options = opts
-	if spec.Port != "" {
-		addr, err := PortAddress(spec.Port, getenv)
+	if spec.PortLabel != "" {
+		addr, err := PortAddress(spec.PortLabel, getenv)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%sload_balancer.port: %w", prefix, err))
 		}
 		lb.Upstream = addr
 	}
 	if !health.IsZero() {
-		hc := &HealthCheck{
-			Type: health.Type, Path: health.Path,
-			Interval: dur("health_check", "interval", health.Interval),
-			Timeout:  dur("health_check", "timeout", health.Timeout),
-			Grace:    dur("health_check", "grace", health.Grace),
-		}
-		port := health.Port
-		if port == "" {
-			port = spec.Port
-		}
+		hc := &HealthCheck{}
+		errs = append(errs, copySettings(hc, &health, prefix+"health_check."))
+		port := cmp.Or(health.Port, spec.PortLabel)
 		if port != "" {
 			addr, err := PortAddress(port, getenv)
 			if err != nil {
@@ -149,13 +186,38 @@ func BuildLoadBalancer(spec LBSpec, health HealthSpec, getenv func(string) strin
 		}
 		lb.Health = hc
 	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	if err := lb.Validate(); err != nil {
 		return nil, fmt.Errorf("%sload_balancer: %w", prefix, err)
 	}
 	return lb, nil
+}
+
+// copySettings sets each field of *dst from the field of the same name of
+// *src, a block as users write it (LBSpec, HealthSpec): a string, a list
+// or bytes as they are, a duration parsed from its string, whose error
+// names the setting (label, then its hcl name). Fields of either that the
+// other lacks, or holds as another type, are the caller's.
+func copySettings(dst, src any, label string) error {
+	d, sv := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src).Elem()
+	var errs []error
+	for i := range sv.NumField() {
+		f := sv.Type().Field(i)
+		to := d.FieldByName(f.Name)
+		switch from := sv.Field(i); {
+		case !to.IsValid():
+		case to.Type() == reflect.TypeFor[time.Duration]() && from.Kind() == reflect.String:
+			name, _, _ := strings.Cut(f.Tag.Get("hcl"), ",")
+			var v time.Duration
+			errs = append(errs, ParseDuration(label+name, from.String(), "2s", &v))
+			to.SetInt(int64(v))
+		case to.Type() == from.Type():
+			to.Set(from)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // specOptions returns the block's options as JSON-ready values: from the

@@ -9,9 +9,11 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
 )
 
-// NewLocker resolves the endpoint and builds the lease client for cfg; holder
-// is written into the lock on acquire.
-func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockclient.Locker, error) {
+// NewLocker resolves the endpoint and builds the lease client for spec's
+// lock; its holder record (with the upstream that the next holder removes
+// from the load balancer) is written into the lock on acquire.
+func NewLocker(spec Spec, log hclog.Logger) (*lockclient.Locker, error) {
+	cfg, holder := spec.Config, spec.Holder
 	ep, err := endpointFor(cfg.Address)
 	if cfg.RootSecretsDir != "" {
 		ep, err = lockclient.DiscoverRootEndpoint(cfg.RootSecretsDir, os.Getenv)
@@ -39,7 +41,7 @@ func NewLocker(cfg Config, log hclog.Logger, holder lockclient.Holder) (*lockcli
 		Holders:    cfg.Holders,
 		PreferSlot: cfg.AllocIndex,
 		MaxRetry:   cfg.MaxRetry,
-		Heartbeat:  cfg.Heartbeat(),
+		Heartbeat:  spec.Heartbeat(),
 		Logger:     log,
 	})
 }

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"strconv"
 	"sync"
 	"time"
@@ -43,27 +44,37 @@ func (m *Metrics) update(f func(s *lockmetrics.Snapshot)) {
 	}
 }
 
-// metricsHook counts a run's metrics into Supervisor.Metrics: every metric
-// the supervisor updates is updated here, from what the other parts of the
-// run report, so that no metric call runs through the core loop. It goes
-// first among the hooks, so that it sees each lease before any other
-// hook's acquired may fail.
+// metricsHook counts a run's metrics into Env.Metrics: every metric the
+// supervisor updates is updated here, from the phases of the run (the wait
+// begins before the acquire; the tenure runs from Held to the release) and
+// from the lease's and the LB client's observers, so that no metric call
+// runs through the core loop. Attach puts it first among the hooks, so
+// that it sees each lease before any other hook's Held may fail.
 type metricsHook struct{ m *Metrics }
 
 // newMetricsHook attaches the hook to the run's lease observer.
-func newMetricsHook(s *Supervisor) *metricsHook {
-	h := &metricsHook{m: s.Metrics}
-	if s.Locker != nil {
-		s.Locker.SetObserver(h)
-	}
+func newMetricsHook(m *Metrics, locker *lockclient.Locker) *metricsHook {
+	h := &metricsHook{m: m}
+	locker.SetObserver(h)
 	return h
 }
 
-func (h *metricsHook) hookName() string { return "metrics" }
+func (h *metricsHook) Name() string { return "metrics" }
 
-// acquired counts the acquisition, by how the previous tenure ended as the
+// PreAcquire starts the wait.
+func (h *metricsHook) PreAcquire(context.Context, *PreAcquireResponse) error {
+	now := time.Now()
+	h.m.update(func(s *lockmetrics.Snapshot) {
+		if s.WaitingSince.IsZero() && !s.Held {
+			s.WaitingSince = now
+		}
+	})
+	return nil
+}
+
+// Held counts the acquisition, by how the previous tenure ended as the
 // record read before the acquire tells: the lock is held from here on.
-func (h *metricsHook) acquired(lease *lockclient.Lease) bool {
+func (h *metricsHook) Held(_ context.Context, lease *lockclient.Lease) error {
 	reason := "expiry"
 	p := lease.Previous
 	switch {
@@ -80,41 +91,43 @@ func (h *metricsHook) acquired(lease *lockclient.Lease) bool {
 	h.m.update(func(s *lockmetrics.Snapshot) {
 		lockmetrics.Count(&s.Acquisitions, reason)
 		s.Held, s.HeldSince, s.Fence, s.Slot = true, now, lease.Fence, ""
+		s.LastRenew = now.Add(-lockclient.BootNow().Sub(lease.LastRenew())) // the acquire's send, on the wall clock
 		if lease.Holders > 0 {
 			s.Slot = strconv.Itoa(lease.Slot)
 		}
-		if !s.WaitingSince.IsZero() {
+		if !s.WaitingSince.IsZero() && !lease.Adopted {
+			// An adopted lease came without a wait for the lock.
 			s.Waits = observe(s.Waits, lockmetrics.WaitDurationDesc, now.Sub(s.WaitingSince))
-			s.WaitingSince = time.Time{}
 		}
+		s.WaitingSince = time.Time{}
 	})
-	return true
+	return nil
 }
 
-// observe follows the run's events: the start of a wait, the end of the
-// tenure, and the last acknowledged renew that holding events carry.
-func (h *metricsHook) observe(ev Event) {
+func (h *metricsHook) Release(context.Context, ReleaseRequest, *ReleaseResponse) {}
+
+// Released ends the tenure once the lock is released.
+func (h *metricsHook) Released(err error) {
+	if err != nil {
+		return
+	}
 	h.m.update(func(s *lockmetrics.Snapshot) {
-		switch {
-		case ev.State == StateWaiting && s.WaitingSince.IsZero() && !s.Held:
-			s.WaitingSince = ev.Time
-		case ev.State == StateLost || ev.State == StateReleased:
-			s.Held, s.HeldSince, s.LastRenew = false, time.Time{}, time.Time{}
-		case s.Held && !ev.LastRenew.IsZero():
-			// LastRenew is on the lease's clock (CLOCK_BOOTTIME): its age
-			// is taken off the event's wall time.
-			s.LastRenew = ev.Time.Add(-lockclient.BootNow().Sub(ev.LastRenew))
-		}
+		s.Held, s.HeldSince, s.LastRenew = false, time.Time{}, time.Time{}
 	})
 }
 
-// Renewed is the lease's report of one renew or heartbeat.
+// Renewed is the lease's report of one renew or heartbeat: an
+// acknowledged renew was sent Took ago, the lease's last renew.
 func (h *metricsHook) Renewed(r lockclient.RenewReport) {
 	op := string(r.Op)
+	now := time.Now()
 	h.m.update(func(s *lockmetrics.Snapshot) {
 		if r.Failed {
 			lockmetrics.Count(&s.RenewFailures, op)
 			return
+		}
+		if r.Op == lockclient.OpRenew && s.Held {
+			s.LastRenew = now.Add(-r.Took)
 		}
 		lockmetrics.ObserveIn(&s.RenewLatency, lockmetrics.RenewDurationDesc, op, r.Took.Seconds())
 		lockmetrics.ObserveIn(&s.FenceLeft, lockmetrics.FenceLeftDesc, op, max(r.FenceLeft, 0).Seconds())

@@ -28,12 +28,11 @@ func TestRunSemaphoreSlotInTheWorkloadEnv(t *testing.T) {
 	cfg := lockclient.Config{Path: prefix, Timing: locktest.Timing(), Holders: 2, PreferSlot: 3, Holder: lockclient.Holder{AllocID: "self"}}
 	out := &proctest.SyncBuffer{}
 	stop := make(chan StopRequest, 1)
-	sup := &Supervisor{
-		Config: Config{Path: prefix, Holders: 2, AllocIndex: 3,
+	sup := attached(t, &Supervisor{Locker: vars.Locker(t, cfg), Stop: stop},
+		Spec{Config: Config{Path: prefix, Holders: 2, AllocIndex: 3,
 			Command:    []string{"/bin/sh", "-c", `echo "slot=$NOMAD_LOCK_SLOT path=$NOMAD_LOCK_PATH fence=$NOMAD_LOCK_FENCE"; exec sleep 30`},
-			KillSignal: syscall.SIGTERM, KillTimeout: time.Second},
-		Locker: vars.Locker(t, cfg), Stdout: out, Stderr: out, Env: []string{"PATH=/usr/bin:/bin"}, Stop: stop,
-	}
+			KillSignal: syscall.SIGTERM, KillTimeout: time.Second}},
+		Env{Process: Process{Stdout: out, Stderr: out, Env: []string{"PATH=/usr/bin:/bin"}}})
 	slot0 := vars.Server(lockclient.SlotPath(prefix, 0))
 	code := make(chan int, 1)
 	go func() { code <- sup.Run(context.Background(), nil) }()
@@ -70,12 +69,11 @@ func TestRunSemaphoreSlotLostStopsTheWorkload(t *testing.T) {
 	const prefix = "locks/sem"
 	cfg := lockclient.Config{Path: prefix, Timing: locktest.Timing(), Holders: 2, Holder: lockclient.Holder{AllocID: "self"}}
 	out := &proctest.SyncBuffer{}
-	sup := &Supervisor{
-		Config: Config{Path: prefix, Holders: 2,
+	sup := attached(t, &Supervisor{Locker: vars.Locker(t, cfg)},
+		Spec{Config: Config{Path: prefix, Holders: 2,
 			Command:    []string{"/bin/sh", "-c", `echo "slot=$NOMAD_LOCK_SLOT"; exec sleep 30`},
-			KillSignal: syscall.SIGTERM, KillTimeout: time.Second},
-		Locker: vars.Locker(t, cfg), Stdout: out, Stderr: out, Env: []string{"PATH=/usr/bin:/bin"},
-	}
+			KillSignal: syscall.SIGTERM, KillTimeout: time.Second}},
+		Env{Process: Process{Stdout: out, Stderr: out, Env: []string{"PATH=/usr/bin:/bin"}}})
 	code := make(chan int, 1)
 	go func() { code <- sup.Run(context.Background(), nil) }()
 	deadline := time.Now().Add(ceiling)

@@ -14,6 +14,7 @@ import (
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/procfs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/proctest"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/locktest"
 )
 
@@ -35,11 +36,14 @@ const (
 	leaver = `trap 'echo "got USR1"; exit 3' USR1; echo "started fence=$NOMAD_LOCK_FENCE"; while :; do sleep 0.02; done`
 )
 
-// runRig is a Supervisor running script over a locktest.Server.
+// runRig is a Supervisor running script over a locktest.Server: the run's
+// spec and env are the test's to change until run attaches them.
 type runRig struct {
 	t    *testing.T
 	srv  *locktest.Server
 	sup  *Supervisor
+	spec Spec
+	env  Env
 	out  *proctest.SyncBuffer
 	stop chan StopRequest
 	code chan int
@@ -53,16 +57,11 @@ func newRunRig(t *testing.T, script string, killTimeout time.Duration) *runRig {
 	t.Helper()
 	r := &runRig{t: t, srv: locktest.New(), out: &proctest.SyncBuffer{}, stop: make(chan StopRequest, 1), code: make(chan int, 1)}
 	cfg := lockclient.Config{Path: "locks/web", Timing: locktest.Timing(), Holder: lockclient.Holder{AllocID: "alloc-self"}}
-	r.sup = &Supervisor{
-		Config: Config{Path: cfg.Path, Command: []string{"/bin/sh", "-c", script},
-			KillSignal: syscall.SIGTERM, KillTimeout: killTimeout},
-		Locker:  r.srv.Locker(t, cfg),
-		Observe: r.observe,
-		Stdout:  r.out,
-		Stderr:  r.out,
-		Env:     []string{"PATH=/usr/bin:/bin"},
-		Stop:    r.stop,
-	}
+	r.spec = Spec{Config: Config{Path: cfg.Path, Command: []string{"/bin/sh", "-c", script},
+		KillSignal: syscall.SIGTERM, KillTimeout: killTimeout}, Holder: cfg.Holder}
+	r.sup = &Supervisor{Locker: r.srv.Locker(t, cfg), Observe: r.observe, Stop: r.stop}
+	r.env = Env{Process: Process{Stdout: r.out, Stderr: r.out, Env: []string{"PATH=/usr/bin:/bin"}},
+		Allocs: r.srv.Allocs(t, allocs.Config{Holder: cfg.Holder})}
 	r.srv.OnRelease(func() {
 		alive := r.workloadAlive()
 		r.mu.Lock()
@@ -78,8 +77,38 @@ func (r *runRig) observe(ev Event) {
 	r.events = append(r.events, ev)
 }
 
+// attach builds the supervisor's workload and hooks from the rig's spec
+// and env, as the front ends do.
+func (r *runRig) attach() {
+	r.t.Helper()
+	attached(r.t, r.sup, r.spec, r.env)
+}
+
+// attached is sup with its config, workload and hooks from spec and env.
+func attached(t *testing.T, sup *Supervisor, spec Spec, env Env) *Supervisor {
+	t.Helper()
+	sup.Config = spec.Config
+	env.Locker, env.Emitter = sup.Locker, sup
+	w, hooks, err := Attach(spec, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup.Workload, sup.Hooks = w, hooks
+	return sup
+}
+
+// onHeld is a Held hook of the test's.
+type onHeld func(*lockclient.Lease)
+
+func (onHeld) Name() string { return "test" }
+func (f onHeld) Held(_ context.Context, l *lockclient.Lease) error {
+	f(l)
+	return nil
+}
+
 // run starts Run; at cleanup a Run still going is stopped with SIGKILL.
 func (r *runRig) run() {
+	r.attach()
 	go func() { r.code <- r.sup.Run(context.Background(), make(chan os.Signal)) }()
 	r.t.Cleanup(func() {
 		select {
@@ -425,7 +454,7 @@ func TestRunReleaseFailure(t *testing.T) {
 func TestRunLockDeniedWaitsForPolicy(t *testing.T) {
 	t.Run("driver waits", func(t *testing.T) {
 		r := newRunRig(t, sleeper, time.Second)
-		r.sup.WaitForPolicy = true
+		r.spec.WaitForPolicy = true
 		r.srv.FailAcquire(locktest.Error(403, "Permission denied"))
 		r.run()
 		ev := r.event("denied", func(ev Event) bool {
@@ -443,7 +472,7 @@ func TestRunLockDeniedWaitsForPolicy(t *testing.T) {
 	})
 	t.Run("stop ends the wait", func(t *testing.T) {
 		r := newRunRig(t, sleeper, time.Second)
-		r.sup.WaitForPolicy = true
+		r.spec.WaitForPolicy = true
 		r.srv.FailAcquire(locktest.Error(403, "Permission denied"))
 		r.run()
 		r.event("denied", func(ev Event) bool { return strings.Contains(ev.Message, "Lock denied (HTTP 403)") })
@@ -467,14 +496,14 @@ func TestRunLockDeniedWaitsForPolicy(t *testing.T) {
 // workload: Run exits ExitLost with a lost event, and nothing ran.
 func TestRunNeverStartsOnALostLease(t *testing.T) {
 	r := newRunRig(t, sleeper, ceiling)
-	r.sup.OnAcquire = func(l *lockclient.Lease) {
+	r.env.Hooks = []Hook{onHeld(func(l *lockclient.Lease) {
 		expiredUnderUs(r.srv)
 		select {
 		case <-l.Lost():
 		case <-time.After(ceiling):
 			t.Errorf("the lease was not lost within %s of the expiry", ceiling)
 		}
-	}
+	})}
 	r.run()
 	if code := r.exit(); code != ExitLost {
 		t.Errorf("Run = %d, want ExitLost (%d); events:\n%s", code, ExitLost, r.eventLog())

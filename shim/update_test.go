@@ -3,13 +3,13 @@ package shim
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/locktest"
 )
 
@@ -80,24 +80,39 @@ func TestStandbyBeingStoppedNeverAcquires(t *testing.T) {
 	}
 }
 
-// updateRig is a standby's Supervisor (job web, group web, task app, job
-// version 1) over a locktest.Server that serves its allocations.
-func updateRig(t *testing.T, grace time.Duration) (*Supervisor, *locktest.Server) {
+// updateRigT is a standby's update hook (job web, group web, task app,
+// job version 1) and its lock, over a locktest.Server that serves its
+// allocations.
+type updateRigT struct {
+	h *updateHook
+	l *lockclient.Locker
+}
+
+func updateRig(t *testing.T, grace time.Duration) (*updateRigT, *locktest.Server) {
 	srv := locktest.New()
 	cfg := lockclient.Config{Path: "locks/web", Timing: locktest.Timing(),
 		Holder: lockclient.Holder{AllocID: "standby", JobID: "web", Group: "web", Task: "app"}}
-	s := &Supervisor{Config: Config{UpdateGrace: grace}, Locker: srv.Locker(t, cfg), Logger: hclog.NewNullLogger(), Getenv: func(string) string { return "" }}
-	s.buildHooks()
-	return s, srv
+	h := newUpdateHook(Config{UpdateGrace: grace}, cfg.Holder, true, func(string) string { return "" })
+	if h != nil {
+		h.allocs, h.emit, h.log = srv.Allocs(t, allocs.Config{Holder: cfg.Holder}), discard{}, hclog.NewNullLogger()
+	}
+	return &updateRigT{h: h, l: srv.Locker(t, cfg)}, srv
 }
 
-func (s *Supervisor) updateAcquire(ctx context.Context) (*lockclient.Lease, error) {
-	var opts lockclient.AcquireOptions
-	for _, h := range hooksOf[acquireHook](s) {
-		h.acquireOptions(&opts)
+// updateAcquire acquires as the run does with the update hook.
+func (s *updateRigT) updateAcquire(ctx context.Context) (*lockclient.Lease, error) {
+	var pre PreAcquireResponse
+	if err := s.h.PreAcquire(ctx, &pre); err != nil {
+		return nil, err
 	}
-	return s.Locker.Acquire(ctx, opts)
+	return s.l.Acquire(ctx, lockclient.AcquireOptions{Defer: pre.Defer})
 }
+
+// discard is an Emitter that publishes nothing.
+type discard struct{}
+
+func (discard) Emit(Event)   {}
+func (discard) Notice(Event) {}
 
 func jobAlloc(id string, v uint64, desired, client string) *api.Allocation {
 	a := versioned(id, "web", v, desired)
@@ -243,13 +258,11 @@ func TestUpdateGraceZeroTurnsTheRuleOff(t *testing.T) {
 	if err := LockSettings.In(InDriver).Apply(&c, LockValues{"update_grace": "500ms"}, label); err == nil {
 		t.Error("update_grace = 500ms accepted, below the 1s minimum")
 	}
-	s, _ := updateRig(t, DurationOff)
-	if hs := hooksOf[acquireHook](s); len(hs) != 0 {
-		t.Errorf("update_grace = 0: %d acquire hooks, want none", len(hs))
+	if s, _ := updateRig(t, DurationOff); s.h != nil {
+		t.Error("update_grace = 0: an update hook, want none")
 	}
-	s, _ = updateRig(t, time.Second)
-	if hs := hooksOf[acquireHook](s); len(hs) != 1 {
-		t.Errorf("update_grace = 1s: %d acquire hooks, want the update hook", len(hs))
+	if s, _ := updateRig(t, time.Second); s.h == nil {
+		t.Error("update_grace = 1s: no update hook")
 	}
 }
 
@@ -323,105 +336,35 @@ func TestUpdateStopIsOnlyTheRollingUpdate(t *testing.T) {
 	}
 }
 
-// The holder stopped for an update keeps serving while another newer
-// allocation starts, says so, and lets the stop go on once that one runs;
-// with only its own replacement on its way, or for another kind of stop,
-// it does not wait; and it never waits past its budget.
-func TestHolderDelaysUpdateStopUntilSuccessorWaits(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	drain := func(c <-chan string, within time.Duration) ([]string, time.Duration) {
-		start := time.Now()
-		var msgs []string
-		for {
-			select {
-			case m, ok := <-c:
-				if !ok {
-					return msgs, time.Since(start)
-				}
-				msgs = append(msgs, m)
-			case <-time.After(within):
-				t.Fatalf("the delay did not end within %s (messages %q)", within, msgs)
-			}
-		}
-	}
-	self := func(desc string) *api.Allocation {
-		a := jobAlloc("standby", 1, "stop", "running")
-		a.DesiredDescription, a.NextAllocation = desc, "mine"
-		return a
-	}
-
-	// Another kind of stop: no wait, no read of the job's allocations.
-	s, srv := updateRig(t, time.Second)
-	h := hooksOf[delayHook](s)[0]
-	srv.SetAllocation(self("alloc not needed since job was stopped"))
-	srv.SetAllocation(jobAlloc("other", 2, "run", "pending"))
-	if msgs, _ := drain(h.delayStop(ctx, 10*time.Second), 5*time.Second); len(msgs) != 0 || srv.Calls(locktest.OpJobAllocs) != 0 {
-		t.Errorf("a job stop delayed: %q", msgs)
-	}
-
-	// Only its own replacement: no wait.
-	s, srv = updateRig(t, time.Second)
-	h = hooksOf[delayHook](s)[0]
-	srv.SetAllocation(self(statusAllocUpdating))
-	srv.SetAllocation(jobAlloc("mine", 2, "run", "pending"))
-	if msgs, _ := drain(h.delayStop(ctx, 10*time.Second), 5*time.Second); len(msgs) != 0 {
-		t.Errorf("waited for its own replacement: %q", msgs)
-	}
-
-	// Another newer allocation starting: wait until it runs.
-	other := jobAlloc("other", 2, "run", "pending")
-	other.TaskStates = nil
-	srv.SetAllocation(other)
-	c := h.delayStop(ctx, 20*time.Second)
-	select {
-	case m := <-c:
-		if !strings.HasPrefix(m, evUpdateKeepServe.Prefix) {
-			t.Fatalf("first message %q, want the keep-serving event", m)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no keep-serving event")
-	}
-	running := jobAlloc("other", 2, "run", "running")
-	running.TaskStates["app"].Events = []*api.TaskEvent{{DisplayMessage: waitingHeldMessage("locks/web", lockclient.Holder{AllocID: "standby"})}}
-	srv.SetAllocation(running)
-	msgs, _ := drain(c, 10*time.Second)
-	if len(msgs) != 1 || !strings.HasPrefix(msgs[0], evUpdateSuccWait.Prefix) {
-		t.Errorf("after the successor runs: %q, want its waiting event", msgs)
-	}
-
-	// It never starts: the budget ends the wait.
-	srv.SetAllocation(other)
-	msgs, took := drain(h.delayStop(ctx, 1500*time.Millisecond), 10*time.Second)
-	if len(msgs) != 2 || !strings.HasPrefix(msgs[1], evUpdateSuccLate.Prefix) {
-		t.Errorf("budget spent: %q", msgs)
-	}
-	if took < time.Second {
-		t.Errorf("the wait ended after %s, before its budget", took)
-	}
-}
-
-// A gate takes the same rule as a driver task: its supervisor has the
+// A gate takes the same rule as a driver task: Attach gives its run the
 // update hook, so an old-version gate gives way to a newer version and one
-// being stopped never acquires; its acquire options come from both hooks.
+// being stopped never acquires; update_grace = 0 turns it off.
 func TestGateHasTheUpdateRule(t *testing.T) {
 	srv := locktest.New()
 	cfg := lockclient.Config{Path: "locks/web", Timing: locktest.Timing(),
 		Holder: lockclient.Holder{AllocID: "standby", JobID: "web", Group: "web", Task: "gate"}}
-	s := &Supervisor{Config: Config{Gate: &Gate{AllocID: "standby", Task: "gate"}}, Locker: srv.Locker(t, cfg),
-		Logger: hclog.NewNullLogger(), Getenv: func(string) string { return "" }}
-	s.buildHooks()
-	var names []string
-	for _, h := range hooksOf[acquireHook](s) {
-		names = append(names, h.hookName())
+	spec := Spec{Config: Config{Path: cfg.Path}, Gate: &GateSpec{AllocID: "standby", Task: "gate"}, Holder: cfg.Holder}
+	env := Env{Locker: srv.Locker(t, cfg), Emitter: discard{}, Allocs: srv.Allocs(t, allocs.Config{Holder: cfg.Holder}),
+		Getenv: func(string) string { return "" }}
+	names := func() []string {
+		_, hooks, err := Attach(spec, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, h := range hooks {
+			if _, ok := h.(PreAcquireHook); ok {
+				out = append(out, h.Name())
+			}
+		}
+		return out
 	}
-	if !slices.Contains(names, "update") {
-		t.Errorf("a gate's acquire hooks are %v, want the update hook among them", names)
+	if got := names(); !slices.Equal(got, []string{"gate", "update"}) {
+		t.Errorf("a gate's PreAcquire hooks are %v, want the gate's and the update rule's", got)
 	}
-	s.Config.UpdateGrace = DurationOff
-	s.buildHooks()
-	if len(hooksOf[delayHook](s)) != 0 {
-		t.Error("update_grace = 0: a gate still has the update hook")
+	spec.UpdateGrace = DurationOff
+	if got := names(); slices.Contains(got, "update") {
+		t.Errorf("update_grace = 0: a gate still has the update hook (%v)", got)
 	}
 }
 
@@ -442,12 +385,9 @@ func TestUpdateHookNamespaceNotFromTheTaskEnv(t *testing.T) {
 		{"lock", "", "from-env"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := locktest.New()
-			cfg := lockclient.Config{Path: "locks/web", Timing: locktest.Timing(),
-				Holder: lockclient.Holder{AllocID: "standby", JobID: "web", Group: "web", Task: "app"}}
-			s := &Supervisor{Config: Config{Namespace: "default", RootSecretsDir: tc.rootSecrets}, Locker: srv.Locker(t, cfg),
-				Logger: hclog.NewNullLogger(), Getenv: env}
-			if h := newUpdateHook(s); h == nil || h.namespace != tc.want {
+			holder := lockclient.Holder{AllocID: "standby", JobID: "web", Group: "web", Task: "app"}
+			cfg := Config{Namespace: "default", RootSecretsDir: tc.rootSecrets}
+			if h := newUpdateHook(cfg, holder, true, env); h == nil || h.namespace != tc.want {
 				t.Fatalf("update hook %+v, want namespace %q", h, tc.want)
 			}
 		})

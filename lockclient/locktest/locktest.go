@@ -26,6 +26,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/internal/testkey"
 )
 
@@ -95,6 +96,17 @@ func (s *Server) Locker(t testing.TB, cfg lockclient.Config) *lockclient.Locker 
 		t.Fatalf("locktest: %v", err)
 	}
 	return l
+}
+
+// Allocs builds an allocation reader over s (see allocs.NewWithAPI): it
+// reads the allocations SetAllocation wrote. An invalid cfg fails the test.
+func (s *Server) Allocs(t testing.TB, cfg allocs.Config) *allocs.Reader {
+	t.Helper()
+	r, err := allocs.NewWithAPI(testkey.Get(), cfg, s)
+	if err != nil {
+		t.Fatalf("locktest: %v", err)
+	}
+	return r
 }
 
 // Error is an answer with an HTTP status, as Nomad's API client returns

@@ -305,7 +305,7 @@ func TestLeaseModeFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hb := got.Heartbeat()
+	hb := (shim.Spec{Config: got}).Heartbeat()
 	if hb == nil || hb.Interval != 500*time.Millisecond || hb.Fence != 3*time.Second || hb.KillGrace != time.Second ||
 		hb.Path != "p/lease" || hb.EscrowPath != "singleton/escrow/p" {
 		t.Fatalf("heartbeat = %+v, want the aggressive profile with lease_fence 3s at p/lease, escrow singleton/escrow/p", hb)
@@ -323,7 +323,7 @@ func TestLeaseModeFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hb := got.Heartbeat(); hb == nil || hb.KillGrace != 3*time.Second || hb.Takeover() != 10*time.Second {
+	if hb := (shim.Spec{Config: got}).Heartbeat(); hb == nil || hb.KillGrace != 3*time.Second || hb.Takeover() != 10*time.Second {
 		t.Fatalf("heartbeat from the file = %+v, want K 3s, L 10s", hb)
 	}
 

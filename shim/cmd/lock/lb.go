@@ -224,7 +224,7 @@ func (c *lbCmd) locker() (*lockclient.Locker, int, bool) {
 		fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
 		return nil, shim.ExitConfig, false
 	}
-	locker, err := shim.NewLocker(cfg, c.log, lockclient.Holder{})
+	locker, err := shim.NewLocker(shim.Spec{Config: cfg}, c.log)
 	if err != nil {
 		fmt.Fprintf(c.stderr, "lock lb follow: %v\n", err)
 		return nil, shim.ExitConfig, false

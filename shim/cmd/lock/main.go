@@ -56,13 +56,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 func supervise(cfg shim.Config, stderr io.Writer) int {
 	log := newLogger(stderr, cfg.Verbose)
 	cfg.AllocIndex, _ = strconv.Atoi(os.Getenv("NOMAD_ALLOC_INDEX"))
-	locker, err := shim.NewLocker(cfg, log, lockclient.HolderFromEnv(os.Getenv))
+	spec := shim.Spec{Version: shim.SpecVersion, Config: cfg, Holder: lockclient.HolderFromEnv(os.Getenv)}
+	locker, err := shim.NewLocker(spec, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "lock: %v\n", err)
 		return shim.ExitConfig
 	}
 
-	if hb := cfg.Heartbeat(); hb != nil {
+	if hb := spec.Heartbeat(); hb != nil {
 		log.Info("lease mode: heartbeat every "+hb.Interval.String()+"; this holder fences itself "+hb.Fence.String()+
 			" after its last acknowledged heartbeat and its workload is SIGKILLed "+hb.KillGrace.String()+" later; "+
 			"only the plugin of a node where a singleton task waits for this lock takes a dead holder's lock over (after L = "+
@@ -95,8 +96,7 @@ func supervise(cfg shim.Config, stderr io.Writer) int {
 	}()
 
 	sup := &shim.Supervisor{
-		Config: cfg, Locker: locker, Logger: log, Metrics: metrics,
-		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+		Config: cfg, Locker: locker, Logger: log,
 		Observe: func(ev shim.Event) {
 			if ev.Notice {
 				log.Warn(ev.Message)
@@ -104,13 +104,21 @@ func supervise(cfg shim.Config, stderr io.Writer) int {
 			}
 			log.Debug("state", "state", ev.State, "message", ev.Message)
 		},
-		// Daemons the workload starts stay lock's descendants, and are
-		// proven dead before the release.
-		Subreaper: true,
-		// Lease mode: a standby may take the lock over L after the last
-		// heartbeat, so the workload must be dead by D + K even if lock
-		// itself is stuck: only the process-group guard ensures that.
-		RequireGuard: cfg.Mode == shim.ModeLease,
+	}
+	sup.Workload, sup.Hooks, err = shim.Attach(spec, shim.Env{Locker: locker, Emitter: sup, Logger: log, Metrics: metrics,
+		Process: shim.Process{
+			Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+			// Daemons the workload starts stay lock's descendants, and are
+			// proven dead before the release.
+			Subreaper: true,
+			// Lease mode: a standby may take the lock over L after the last
+			// heartbeat, so the workload must be dead by D + K even if lock
+			// itself is stuck: only the process-group guard ensures that.
+			RequireGuard: cfg.Mode == shim.ModeLease,
+		}})
+	if err != nil {
+		fmt.Fprintf(stderr, "lock: %v\n", err)
+		return shim.ExitConfig
 	}
 	return sup.Run(context.Background(), forwardable)
 }

@@ -74,15 +74,16 @@ func TestServeHTTP(t *testing.T) {
 
 	// A real run, over an in-memory lock API.
 	srv := locktest.New()
-	run := &shim.Supervisor{
-		Config:  shim.Config{Path: cfg.Path, Command: []string{"/bin/sleep", "30"}, KillSignal: syscall.SIGTERM, KillTimeout: time.Second},
-		Locker:  srv.Locker(t, lockclient.Config{Path: cfg.Path, Timing: locktest.Timing(), Holder: holder}),
-		Metrics: m, Env: []string{"PATH=/usr/bin:/bin"},
-	}
+	spec := shim.Spec{Config: shim.Config{Path: cfg.Path, Command: []string{"/bin/sleep", "30"}, KillSignal: syscall.SIGTERM, KillTimeout: time.Second}}
 	stop := make(chan shim.StopRequest, 1)
-	run.Stop = stop
+	env := shim.Env{Locker: srv.Locker(t, lockclient.Config{Path: cfg.Path, Timing: locktest.Timing(), Holder: holder}),
+		Metrics: m, Stop: stop}
+	env.Env = []string{"PATH=/usr/bin:/bin"}
 	exited := make(chan int, 1)
-	go func() { exited <- run.Run(context.Background(), make(chan os.Signal)) }()
+	go func() {
+		code, _ := shim.Supervise(context.Background(), spec, env, make(chan os.Signal))
+		exited <- code
+	}()
 	var h holderState
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		code, body = get(t, base+"/holder")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -124,7 +125,7 @@ func statusLocker(cfg shim.Config, stderr io.Writer) (*lockclient.Locker, int) {
 		fmt.Fprintf(stderr, "lock status: %v\n", err)
 		return nil, shim.ExitConfig
 	}
-	locker, err := shim.NewLocker(cfg, newLogger(stderr, false), lockclient.Holder{})
+	locker, err := shim.NewLocker(shim.Spec{Config: cfg}, newLogger(stderr, false))
 	if err != nil {
 		fmt.Fprintf(stderr, "lock status: %v\n", err)
 		return nil, shim.ExitConfig
@@ -253,7 +254,11 @@ func jobVersion(ctx context.Context, l *lockclient.Locker, st lockclient.Status)
 	if st.Holder.AllocID == "" {
 		return nil
 	}
-	alloc, _, err := l.Allocation(ctx, st.Holder.AllocID, st.Namespace, 0)
+	reader, err := allocs.New(allocs.ConfigOf(l))
+	if err != nil {
+		return nil
+	}
+	alloc, _, err := reader.Allocation(ctx, st.Holder.AllocID, st.Namespace, 0)
 	if err != nil || alloc == nil || alloc.Job == nil || alloc.Job.Version == nil {
 		return nil
 	}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 )
 
 // AllocWatch makes a run that Nomad does not yet see started watch its own
@@ -28,26 +30,26 @@ type AllocWatch struct {
 // gateCheckWithin. An allocation the servers do not show is one they hide
 // from a token without read-job (it runs): a permission error, worded for
 // who.
-func (s *Supervisor) readOwnAlloc(ctx context.Context, allocID, namespace, who string) (*api.Allocation, error) {
+func readOwnAlloc(ctx context.Context, r *allocs.Reader, log hclog.Logger, allocID, namespace, who string) (*api.Allocation, error) {
 	var alloc *api.Allocation
 	var err error
 	for until := time.Now().Add(gateCheckWithin); ; {
-		alloc, _, err = s.Locker.Allocation(ctx, allocID, namespace, 0)
-		var pe *lockclient.AllocPermissionError
-		if err == nil || errors.Is(err, lockclient.ErrAllocGone) || errors.As(err, &pe) || !time.Now().Before(until) {
+		alloc, _, err = r.Allocation(ctx, allocID, namespace, 0)
+		var pe *allocs.PermissionError
+		if err == nil || errors.Is(err, allocs.ErrGone) || errors.As(err, &pe) || !time.Now().Before(until) {
 			break
 		}
-		s.Logger.Warn("cannot read the allocation yet, retrying", "error", err)
+		log.Warn("cannot read the allocation yet, retrying", "error", err)
 		select {
 		case <-ctx.Done():
 			return nil, err
 		case <-time.After(time.Second):
 		}
 	}
-	if errors.Is(err, lockclient.ErrAllocGone) {
-		err = s.Locker.NewAllocPermissionError(allocID, namespace, err)
+	if errors.Is(err, allocs.ErrGone) {
+		err = r.PermissionError(allocID, namespace, err)
 	}
-	var pe *lockclient.AllocPermissionError
+	var pe *allocs.PermissionError
 	if errors.As(err, &pe) && who != "" {
 		pe.Who = who
 	}
@@ -58,14 +60,14 @@ func (s *Supervisor) readOwnAlloc(ctx context.Context, allocID, namespace, who s
 // allocation stopped (or it is gone). Reads that fail are retried; an
 // identity that the Task API keeps rejecting for gateIdentityGone (a purged
 // job) counts as gone.
-func (s *Supervisor) allocStopping(ctx context.Context, allocID, namespace string) <-chan struct{} {
+func allocStopping(ctx context.Context, r *allocs.Reader, log hclog.Logger, allocID, namespace string) <-chan struct{} {
 	ch := make(chan struct{})
 	go func() {
 		var index uint64
 		var rejectedSince time.Time
 		for ctx.Err() == nil {
-			alloc, next, err := s.Locker.Allocation(ctx, allocID, namespace, index)
-			var pe *lockclient.AllocPermissionError
+			alloc, next, err := r.Allocation(ctx, allocID, namespace, index)
+			var pe *allocs.PermissionError
 			if !errors.Is(err, lockclient.ErrIdentityRejected) {
 				rejectedSince = time.Time{}
 			} else if rejectedSince.IsZero() {
@@ -74,19 +76,19 @@ func (s *Supervisor) allocStopping(ctx context.Context, allocID, namespace strin
 			switch {
 			case errors.Is(err, lockclient.ErrIdentityRejected) && time.Since(rejectedSince) >= gateIdentityGone:
 				// Not a blip of the servers: the allocation is gone.
-				s.Logger.Info("the allocation's identity no longer authenticates (a purged job?)", "error", err)
+				log.Info("the allocation's identity no longer authenticates (a purged job?)", "error", err)
 				close(ch)
 				return
-			case errors.Is(err, lockclient.ErrAllocGone), errors.As(err, &pe):
+			case errors.Is(err, allocs.ErrGone), errors.As(err, &pe):
 				// The read worked at start: an allocation the servers no
 				// longer show, or an identity that no longer reads it
 				// (a purged job), is going away.
-				s.Logger.Info("the allocation is gone, or its identity no longer reads it", "error", err)
+				log.Info("the allocation is gone, or its identity no longer reads it", "error", err)
 				close(ch)
 				return
 			case err != nil:
 				if ctx.Err() == nil {
-					s.Logger.Debug("read allocation", "error", err)
+					log.Debug("read allocation", "error", err)
 				}
 				index = 0
 				select {
@@ -95,7 +97,7 @@ func (s *Supervisor) allocStopping(ctx context.Context, allocID, namespace strin
 				}
 				continue
 			case alloc.DesiredStatus != api.AllocDesiredStatusRun:
-				s.Logger.Info("the allocation is being stopped", "desired_status", alloc.DesiredStatus)
+				log.Info("the allocation is being stopped", "desired_status", alloc.DesiredStatus)
 				close(ch)
 				return
 			}
@@ -105,33 +107,32 @@ func (s *Supervisor) allocStopping(ctx context.Context, allocID, namespace strin
 	return ch
 }
 
-// allocWatchHook attaches an AllocWatch to the supervisor's life cycle: it
-// checks at start that the identity reads the allocation (so that a stop
-// while waiting is noticed), and ends the wait for the lock when the
-// allocation is being stopped.
+// allocWatchHook attaches an AllocWatch to the run's life cycle: before
+// the lock is taken it checks that the identity reads the allocation (so
+// that a stop while waiting is noticed), and ends the wait for the lock
+// when the allocation is being stopped.
 type allocWatchHook struct {
-	s *Supervisor
-	w *AllocWatch
+	w      AllocWatch
+	allocs *allocs.Reader
+	emit   Emitter
+	log    hclog.Logger
 }
 
-func (h *allocWatchHook) hookName() string { return "alloc-watch" }
+func (h *allocWatchHook) Name() string { return "alloc-watch" }
 
-// check refuses to wait for the lock without read-job: the wait could not
-// be ended by a stop of the allocation.
-func (h *allocWatchHook) check(ctx context.Context) (int, error) {
-	_, err := h.s.readOwnAlloc(ctx, h.w.AllocID, h.w.Namespace, h.w.Who)
-	if err == nil {
-		return 0, nil
+// PreAcquire refuses to wait for the lock without read-job (the wait could
+// not be ended by a stop of the allocation), and ends the wait when the
+// allocation is being stopped.
+func (h *allocWatchHook) PreAcquire(ctx context.Context, resp *PreAcquireResponse) error {
+	if _, err := readOwnAlloc(ctx, h.allocs, h.log, h.w.AllocID, h.w.Namespace, h.w.Who); err != nil {
+		h.log.Error("not taking the lock: cannot watch the allocation", "error", err)
+		h.emit.Emit(Event{State: StateStopping, Message: watchNotStartedMessage(err)})
+		var pe *allocs.PermissionError
+		if errors.As(err, &pe) {
+			return &Failure{Code: ExitPermission, Err: err}
+		}
+		return &Failure{Code: ExitInfra, Err: err}
 	}
-	h.s.Logger.Error("not taking the lock: cannot watch the allocation", "error", err)
-	h.s.emit(Event{State: StateStopping, Message: watchNotStartedMessage(err)})
-	var pe *lockclient.AllocPermissionError
-	if errors.As(err, &pe) {
-		return ExitPermission, err
-	}
-	return ExitInfra, err
-}
-
-func (h *allocWatchHook) abortWait(ctx context.Context) <-chan struct{} {
-	return h.s.allocStopping(ctx, h.w.AllocID, h.w.Namespace)
+	resp.AbortWait = append(resp.AbortWait, allocStopping(ctx, h.allocs, h.log, h.w.AllocID, h.w.Namespace))
+	return nil
 }

@@ -8,8 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 )
 
 // DefaultUpdateGrace is how long an old-version standby gives way to a
@@ -31,7 +33,9 @@ const DefaultUpdateGrace = 10 * time.Second
 // costs the grace, never two holders (the lock decides, as always).
 // Without read-job it does as before, and says so once.
 type updateHook struct {
-	s                           *Supervisor
+	allocs                      *allocs.Reader
+	emit                        Emitter
+	log                         hclog.Logger
 	allocID, jobID, group, task string
 	namespace                   string
 	grace                       time.Duration
@@ -40,34 +44,52 @@ type updateHook struct {
 	off bool
 	// told is the successor last announced, so each is told once.
 	told string
+	// serves: the run has a workload of its own that a delayed stop keeps
+	// serving (a gate with no command has none: Nomad killed its gated
+	// tasks before it stops the gate).
+	serves bool
 }
 
-// newUpdateHook attaches to a supervisor that runs as a task of a Nomad
-// allocation (its holder names the allocation, job, group and task); nil
-// otherwise, and nil when update_grace = 0 turns the rule off.
-func newUpdateHook(s *Supervisor) *updateHook {
-	h := s.Locker.Config().Holder
-	if h.AllocID == "" || h.JobID == "" || h.Group == "" || h.Task == "" || s.Config.UpdateGrace < 0 {
+// newUpdateHook attaches to a run of a task of a Nomad allocation (its
+// holder names the allocation, job, group and task); nil otherwise, and nil
+// when update_grace = 0 turns the rule off. getenv reads the task
+// environment.
+func newUpdateHook(cfg Config, holder lockclient.Holder, serves bool, getenv func(string) string) *updateHook {
+	h := holder
+	if h.AllocID == "" || h.JobID == "" || h.Group == "" || h.Task == "" || cfg.UpdateGrace < 0 {
 		return nil
 	}
 	// The task's namespace: the driver's supervisor (root beside a task it
 	// does not trust: RootSecretsDir) has it from Nomad's task config, and
 	// never from the task's environment, which the job's env block can set;
 	// lock, which runs as the task, has only its environment.
-	ns := s.Config.Namespace
-	if s.Config.RootSecretsDir == "" {
-		ns = cmp.Or(s.getenv("NOMAD_NAMESPACE"), ns)
+	ns := cfg.Namespace
+	if cfg.RootSecretsDir == "" {
+		ns = cmp.Or(getenv("NOMAD_NAMESPACE"), ns)
 	}
-	grace := s.Config.UpdateGrace
+	grace := cfg.UpdateGrace
 	if grace == 0 {
 		grace = DefaultUpdateGrace
 	}
-	return &updateHook{s: s, allocID: h.AllocID, jobID: h.JobID, group: h.Group, task: h.Task, namespace: ns, grace: grace}
+	return &updateHook{allocID: h.AllocID, jobID: h.JobID, group: h.Group, task: h.Task, namespace: ns, grace: grace, serves: serves}
 }
 
-func (h *updateHook) hookName() string { return "update" }
+func (h *updateHook) Name() string { return "update" }
 
-func (h *updateHook) acquireOptions(opts *lockclient.AcquireOptions) { opts.Defer = h.deferTo }
+// PreAcquire makes the acquire give way (deferTo).
+func (h *updateHook) PreAcquire(_ context.Context, resp *PreAcquireResponse) error {
+	resp.Defer = h.deferTo
+	return nil
+}
+
+// Stopping keeps the workload serving a while after a stop request of a
+// rolling update (delayStop).
+func (h *updateHook) Stopping(ctx context.Context, req StoppingRequest) <-chan string {
+	if req.End != EndStopRequest || req.Budget <= 0 {
+		return nil
+	}
+	return h.delayStop(ctx, req.Budget)
+}
 
 // deferTo is the acquire's Defer: hold while our allocation is being
 // stopped, the grace while a successor of a newer version is on its way.
@@ -75,14 +97,14 @@ func (h *updateHook) deferTo(ctx context.Context) (time.Duration, bool) {
 	if h.off {
 		return 0, false
 	}
-	l := h.s.Locker
+	l := h.allocs
 	self, _, err := l.Allocation(ctx, h.allocID, h.namespace, 0)
 	if err != nil {
 		h.readFailed(err)
 		return 0, false
 	}
 	if standbyStopping(self) {
-		h.s.Logger.Info("the lock is free but this allocation is being stopped: not taking it", "desired", self.DesiredStatus)
+		h.log.Info("the lock is free but this allocation is being stopped: not taking it", "desired", self.DesiredStatus)
 		return 0, true
 	}
 	stubs, _, err := l.JobAllocations(ctx, h.jobID, h.namespace, 0)
@@ -92,13 +114,13 @@ func (h *updateHook) deferTo(ctx context.Context) (time.Duration, bool) {
 	}
 	succ := standbySuccessor(self, stubs, h.task)
 	if succ == nil {
-		h.s.Logger.Info("lock free: no newer version of the group on its way", "allocations", describeStubs(stubs, h.task))
+		h.log.Info("lock free: no newer version of the group on its way", "allocations", describeStubs(stubs, h.task))
 		return 0, false
 	}
 	if h.told != succ.ID {
 		h.told = succ.ID
-		h.s.Logger.Info("lock free: giving way to a newer version of the group", "successor", succ.ID, "version", succ.JobVersion, "grace", h.grace)
-		h.s.notify(Event{State: StateWaiting, Message: updateGivingWayMessage(h.grace, shortAlloc(succ.ID), succ.JobVersion)})
+		h.log.Info("lock free: giving way to a newer version of the group", "successor", succ.ID, "version", succ.JobVersion, "grace", h.grace)
+		h.emit.Notice(Event{State: StateWaiting, Message: updateGivingWayMessage(h.grace, shortAlloc(succ.ID), succ.JobVersion)})
 	}
 	return h.grace, false
 }
@@ -106,14 +128,14 @@ func (h *updateHook) deferTo(ctx context.Context) (time.Duration, bool) {
 // readFailed turns the hook off, with one event, when the identity may not
 // read the allocations; other errors only cost this attempt's deferral.
 func (h *updateHook) readFailed(err error) {
-	var pe *lockclient.AllocPermissionError
-	if !errors.As(err, &pe) && !errors.Is(err, lockclient.ErrAllocHidden) {
-		h.s.Logger.Warn("rolling updates: cannot read the allocations, not giving way this time", "error", err)
+	var pe *allocs.PermissionError
+	if !errors.As(err, &pe) && !errors.Is(err, allocs.ErrHidden) {
+		h.log.Warn("rolling updates: cannot read the allocations, not giving way this time", "error", err)
 		return
 	}
 	h.off = true
-	h.s.Logger.Warn("rolling updates: the task's identity may not read its job's allocations", "error", err)
-	h.s.notify(Event{State: StateWaiting, Message: updateNoReadJobMessage(h.jobID, nsOrDefault(h.namespace))})
+	h.log.Warn("rolling updates: the task's identity may not read its job's allocations", "error", err)
+	h.emit.Notice(Event{State: StateWaiting, Message: updateNoReadJobMessage(h.jobID, nsOrDefault(h.namespace))})
 }
 
 func nsOrDefault(ns string) string {
@@ -178,11 +200,17 @@ func standbySuccessor(self *api.Allocation, stubs []*api.AllocationListStub, tas
 	return best
 }
 
-// mayRelease marks the release clean: the workload is proven dead by now
-// (finish), and the mark is what tells a standby whose token is not shown
-// the lock's state (any token under ACLs) that the lock is free, so that
-// an old-version standby gives way to a new version then too.
-func (h *updateHook) mayRelease(*lockclient.Lease, ending) (release, clean bool) { return true, true }
+// Release marks the release clean once the workload is proven dead: the
+// mark is what tells a standby whose token is not shown the lock's state
+// (any token under ACLs) that the lock is free, so that an old-version
+// standby gives way to a new version then too.
+func (h *updateHook) Release(_ context.Context, req ReleaseRequest, resp *ReleaseResponse) {
+	if req.Proven {
+		resp.MarkClean = true
+	}
+}
+
+func (h *updateHook) Released(error) {}
 
 // describeStubs sums allocations up for a log line.
 func describeStubs(stubs []*api.AllocationListStub, task string) string {
@@ -222,7 +250,7 @@ func updateStop(alloc *api.Allocation) bool {
 // other replacements start while the holder is stopping. A crash or a node
 // death sends no stop request; any other stop does not wait.
 func (h *updateHook) delayStop(ctx context.Context, budget time.Duration) <-chan string {
-	if h.off {
+	if h.off || !h.serves {
 		return nil
 	}
 	out := make(chan string, 1)
@@ -244,7 +272,7 @@ func (h *updateHook) delayStop(ctx context.Context, budget time.Duration) <-chan
 // awaitSuccessor returns once a newer version waits for the lock (after
 // sending an event), nothing newer is on its way, or ctx ends.
 func (h *updateHook) awaitSuccessor(ctx context.Context, budget time.Duration, send func(string)) {
-	l := h.s.Locker
+	l := h.allocs
 	// Every stop asks first why it came, briefly: a client cut off from
 	// the servers (whose own stop_on_client_after stops may come then)
 	// must not hold a stop up for the whole budget.
@@ -252,7 +280,7 @@ func (h *updateHook) awaitSuccessor(ctx context.Context, budget time.Duration, s
 	self, _, err := l.Allocation(rctx, h.allocID, h.namespace, 0)
 	cancel()
 	if err != nil {
-		h.s.Logger.Warn("stop: cannot read this allocation, stopping at once", "error", err)
+		h.log.Warn("stop: cannot read this allocation, stopping at once", "error", err)
 		return
 	}
 	if !updateStop(self) {
@@ -267,7 +295,7 @@ func (h *updateHook) awaitSuccessor(ctx context.Context, budget time.Duration, s
 			if ctx.Err() != nil {
 				break
 			}
-			h.s.Logger.Warn("stop: cannot read the job's allocations", "error", err)
+			h.log.Warn("stop: cannot read the job's allocations", "error", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(250 * time.Millisecond):
@@ -277,25 +305,25 @@ func (h *updateHook) awaitSuccessor(ctx context.Context, budget time.Duration, s
 		succ, waiting := holderSuccessor(self, stubs, h.task)
 		switch {
 		case succ == nil:
-			h.s.Logger.Info("stopped for a rolling update: no newer version on its way but this allocation's own replacement, stopping now",
+			h.log.Info("stopped for a rolling update: no newer version on its way but this allocation's own replacement, stopping now",
 				"allocations", describeStubs(stubs, h.task))
 			if told != "" {
 				send(updateSuccessorGoneMessage(time.Since(began).Round(time.Millisecond)))
 			}
 			return
 		case waiting:
-			h.s.Logger.Info("stopped for a rolling update: a newer version waits for the lock, stopping now", "successor", succ.ID)
+			h.log.Info("stopped for a rolling update: a newer version waits for the lock, stopping now", "successor", succ.ID)
 			send(updateSuccessorWaitingMessage(shortAlloc(succ.ID), succ.JobVersion, time.Since(began).Round(time.Millisecond)))
 			return
 		}
 		if told == "" {
 			told = succ.ID
-			h.s.Logger.Info("stopped for a rolling update: keeping the workload running until a newer version waits", "successor", succ.ID, "budget", budget)
+			h.log.Info("stopped for a rolling update: keeping the workload running until a newer version waits", "successor", succ.ID, "budget", budget)
 			send(updateKeepServingMessage(budget, shortAlloc(succ.ID), succ.JobVersion))
 		}
 		index = idx
 	}
-	h.s.Logger.Info("stopped for a rolling update: no newer version waits after the budget, stopping now", "budget", budget)
+	h.log.Info("stopped for a rolling update: no newer version waits after the budget, stopping now", "budget", budget)
 	if told != "" {
 		send(updateSuccessorLateMessage(budget))
 	}
