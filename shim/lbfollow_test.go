@@ -213,15 +213,7 @@ func newFollowRig(t *testing.T) *followRig {
 
 func newFollowRigWith(t *testing.T, vars *locktest.Vars, holders int, allocs ...string) *followRig {
 	t.Helper()
-	lb, err := lbapi.NewServer(lbapi.Options{WorkerInterval: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(lb)
-	t.Cleanup(func() {
-		ts.Close()
-		_ = lb.Close()
-	})
+	lb, ts := startLBAPI(t)
 	r := &followRig{t: t, lock: locktest.New(), lb: lb, uri: lb.RequestURL(ts.URL), ts: ts,
 		addr: map[string]string{}, lis: map[string]net.Listener{},
 		cancel: map[string]context.CancelFunc{}, done: map[string]chan error{}, logs: &proctest.SyncBuffer{}}

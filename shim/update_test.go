@@ -3,7 +3,6 @@ package shim
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -334,84 +333,6 @@ func TestUpdateStopIsOnlyTheRollingUpdate(t *testing.T) {
 		if got := updateStop(a); got != tc.want {
 			t.Errorf("%s / %q: %v, want %v", tc.desired, tc.desc, got, tc.want)
 		}
-	}
-}
-
-// The holder stopped for an update keeps serving while another newer
-// allocation starts, says so, and lets the stop go on once that one runs;
-// with only its own replacement on its way, or for another kind of stop,
-// it does not wait; and it never waits past its budget.
-func TestHolderDelaysUpdateStopUntilSuccessorWaits(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	drain := func(c <-chan string, within time.Duration) ([]string, time.Duration) {
-		start := time.Now()
-		var msgs []string
-		for {
-			select {
-			case m, ok := <-c:
-				if !ok {
-					return msgs, time.Since(start)
-				}
-				msgs = append(msgs, m)
-			case <-time.After(within):
-				t.Fatalf("the delay did not end within %s (messages %q)", within, msgs)
-			}
-		}
-	}
-	self := func(desc string) *api.Allocation {
-		a := jobAlloc("standby", 1, "stop", "running")
-		a.DesiredDescription, a.NextAllocation = desc, "mine"
-		return a
-	}
-
-	// Another kind of stop: no wait, no read of the job's allocations.
-	s, srv := updateRig(t, time.Second)
-	h := s.h
-	srv.SetAllocation(self("alloc not needed since job was stopped"))
-	srv.SetAllocation(jobAlloc("other", 2, "run", "pending"))
-	if msgs, _ := drain(h.delayStop(ctx, 10*time.Second), 5*time.Second); len(msgs) != 0 || srv.Calls(locktest.OpJobAllocs) != 0 {
-		t.Errorf("a job stop delayed: %q", msgs)
-	}
-
-	// Only its own replacement: no wait.
-	s, srv = updateRig(t, time.Second)
-	h = s.h
-	srv.SetAllocation(self(statusAllocUpdating))
-	srv.SetAllocation(jobAlloc("mine", 2, "run", "pending"))
-	if msgs, _ := drain(h.delayStop(ctx, 10*time.Second), 5*time.Second); len(msgs) != 0 {
-		t.Errorf("waited for its own replacement: %q", msgs)
-	}
-
-	// Another newer allocation starting: wait until it runs.
-	other := jobAlloc("other", 2, "run", "pending")
-	other.TaskStates = nil
-	srv.SetAllocation(other)
-	c := h.delayStop(ctx, 20*time.Second)
-	select {
-	case m := <-c:
-		if !strings.HasPrefix(m, evUpdateKeepServe.Prefix) {
-			t.Fatalf("first message %q, want the keep-serving event", m)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no keep-serving event")
-	}
-	running := jobAlloc("other", 2, "run", "running")
-	running.TaskStates["app"].Events = []*api.TaskEvent{{DisplayMessage: waitingHeldMessage("locks/web", lockclient.Holder{AllocID: "standby"})}}
-	srv.SetAllocation(running)
-	msgs, _ := drain(c, 10*time.Second)
-	if len(msgs) != 1 || !strings.HasPrefix(msgs[0], evUpdateSuccWait.Prefix) {
-		t.Errorf("after the successor runs: %q, want its waiting event", msgs)
-	}
-
-	// It never starts: the budget ends the wait.
-	srv.SetAllocation(other)
-	msgs, took := drain(h.delayStop(ctx, 1500*time.Millisecond), 10*time.Second)
-	if len(msgs) != 2 || !strings.HasPrefix(msgs[1], evUpdateSuccLate.Prefix) {
-		t.Errorf("budget spent: %q", msgs)
-	}
-	if took < time.Second {
-		t.Errorf("the wait ended after %s, before its budget", took)
 	}
 }
 

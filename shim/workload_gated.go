@@ -55,7 +55,7 @@ type GatedTasksFunc func(alloc *api.Allocation, tasks []GatedTask) (GatedTasks, 
 // follows the gate's failure, comes only after the group's shutdown_delay
 // and, on a client cut off from the servers, after its services'
 // deregistration gives up. Those it cannot kill (GatedTasks.Direct does
-// not name them: drivers other than docker, exec, raw_exec, java, exec2)
+// not name them: drivers other than docker, exec, raw_exec and java: exec2, podman, qemu…)
 // are left to Nomad, within the bound checkGateJob checks. Nomad's own
 // stop of the allocation stays Nomad's: the gated tasks get their
 // kill_signal, kill_timeout and shutdown_delays.

@@ -182,9 +182,15 @@ func (b *bench) newJob(kind, variant string, count int) *job {
 	if isSlot(variant) {
 		holders = SlotHolders
 	}
+	path := "bench/" + id + "/lock"
+	if variant == VariantDriverLease || variant == VariantDriverLeaseAggressive {
+		// Lease mode takes only the job's own lock paths (docs/lease.md):
+		// the standby's plugin acts on it with the operator's token.
+		path = "nomad/jobs/" + id + "/lock"
+	}
 	return &job{
 		id: id, variant: variant, count: count, holders: holders,
-		path:   "bench/" + id + "/lock",
+		path:   path,
 		marker: fmt.Sprintf("bench-%s-%d", id, time.Now().UnixNano()),
 		record: filepath.Join(b.records, id+".jsonl"),
 	}

@@ -36,6 +36,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -72,7 +73,11 @@ type report struct {
 	out      io.Writer
 	began    time.Time
 	buffered map[key][]string // output of tests still running (without -v)
-	started  map[key]time.Time
+	// why keeps each test's own failure lines (file_test.go:N: ...), so
+	// that the summary says why a test failed, not only which: a CI log
+	// keeps its tail, and a failed e2e test's agent logs fill the rest.
+	why     map[key][]string
+	started map[key]time.Time
 	// first and last are the times of the first and last events: a stream
 	// replayed from a file is timed by them.
 	first, last time.Time
@@ -165,6 +170,13 @@ func (r *report) line(line []byte) {
 	k := key{e.Package, e.Test}
 	switch e.Action {
 	case "output", "build-output":
+		if e.Test != "" && failureLine.MatchString(e.Output) && !strings.Contains(e.Output, " MEASURE ") {
+			if r.why == nil {
+				r.why = map[key][]string{}
+			}
+			w := append(r.why[k], clip(strings.TrimSpace(e.Output), 400))
+			r.why[k] = w[max(0, len(w)-maxWhy):]
+		}
 		switch {
 		case r.v:
 			fmt.Fprint(r.out, e.Output)
@@ -250,7 +262,11 @@ func (r *report) summary(wall time.Duration, load string) string {
 			}
 		}
 		if x.action == "fail" {
-			failed = append(failed, r.name(x.key))
+			f := r.name(x.key)
+			for _, w := range r.why[x.key] {
+				f += "\n        " + w
+			}
+			failed = append(failed, f)
 		}
 	}
 	status := "PASS"
@@ -294,6 +310,23 @@ func (r *report) name(k key) string {
 		return k.test
 	}
 	return k.pkg[strings.LastIndex(k.pkg, "/")+1:] + "." + k.test
+}
+
+// maxWhy is how many of a test's last lines of its own the summary keeps:
+// t.Fatal's is the last.
+const maxWhy = 4
+
+// failureLine is a line a test wrote through t.Error, t.Fatal or t.Log from
+// a _test.go file: its own words (the harness's agent logs come from its
+// log writer, not a _test.go file). Each line is one test's one report.
+var failureLine = regexp.MustCompile(`^\s+[\w.-]+_test\.go:\d+: |^panic: `)
+
+// clip shortens s to at most n bytes, saying that it did.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + " […]"
 }
 
 func round(d time.Duration) time.Duration {

@@ -38,7 +38,7 @@ func TestSummary(t *testing.T) {
 		"FAIL\texample.com/e2e\t41.000s\n",              // the package's result line
 		"== e2e: FAIL in 41s (3 tests, 1 skipped; load", // the summary
 		"slowest: TestWaits 38s, TestQuick 1s\n",
-		"   FAIL e2e TestQuick\n",
+		"   FAIL e2e TestQuick\n        quick_test.go:9: want 1, got 2\n", // and why
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
