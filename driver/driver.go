@@ -334,7 +334,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 // run left (gateLeases, supersedeStart). A gate that held before in this
 // allocation, whose gated tasks Nomad may start again (its warden is
 // armed), and that finds no lease to take over, is refused: it would wait
-// for the lock while they run, or start, beside the next holder.
+// for the lock while they run, or start, beside the next holder; unless
+// Nomad restarted the whole allocation (restartedWhole: a step-down), which
+// holds the gated tasks back until the gate holds again.
 // The new run's spec, which names the lease, is on disk before the
 // plugin's warden may look again (runHolds).
 func (d *Driver) takeOver(cfg *drivers.TaskConfig, root *securefs.Dir, tc TaskConfig, spec *supervisorSpec) error {
@@ -356,7 +358,7 @@ func (d *Driver) takeOver(cfg *drivers.TaskConfig, root *securefs.Dir, tc TaskCo
 		adopt = kept
 	}
 	spec.Run.Gate.Adopt = adopt
-	if adopt == nil && d.wardenArmed(cfg, root) {
+	if adopt == nil && d.wardenArmed(cfg, root) && !d.restartedWhole(cfg, spec.Run) {
 		d.emitEvent(cfg, gateNotRestartedMessage(), map[string]string{"lock_state": string(shim.StateLost)})
 		return fmt.Errorf("gate %q: %s", cfg.Name, gateNotRestartedMessage())
 	}

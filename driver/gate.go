@@ -2,6 +2,7 @@ package driver
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -15,6 +16,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/internal/securefs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
+	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient/allocs"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/shim"
 )
 
@@ -383,4 +385,29 @@ func gateLockEnv(held heldLease, prefix string, holders int) string {
 		}
 	}
 	return body
+}
+
+// restartedWhole reports whether the servers show that Nomad restarted the
+// gate's whole allocation since it last started (shim.RestartedWhole), as
+// read with the gate's identity. The previous run, if it stepped down,
+// waited to see it there before it marked its release clean.
+func (d *Driver) restartedWhole(cfg *drivers.TaskConfig, run shim.Spec) bool {
+	ep, err := lockclient.DiscoverRootEndpoint(cfg.TaskDir().SecretsDir, func(k string) string { return cfg.Env[k] })
+	if err != nil {
+		return false
+	}
+	reader, err := allocs.New(allocs.Config{Endpoint: ep, Timing: run.Timing()})
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reader.Config().Timing.RequestTimeout)
+	defer cancel()
+	alloc, _, err := reader.Allocation(ctx, cfg.AllocID, cfg.Namespace, 0)
+	if err != nil {
+		d.logger.Warn("gate restart: cannot read whether Nomad restarted the whole allocation", "alloc_id", cfg.AllocID, "error", err)
+		return false
+	}
+	whole := shim.RestartedWhole(alloc, cfg.Name, time.Time{})
+	d.logger.Info("gate restarted with no lease to take over", "alloc_id", cfg.AllocID, "whole_allocation_restarted", whole)
+	return whole
 }

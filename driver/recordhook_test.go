@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -154,7 +155,7 @@ func TestRecordHookReleased(t *testing.T) {
 			}
 			var resp shim.ReleaseResponse
 			r.hook.Release(context.Background(), shim.ReleaseRequest{Lease: lease, End: shim.EndStopRequest, Proven: true}, &resp)
-			if resp != (shim.ReleaseResponse{}) {
+			if !reflect.DeepEqual(resp, shim.ReleaseResponse{}) {
 				t.Errorf("the records hook decided the release: %+v", resp)
 			}
 			r.hook.Released(tc.err)

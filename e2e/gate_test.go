@@ -220,20 +220,15 @@ func applyGatePolicy(t *testing.T, a *harness.Agent, j *gateJob, readJob bool) {
 // of group of job alone.
 func applyGatePolicyTo(t *testing.T, a *harness.Agent, job, group, task, lockPath string, readJob bool) {
 	t.Helper()
-	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-gate.policy.hcl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/web/gate/lock"`, fmt.Sprintf("%q", lockPath))
-	if policy == string(example) {
-		t.Fatalf("the example policy no longer names nomad/jobs/web/web/gate/lock:\n%s", example)
-	}
+	f := examplePolicyFile(t, "singleton-gate.policy.hcl", "nomad/jobs/web/web/gate/lock", lockPath)
 	if !readJob {
-		policy = strings.Replace(policy, `capabilities = ["read-job"]`, "", 1)
-	}
-	f := filepath.Join(t.TempDir(), "policy.hcl")
-	if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
-		t.Fatal(err)
+		policy, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte(strings.Replace(string(policy), `capabilities = ["read-job"]`, "", 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", job, "-group", group, "-task", task, "singleton-gate-"+job, f)
 }
@@ -250,15 +245,22 @@ func (j *gateJob) start(t *testing.T, not string, after int64, timeout time.Dura
 // appProc returns the live gated app process of the allocation.
 func (j *gateJob) appProc(t *testing.T, allocID string) harness.Proc {
 	t.Helper()
+	return mainProcOf(t, j.marker, allocID)
+}
+
+// mainProcOf waits for the live main-role workload carrying marker of
+// allocation allocID, as the host sees it (a container's app too).
+func mainProcOf(t *testing.T, marker, allocID string) harness.Proc {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		for _, p := range mainWorkloads(t, j.marker) {
+		for _, p := range mainWorkloads(t, marker) {
 			if p.AllocID == allocID {
 				return p
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no app process of alloc %s: %v", drvShort(allocID), mainWorkloads(t, j.marker))
+			t.Fatalf("no main workload process of alloc %s: %v", drvShort(allocID), mainWorkloads(t, marker))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

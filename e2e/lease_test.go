@@ -6,7 +6,6 @@ package e2e
 // last renew: 19 s or more with TTL 10s, delay 1s, renew every 2 s).
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -76,15 +75,11 @@ func TestLeaseUnderACLs(t *testing.T) {
 		t.Errorf("takeover took %s after the node died, want under %s", tr.Takeover, leaseTakeoverBound)
 	}
 
-	out := a.Nomad(t, "acl", "token", "create", "-name", "lease-job", "-policy", "singleton-lease-"+job, "-json")
-	var tok api.ACLToken
-	if err := json.Unmarshal([]byte(out), &tok); err != nil || tok.SecretID == "" {
-		t.Fatalf("acl token create: %v\n%s", err, out)
-	}
+	jobToken := createToken(t, a, "lease-job", "singleton-lease-"+job)
 	for _, c := range []struct {
 		who, secret string
 		readable    bool
-	}{{"the job's policy (write only)", tok.SecretID, false}, {"the release token", secret, true}} {
+	}{{"the job's policy (write only)", jobToken, false}, {"the release token", secret, true}} {
 		cl, err := api.NewClient(&api.Config{Address: a.Addr(), SecretID: c.secret})
 		if err != nil {
 			t.Fatal(err)
@@ -111,18 +106,7 @@ func leaseTokenFile(t *testing.T, opts harness.AgentOptions) string {
 // for the lock at path.
 func applyLeasePolicy(t *testing.T, a *harness.Agent, job, path string) {
 	t.Helper()
-	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-lease.policy.hcl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy := strings.ReplaceAll(string(example), "nomad/jobs/web/web/web/lock", path)
-	if policy == string(example) {
-		t.Fatalf("the example policy no longer has the lock path nomad/jobs/web/web/web/lock:\n%s", example)
-	}
-	f := filepath.Join(t.TempDir(), "policy.hcl")
-	if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	f := examplePolicyFile(t, "singleton-lease.policy.hcl", "nomad/jobs/web/web/web/lock", path)
 	a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", job, "singleton-lease-"+job, f)
 }
 

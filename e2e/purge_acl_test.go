@@ -149,7 +149,14 @@ func purgeReleaseToken(t *testing.T, a *harness.Agent) string {
 	t.Helper()
 	policy := filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-release.policy.hcl")
 	a.Nomad(t, "acl", "policy", "apply", "singleton-release", policy)
-	out := a.Nomad(t, "acl", "token", "create", "-name", "singleton-release", "-policy", "singleton-release", "-json")
+	return createToken(t, a, "singleton-release", "singleton-release")
+}
+
+// createToken creates a client token named name with the policy and
+// returns its secret.
+func createToken(t *testing.T, a *harness.Agent, name, policy string) string {
+	t.Helper()
+	out := a.Nomad(t, "acl", "token", "create", "-name", name, "-policy", policy, "-json")
 	var tok api.ACLToken
 	if err := json.Unmarshal([]byte(out), &tok); err != nil || tok.SecretID == "" {
 		t.Fatalf("acl token create: %v\n%s", err, out)
@@ -157,21 +164,31 @@ func purgeReleaseToken(t *testing.T, a *harness.Agent) string {
 	return tok.SecretID
 }
 
+// examplePolicyFile writes the example policy examples/acl/<name> with
+// path in place of its lock path examplePath wherever it appears (the
+// lock's own lines, the paths below it, lease mode's escrow), and returns
+// the file.
+func examplePolicyFile(t *testing.T, name, examplePath, path string) string {
+	t.Helper()
+	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := strings.ReplaceAll(string(example), examplePath, path)
+	if policy == string(example) {
+		t.Fatalf("the example policy %s no longer has the path %q:\n%s", name, examplePath, example)
+	}
+	f := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // applyLockPolicy applies examples/acl/singleton-lock.policy.hcl to job,
 // for the lock at path.
 func applyLockPolicy(t *testing.T, a *harness.Agent, job, path string) {
 	t.Helper()
-	example, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "examples", "acl", "singleton-lock.policy.hcl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy := strings.ReplaceAll(string(example), `"nomad/jobs/web/lock"`, fmt.Sprintf("%q", path))
-	if policy == string(example) {
-		t.Fatalf("the example policy no longer has path \"nomad/jobs/web/lock\":\n%s", example)
-	}
-	f := filepath.Join(t.TempDir(), "policy.hcl")
-	if err := os.WriteFile(f, []byte(policy), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	f := examplePolicyFile(t, "singleton-lock.policy.hcl", "nomad/jobs/web/lock", path)
 	a.Nomad(t, "acl", "policy", "apply", "-namespace", "default", "-job", job, "singleton-lock-"+job, f)
 }

@@ -173,12 +173,7 @@ func readOnlyToken(t *testing.T, a *harness.Agent, paths ...string) string {
 		t.Fatal(err)
 	}
 	a.Nomad(t, "acl", "policy", "apply", "singleton-lock-read-status", f)
-	out := a.Nomad(t, "acl", "token", "create", "-name", "lock-status", "-policy", "singleton-lock-read-status", "-json")
-	var tok api.ACLToken
-	if err := json.Unmarshal([]byte(out), &tok); err != nil || tok.SecretID == "" {
-		t.Fatalf("acl token create: %v\n%s", err, out)
-	}
-	return tok.SecretID
+	return createToken(t, a, "lock-status", "singleton-lock-read-status")
 }
 
 // runLockAs runs bin/lock with token against the agent's HTTP API and

@@ -3,6 +3,7 @@ package lockclient
 import (
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"time"
 )
@@ -40,6 +41,17 @@ type Holder struct {
 	// lock), and Slot the slot's number, 0 to N-1 (Config.Holders).
 	Holders int
 	Slot    int
+	// StepDown says how this holder steps down at an operator's request
+	// (stepdown.go): "" not at all (a build without it, or an identity
+	// that may not read the request), StepDownStop or StepDownRestart;
+	// StepDownWithin bounds how long its stop takes once it begins. Its
+	// step-down hook writes them (StepDownItems); they are read only.
+	StepDown       StepDownMode
+	StepDownWithin time.Duration
+	// Handover is written by a holder that stepped down, just before its
+	// release (Lease.MarkSteppingDown): whom the standbys give way to, and
+	// until when. Read only.
+	Handover Handover
 }
 
 // Items keys. They are part of our on-Nomad format: keep them stable.
@@ -62,6 +74,11 @@ const (
 	itemReleasedAt = "released_at"
 	itemHolders    = "semaphore_holders"
 	itemSlot       = "semaphore_slot"
+	itemStepDown   = "step_down"
+	itemStepWithin = "step_down_within"
+	itemDownFrom   = "step_down_from"
+	itemDownTo     = "step_down_to"
+	itemDownUntil  = "step_down_until"
 )
 
 // HolderFromEnv fills a Holder from the task environment Nomad sets.
@@ -128,8 +145,24 @@ func holderFromItems(items map[string]string) Holder {
 	h.ReleasedAt, _ = time.Parse(time.RFC3339Nano, items[itemReleasedAt])
 	h.Holders, _ = strconv.Atoi(items[itemHolders])
 	h.Slot, _ = strconv.Atoi(items[itemSlot])
+	h.StepDown = StepDownMode(items[itemStepDown])
+	h.StepDownWithin, _ = time.ParseDuration(items[itemStepWithin])
+	h.Handover = handoverFromItems(items)
 	return h
 }
+
+// Key names the holder among the standbys of its lock: its allocation
+// ID, or for a holder outside Nomad its host and PID. It is a variable
+// path segment (standby.go).
+func (h Holder) Key() string {
+	if h.AllocID != "" {
+		return h.AllocID
+	}
+	return "host-" + unsafePathChars.ReplaceAllString(h.Hostname, "_") + "-" + strconv.Itoa(h.PID)
+}
+
+// unsafePathChars are the characters a variable path may not hold.
+var unsafePathChars = regexp.MustCompile(`[^a-zA-Z0-9_~-]`)
 
 // IsZero reports whether no holder was recorded.
 func (h Holder) IsZero() bool { return h.AllocID == "" && h.Hostname == "" && h.PID == 0 }

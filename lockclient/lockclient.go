@@ -229,8 +229,9 @@ type AcquireOptions struct {
 	// and asks again. A positive grace lets another holder take the lock
 	// first: the loop waits, for as long as the lock looks free and at
 	// most grace counted from when it first saw it free, for the variable
-	// to change, and then acquires anyway.
-	Defer func(ctx context.Context) (grace time.Duration, hold bool)
+	// to change, and then acquires anyway. previous is the holder record as
+	// read (a handover a holder that stepped down left in it).
+	Defer func(ctx context.Context, previous Holder) (grace time.Duration, hold bool)
 }
 
 // Acquire takes the lock, waiting while another holder has it. While held
@@ -319,7 +320,7 @@ func (l *Locker) deferAttempt(ctx context.Context, current snapshot, index uint6
 		*d = deferral{}
 		return false
 	}
-	grace, hold := opts.Defer(ctx)
+	grace, hold := opts.Defer(ctx, holderFromItems(current.items()))
 	now := l.clock.Now().UnixNano()
 	var left time.Duration
 	switch {
@@ -332,7 +333,7 @@ func (l *Locker) deferAttempt(ctx context.Context, current snapshot, index uint6
 	default:
 		if d.since == 0 {
 			d.since, d.until = now, now+int64(grace)
-			l.log.Info("lock is free: giving way to a newer version first", "grace", grace)
+			l.log.Info("lock is free: giving way to another standby first", "grace", grace)
 		}
 		if left = time.Duration(d.until - now); left <= 0 {
 			l.log.Info("lock still free after the grace: acquiring", "grace", grace)

@@ -19,8 +19,25 @@ import (
 // next holder that wait. Past the release cutoff nothing is written
 // (ErrLeftToExpire), as nothing is released.
 func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
+	return ls.MarkReleasing(ctx, nil, true)
+}
+
+// MarkReleasing writes items into the holder's record just before its
+// release, under the lease's lock ID, with the clean mark when clean (see
+// MarkReleasedClean): what the next holder and the standbys read the moment
+// the lock is free (a step-down's Handover.Items). It ends the renewing:
+// call it only once the workload is proven dead, just before Release. An
+// error costs only what the items would have told.
+func (ls *Lease) MarkReleasing(ctx context.Context, items map[string]string, clean bool) error {
 	ls.stopRenewing()
-	return ls.writeItem(ctx, itemWrite{op: "mark released", key: itemClean, value: "true"})
+	w := itemWrite{op: "mark released", items: maps.Clone(items)}
+	if w.items == nil {
+		w.items = map[string]string{}
+	}
+	if clean {
+		w.items[itemClean] = "true"
+	}
+	return ls.writeItem(ctx, w)
 }
 
 // SetItem writes one item of the holder's record, one of the caller's own
@@ -33,7 +50,7 @@ func (ls *Lease) MarkReleasedClean(ctx context.Context) error {
 // time.
 func (ls *Lease) SetItem(ctx context.Context, key, value string) error {
 	ls.stopRenewing()
-	return ls.writeItem(ctx, itemWrite{op: "write " + key, key: key, value: value, restoreBy: ls.FenceDeadline()})
+	return ls.writeItem(ctx, itemWrite{op: "write " + key, items: map[string]string{key: value}, restoreBy: ls.FenceDeadline()})
 }
 
 // writeItem is Locker.writeItem for this lease, by check-and-set on the
@@ -58,17 +75,17 @@ func (ls *Lease) writeItem(ctx context.Context, w itemWrite) error {
 // (see Lease.MarkReleasedClean). lastRenew is as for
 // ReleaseID: from the release cutoff on nothing is written.
 func (l *Locker) MarkReleasedCleanID(ctx context.Context, id string, fence uint64, lastRenew time.Time) error {
-	_, err := l.writeItem(ctx, itemWrite{op: "mark released", id: id, index: fence, key: itemClean, value: "true", lastRenew: lastRenew})
+	_, err := l.writeItem(ctx, itemWrite{op: "mark released", id: id, index: fence, items: map[string]string{itemClean: "true"}, lastRenew: lastRenew})
 	return err
 }
 
 // itemWrite is one write of an item of the lock's record (writeItem).
 type itemWrite struct {
-	op         string // for errors: what the write is for
-	id         string // the lock ID
-	index      uint64 // the variable's ModifyIndex as the holder left it
-	key, value string // value "" deletes the item
-	lastRenew  time.Time
+	op        string            // for errors: what the write is for
+	id        string            // the lock ID
+	index     uint64            // the variable's ModifyIndex as the holder left it
+	items     map[string]string // the items to set; a value "" deletes the item
+	lastRenew time.Time
 	// restoreBy, if set, is the lease's fence deadline: before it, the
 	// lock's TTL and delay are written back after the record.
 	restoreBy time.Time
@@ -78,7 +95,7 @@ type itemWrite struct {
 // until they are written back: a lease that says so is not adopted.
 const itemTTLUnset = "lock_ttl_unset"
 
-// writeItem sets (or deletes) one item of the lock's record, and returns
+// writeItem sets (or deletes) items of the lock's record, and returns
 // the variable's new ModifyIndex. Nothing is written from the release
 // cutoff on (ErrLeftToExpire): what may no longer be released is not
 // written either.
@@ -123,10 +140,12 @@ func (l *Locker) writeItem(ctx context.Context, w itemWrite) (uint64, error) {
 	if items == nil {
 		items = map[string]string{}
 	}
-	if w.value == "" {
-		delete(items, w.key)
-	} else {
-		items[w.key] = w.value
+	for k, v := range w.items {
+		if v == "" {
+			delete(items, k)
+		} else {
+			items[k] = v
+		}
 	}
 	items[itemTTLUnset] = "true"
 	v := &api.Variable{Namespace: l.cfg.Namespace, Path: l.cfg.Path, Items: items, Lock: &api.VariableLock{ID: w.id}, ModifyIndex: w.index}

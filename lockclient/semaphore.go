@@ -233,8 +233,8 @@ type slotRound struct {
 // deferSlot asks opts.Defer, for a slot that looks free, whether to give
 // way, as Acquire's deferAttempt does for a single lock: it returns how
 // long to wait before trying again, 0 to take it now.
-func (l *Locker) deferSlot(ctx context.Context, opts AcquireOptions, d *deferral) time.Duration {
-	grace, hold := opts.Defer(ctx)
+func (l *Locker) deferSlot(ctx context.Context, opts AcquireOptions, previous Holder, d *deferral) time.Duration {
+	grace, hold := opts.Defer(ctx, previous)
 	now := l.clock.Now().UnixNano()
 	switch {
 	case hold:
@@ -246,7 +246,7 @@ func (l *Locker) deferSlot(ctx context.Context, opts AcquireOptions, d *deferral
 	}
 	if d.since == 0 {
 		d.since, d.until = now, now+int64(grace)
-		l.log.Info("a semaphore slot is free: giving way to a newer version first", "grace", grace)
+		l.log.Info("a semaphore slot is free: giving way to another standby first", "grace", grace)
 	}
 	if left := time.Duration(d.until - now); left > 0 {
 		return left
@@ -281,7 +281,7 @@ func (l *Locker) trySlot(ctx context.Context, i int, opts AcquireOptions, round 
 			}
 			round.free[i] = true
 			if !round.asked {
-				round.asked, round.wait = true, l.deferSlot(ctx, opts, d)
+				round.asked, round.wait = true, l.deferSlot(ctx, opts, holder, d)
 			}
 			if round.wait > 0 {
 				return nil, holder, index, ErrNotAcquired

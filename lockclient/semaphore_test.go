@@ -303,7 +303,7 @@ func TestSemaphoreDeferGivesWayBeforeTakingAFreeSlot(t *testing.T) {
 	var asked atomic.Bool
 	start := time.Now()
 	lease := acquireWithin(t, vars.Locker(t, semConfig(2, 0, "alloc-0")), lockclient.AcquireOptions{
-		Defer: func(context.Context) (time.Duration, bool) { asked.Store(true); return grace, false }})
+		Defer: func(context.Context, lockclient.Holder) (time.Duration, bool) { asked.Store(true); return grace, false }})
 	if !asked.Load() {
 		t.Error("took a free slot without asking Defer")
 	}
@@ -316,7 +316,11 @@ func TestSemaphoreDeferGivesWayBeforeTakingAFreeSlot(t *testing.T) {
 	got := make(chan *lockclient.Lease, 1)
 	go func() {
 		got <- acquireWithin(t, vars.Locker(t, semConfig(2, 1, "alloc-1")), lockclient.AcquireOptions{
-			Defer: func(context.Context) (time.Duration, bool) { mu.Lock(); defer mu.Unlock(); return 0, hold }})
+			Defer: func(context.Context, lockclient.Holder) (time.Duration, bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				return 0, hold
+			}})
 	}()
 	select {
 	case l := <-got:

@@ -123,14 +123,12 @@ type variableLister interface {
 	PrefixList(prefix string, q *api.QueryOptions) ([]*api.VariableMetadata, *api.QueryMeta, error)
 }
 
-// List is the Status of every lock under prefix that the token may list,
-// in the Locker's namespace ("*" for all): each variable whose record
-// names a holder, or whose lock Nomad shows. A lease-mode heartbeat, a
-// semaphore's record and any other variable are left out.
-func (l *Locker) List(ctx context.Context, prefix string) ([]Status, error) {
+// prefixList lists every variable under prefix that the token may list,
+// in the Locker's namespace, page by page; errors are Nomad's, unclassified.
+func (l *Locker) prefixList(ctx context.Context, prefix string) ([]*api.VariableMetadata, error) {
 	lister, ok := l.vars.(variableLister)
 	if !ok {
-		return nil, errors.New("list: this lock API cannot list variables")
+		return nil, errors.New("this lock API cannot list variables")
 	}
 	var metas []*api.VariableMetadata
 	q := &api.QueryOptions{Namespace: l.cfg.Namespace}
@@ -139,13 +137,24 @@ func (l *Locker) List(ctx context.Context, prefix string) ([]Status, error) {
 		page, meta, err := lister.PrefixList(prefix, q.WithContext(rctx))
 		cancel()
 		if err != nil {
-			return nil, l.classify("list", err)
+			return nil, err
 		}
 		metas = append(metas, page...)
 		if meta == nil || meta.NextToken == "" {
-			break
+			return metas, nil
 		}
 		q.NextToken = meta.NextToken
+	}
+}
+
+// List is the Status of every lock under prefix that the token may list,
+// in the Locker's namespace ("*" for all): each variable whose record
+// names a holder, or whose lock Nomad shows. A lease-mode heartbeat, a
+// semaphore's record and any other variable are left out.
+func (l *Locker) List(ctx context.Context, prefix string) ([]Status, error) {
+	metas, err := l.prefixList(ctx, prefix)
+	if err != nil {
+		return nil, l.classify("list", err)
 	}
 	var out []Status
 	for _, m := range metas {

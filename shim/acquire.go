@@ -22,6 +22,12 @@ func (s *Supervisor) acquire(ctx context.Context, sigs <-chan os.Signal) (lease 
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var pre PreAcquireResponse
+	defer func() {
+		cancel()
+		for _, f := range pre.AfterWait {
+			f(!done)
+		}
+	}()
 	for _, h := range hooksOf[PreAcquireHook](s) {
 		if err := h.PreAcquire(actx, &pre); err != nil {
 			return nil, failureCode(err), true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
@@ -87,6 +88,9 @@ func Attach(spec Spec, env Env) (Workload, []Hook, error) {
 		hooks = append(hooks, metrics)
 	}
 	hooks = append(hooks, env.Hooks...)
+	if spec.Holders == 0 {
+		hooks = append(hooks, newStepDownHook(env.Locker, stepDownMode(spec), stepDownWithin(spec.Config), env.Emitter, log))
+	}
 	switch {
 	case spec.Gate != nil:
 		hooks = append(hooks, &gateHook{spec: *spec.Gate, path: spec.Path, locker: env.Locker, allocs: reader,
@@ -118,6 +122,22 @@ func Attach(spec Spec, env Env) (Workload, []Hook, error) {
 	}
 	return w, hooks, nil
 }
+
+// stepDownMode is how the run steps down: a gate's gated tasks are
+// Nomad's, so its allocation is restarted; any other run stops its own
+// workload.
+func stepDownMode(spec Spec) lockclient.StepDownMode {
+	if spec.Gate != nil {
+		return lockclient.StepDownRestart
+	}
+	return lockclient.StepDownStop
+}
+
+// stepDownWithin bounds a step-down's stop, from the request to the
+// release: the workload's kill_timeout, and a TTL for the rest (the LB
+// REMOVE, the proof of death, a gate's gated tasks, which must be dead
+// within its lock's bounds anyway).
+func stepDownWithin(cfg Config) time.Duration { return cfg.KillTimeout + cfg.TTL }
 
 // Supervise runs spec to its end, as a front end does: the lock's client
 // (unless env has one), the Supervisor with env's Observe and Stop, the

@@ -47,6 +47,14 @@ var (
 	evUpdateSuccLate  = events.New("update-successor-late", "Rolling update: no newer version waits for the lock after ")
 )
 
+// A step-down (lock step-down, hook_stepdown.go).
+var (
+	evStandbyUnlisted = events.New("standby-unlisted", "Waiting unlisted: lock step-down cannot see or name this standby: ")
+	evStepDownGiveWay = events.New("step-down-giving-way", "Lock free after a step-down: giving way for up to ")
+	evStepDownAsked   = events.New("step-down-requested", "Step-down requested (lock step-down")
+	evSteppedDown     = events.New("stepped-down", "Stepped down: ")
+)
+
 // The load balancer.
 var (
 	evLBHealthy         = events.New("lb-healthy", "Health check passed on ")
@@ -440,4 +448,37 @@ func updateNoReadJobMessage(jobID, namespace string) string {
 	return evUpdateNoReadJob.Text(`%q's allocations, so this standby takes the lock even from a newer version (two handovers per update). `+
 		`Add namespace %q { capabilities = ["read-job"] } to the task's policy (examples/acl/singleton-update.policy.hcl; docs/updates.md)`,
 		jobID, namespace)
+}
+
+func standbyUnlistedMessage(err error) string { return evStandbyUnlisted.Text("%v", err) }
+
+func stepDownGivingWayMessage(h lockclient.Handover, grace time.Duration) string {
+	if h.To != "" {
+		return evStepDownGiveWay.Text("%s to allocation %s, which lock step-down -to named, then taking it if still free",
+			grace.Round(time.Millisecond), shortAlloc(h.To))
+	}
+	return evStepDownGiveWay.Text("%s: this allocation stepped down, so another standby takes the lock first", grace.Round(time.Millisecond))
+}
+
+func stepDownRequestedMessage(r lockclient.StepDownRequest, mode lockclient.StepDownMode) string {
+	to := ""
+	if r.To != "" {
+		to = " -to " + shortAlloc(r.To)
+	}
+	if mode == lockclient.StepDownRestart {
+		return evStepDownAsked.Text("%s): the requester restarts this allocation; the gate releases once its gated tasks are proven dead, "+
+			"and its restarted run waits for the lock as a standby", to)
+	}
+	return evStepDownAsked.Text("%s): stopping the workload (kill_signal, kill_timeout), then waiting for the lock again as a standby", to)
+}
+
+func steppedDownMessage(r lockclient.StepDownRequest, mode lockclient.StepDownMode) string {
+	next := "another standby takes it"
+	if r.To != "" {
+		next = fmt.Sprintf("allocation %s takes it (the other standbys give way for %s)", shortAlloc(r.To), r.Wait)
+	}
+	if mode == lockclient.StepDownRestart {
+		return evSteppedDown.Text("the lock is released and %s; Nomad restarts this allocation, whose gate then waits as a standby", next)
+	}
+	return evSteppedDown.Text("the lock is released and %s; this task waits for it again as a standby (its workload starts again once it holds the lock)", next)
 }

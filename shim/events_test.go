@@ -143,8 +143,19 @@ func eventExamples() map[string][]string {
 		"gate-lock-kept":           {gateLockKeptMessage("the gate stopped by itself (its command exited)", []string{"app"}, 35*time.Second)},
 		"gate-kept-for-restart":    {gateKeptForRestartMessage([]string{"app"}, 5700*time.Millisecond)},
 		"gate-await-previous":      {gateAwaitPreviousMessage("nomad/jobs/web/lock", holder, []string{"app"})},
+
+		"standby-unlisted": {standbyUnlistedMessage(&lockclient.StandbyPermissionError{Op: "record standby", LockPath: "nomad/jobs/web/lock"})},
+		"step-down-giving-way": {
+			stepDownGivingWayMessage(lockclient.Handover{From: "a1", To: "0cad7827-1", Until: time.Now().Add(time.Minute)}, 30*time.Second),
+			stepDownGivingWayMessage(lockclient.Handover{From: "a1", Until: time.Now().Add(time.Minute)}, 30*time.Second)},
+		"step-down-requested": {stepDownRequestedMessage(sdRequest, lockclient.StepDownStop),
+			stepDownRequestedMessage(lockclient.StepDownRequest{Wait: 30 * time.Second}, lockclient.StepDownRestart)},
+		"stepped-down": {steppedDownMessage(sdRequest, lockclient.StepDownStop), steppedDownMessage(lockclient.StepDownRequest{}, lockclient.StepDownRestart)},
 	}
 }
+
+// sdRequest is a step-down request naming a standby.
+var sdRequest = lockclient.StepDownRequest{To: "0cad7827-1", Wait: 30 * time.Second}
 
 // TestEventsDocumented: every kind of event the supervisor emits is listed
 // in docs/troubleshooting.md, each rendering matching how a row of its

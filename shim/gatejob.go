@@ -373,3 +373,36 @@ func isPoststop(alloc *api.Allocation, task string) bool {
 	}
 	return false
 }
+
+// restartReasonAll is the restart reason Nomad's client gives each task of
+// a restart of the whole allocation (`nomad alloc restart -all-tasks`, the
+// API's RestartAllTasks: client/client.go, RestartAllocation).
+const restartReasonAll = "User requested all tasks to restart"
+
+// RestartedWhole reports whether the servers show that Nomad restarted the
+// whole of alloc since its gate's run that began at since (zero: since the
+// gate last started), and not the gate alone after it: the gate's latest
+// "Restart Signaled" event has Nomad's reason for a restart of every task.
+// Nomad then resets the allocation's lifecycle coordinator before it
+// restarts the tasks (allocRunner.RestartAll, tasklifecycle
+// Coordinator.Restart), so every gated task, restarted or restarting,
+// waits for the gate to run again, which the driver reports only once it
+// holds the lock: none can start beside the next holder. (lock step-down
+// restarts a gate's allocation so.) The event's time is the client's
+// clock, on this host.
+func RestartedWhole(alloc *api.Allocation, gate string, since time.Time) bool {
+	st := alloc.TaskStates[gate]
+	if st == nil {
+		return false
+	}
+	var last *api.TaskEvent
+	for _, ev := range st.Events {
+		switch {
+		case ev.Type == api.TaskStarted && since.IsZero():
+			last = nil // a restart before the last start is not this one
+		case ev.Type == api.TaskRestartSignal && time.Unix(0, ev.Time).After(since):
+			last = ev
+		}
+	}
+	return last != nil && last.RestartReason == restartReasonAll
+}

@@ -21,6 +21,11 @@ type heldRun struct {
 	log   hclog.Logger
 	// failRun: a Release hook asked the run to fail (ReleaseResponse.Fail).
 	failRun bool
+	// proven: the workload was proven dead as the hold ended (finish).
+	proven bool
+	// again: the hold ended in a step-down, the workload proven dead: the
+	// run waits for the lock again.
+	again bool
 }
 
 // start starts the workload under the lease, its guard armed, and says
@@ -101,6 +106,8 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 			switch {
 			case ev.Fail != nil:
 				return r.fail(ev.Fail)
+			case ev.StepDown:
+				return r.stepDown(hctx, ev)
 			case ev.Drain && !drained:
 				drained = true
 				r.log.Info("drained: the hooks' pre-kill work runs before the workload is stopped")
@@ -128,11 +135,12 @@ func (r *heldRun) hold(ctx context.Context, sigs <-chan os.Signal) int {
 				return w.ExitCode()
 			}
 			r.log.Info("stop requested", "kill_signal", signalName(req.Signal), "kill_timeout", req.Timeout)
-			if c := r.stopping(hctx, EndStopRequest, req.Timeout); c != nil {
+			c, end := r.stopping(hctx, EndStopRequest, req.Timeout)
+			if c != nil {
 				delayed, delayedAt, delayC = &req, lockclient.BootNow(), c
 				continue
 			}
-			r.shutdown(req.Signal, req.Timeout, EndStopRequest)
+			r.shutdown(req.Signal, req.Timeout, end)
 			return w.ExitCode()
 
 		case msg, ok := <-delayC:
@@ -211,23 +219,46 @@ func (r *heldRun) fail(err error) int {
 	return f.Code
 }
 
+// stepDown stops the workload as a stop request would, with the lock's
+// kill_signal and kill_timeout, after the hook's event; the run then waits
+// for the lock again, provided the workload was proven dead (else the lock
+// is left to expire and the run ends, as after any stop).
+func (r *heldRun) stepDown(ctx context.Context, ev HookEvent) int {
+	s := r.s
+	r.log.Info("stepping down: stopping the workload, then waiting for the lock again",
+		"kill_signal", signalName(s.Config.KillSignal), "kill_timeout", s.Config.KillTimeout)
+	if ev.Message != "" {
+		r.publish(HookEvent{State: ev.State, Message: ev.Message, Notice: ev.Notice})
+	}
+	_, _ = r.stopping(ctx, EndStepDown, 0)
+	r.shutdown(s.Config.KillSignal, s.Config.KillTimeout, EndStepDown)
+	r.again = r.proven && !r.failRun
+	return r.w.ExitCode()
+}
+
 // stopping tells the Stopping hooks that a stop arrived, at once, and
-// returns the delay one of them asks for (nil: stop at once). A stop
+// returns the delay one of them asks for (nil: stop at once), and the
+// stop's ending (a stop request a hook makes a step-down). A stop
 // request's budget is its kill_timeout less the workload's own grace
 // (lock.kill_timeout), so that the stop after the delay still has that
 // grace.
-func (r *heldRun) stopping(ctx context.Context, end Ending, timeout time.Duration) <-chan string {
-	req := StoppingRequest{End: end}
+func (r *heldRun) stopping(ctx context.Context, end Ending, timeout time.Duration) (<-chan string, Ending) {
+	req := StoppingRequest{End: end, Lease: r.lease}
 	if end == EndStopRequest {
 		req.Budget = max(timeout-r.s.Config.KillTimeout, 0)
 	}
 	var delay <-chan string
 	for _, h := range hooksOf[StoppingHook](r.s) {
-		if c := h.Stopping(ctx, req); c != nil && delay == nil {
-			delay = c
+		var resp StoppingResponse
+		h.Stopping(ctx, req, &resp)
+		if resp.Delay != nil && delay == nil {
+			delay = resp.Delay
+		}
+		if resp.StepDown && req.End == EndStopRequest {
+			req.End, req.Budget = EndStepDown, 0
 		}
 	}
-	return delay
+	return delay, req.End
 }
 
 // delayedLeft is the grace left of a delayed stop request that came at
@@ -270,7 +301,7 @@ func (r *heldRun) signal(ctx context.Context, sig os.Signal) (code int, stopped 
 			stopSig = s.Config.KillSignal
 		}
 		r.log.Info("stopping on signal", "signal", sig, "kill_signal", stopSig)
-		r.stopping(ctx, EndSignal, 0)
+		_, _ = r.stopping(ctx, EndSignal, 0)
 		r.shutdown(stopSig, s.Config.KillTimeout, EndSignal)
 		return r.w.ExitCode(), true
 	}

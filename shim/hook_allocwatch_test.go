@@ -44,20 +44,22 @@ func TestAllocWatchHookPreAcquire(t *testing.T) {
 		waiting    func(r *runRig)
 		thenFree   bool
 		code       int // 0: the run holds and runs its workload
-		acquires   bool
-		says       []string
+		// acquires: an acquire was sent (a standby waits on blocking reads
+		// while it sees the lock held: its deferrals never try it).
+		acquires bool
+		says     []string
 	}{
 		{name: "the allocation runs: the holder runs its workload", desired: api.AllocDesiredStatusRun, acquires: true},
 		{name: "waiting, the allocation runs on: still waiting, then holds once the lock is free", desired: api.AllocDesiredStatusRun,
 			otherHolds: true, waiting: func(r *runRig) { r.poke() }, thenFree: true, acquires: true},
 		{name: "waiting, the allocation being stopped: the wait ends, the workload never runs", desired: api.AllocDesiredStatusRun,
-			otherHolds: true, waiting: stop(api.AllocDesiredStatusStop), code: 128 + int(syscall.SIGTERM), acquires: true,
+			otherHolds: true, waiting: stop(api.AllocDesiredStatusStop), code: 128 + int(syscall.SIGTERM),
 			says: []string{"Allocation stopped while waiting for the lock"}},
 		{name: "waiting, the allocation evicted: the wait ends", desired: api.AllocDesiredStatusRun,
-			otherHolds: true, waiting: stop(api.AllocDesiredStatusEvict), code: 128 + int(syscall.SIGTERM), acquires: true,
+			otherHolds: true, waiting: stop(api.AllocDesiredStatusEvict), code: 128 + int(syscall.SIGTERM),
 			says: []string{"Allocation stopped while waiting for the lock"}},
 		{name: "waiting, the allocation gone: the wait ends", desired: api.AllocDesiredStatusRun,
-			otherHolds: true, waiting: func(r *runRig) { r.srv.RemoveAllocation("alloc-self") }, code: 128 + int(syscall.SIGTERM), acquires: true,
+			otherHolds: true, waiting: func(r *runRig) { r.srv.RemoveAllocation("alloc-self") }, code: 128 + int(syscall.SIGTERM),
 			says: []string{"Allocation stopped while waiting for the lock"}},
 		{name: "an identity without read-job: refused, ExitPermission, no acquire", code: ExitPermission,
 			says: []string{evWatchNotStarted.Prefix, `"read-job"`, "nomad acl policy apply", "A task that starts on lock watches its allocation"}},

@@ -64,6 +64,11 @@ type gateHook struct {
 	// while the gate holds; at is what was known when a stop arrived.
 	watch <-chan struct{}
 	at    stopArrival
+	// began is when this run began (PreAcquire): a restart of the whole
+	// allocation after it is what stops this run (restartedAll), which a
+	// step-down's Stopping asks the servers about (wholeRestart).
+	began        time.Time
+	wholeRestart <-chan bool
 }
 
 // itemGatedDirect is the holder's record of a gate that kills every gated
@@ -84,6 +89,7 @@ func (h *gateHook) Name() string { return "gate" }
 // the allocation is being stopped: Nomad cannot kill a task that it has
 // not seen start.
 func (h *gateHook) PreAcquire(ctx context.Context, resp *PreAcquireResponse) error {
+	h.began = time.Now()
 	if err := h.check(ctx); err != nil {
 		h.log.Error("gate: not taking the lock", "error", err)
 		h.emit.Emit(Event{State: StateStopping, Message: gateNotStartedMessage(err)})
@@ -108,10 +114,7 @@ func (h *gateHook) PreAcquire(ctx context.Context, resp *PreAcquireResponse) err
 		return nil
 	}
 	if h.w.allDirect() {
-		if resp.Items == nil {
-			resp.Items = map[string]string{}
-		}
-		resp.Items[itemGatedDirect] = "true"
+		resp.AddItems(map[string]string{itemGatedDirect: "true"})
 	}
 	resp.AbortWait = append(resp.AbortWait, allocStopping(ctx, h.allocs, h.log, h.spec.AllocID, h.spec.Namespace))
 	return nil
@@ -150,16 +153,22 @@ func (h *gateHook) Holding(ctx context.Context, _ *lockclient.Lease) (<-chan Hoo
 // allocation was already seen being stopped, and else reads it at once:
 // the release is decided from that, not from what is true once the gated
 // task's LB REMOVE is done (see mayRelease).
-func (h *gateHook) Stopping(_ context.Context, req StoppingRequest) <-chan string {
+func (h *gateHook) Stopping(_ context.Context, req StoppingRequest, _ *StoppingResponse) {
+	if req.End == EndStepDown && req.Lease != nil {
+		// The servers' word on the restart, read while the gated tasks die.
+		whole := make(chan bool, 1)
+		go func() { whole <- h.restartedAll(req.Lease) }()
+		h.wholeRestart = whole
+		return
+	}
 	if req.End != EndStopRequest {
-		return nil
+		return
 	}
 	if chans.Closed(h.watch) {
 		h.at = stopArrival{seen: true}
-		return nil
+		return
 	}
 	h.at = h.readAtStop()
-	return nil
 }
 
 // Release decides by the gate's rule (mayRelease) once the workload (a
@@ -168,7 +177,7 @@ func (h *gateHook) Stopping(_ context.Context, req StoppingRequest) <-chan strin
 // gates (a prestart sidecar that exits 0 is done, and its siblings run
 // on).
 func (h *gateHook) Release(_ context.Context, req ReleaseRequest, resp *ReleaseResponse) {
-	if req.End != EndStopRequest {
+	if req.End != EndStopRequest && req.End != EndStepDown {
 		resp.Fail = true
 	}
 	if !req.Proven {
@@ -355,6 +364,21 @@ func (h *gateHook) mayRelease(lease *lockclient.Lease, end Ending, at stopArriva
 			h.emit.Emit(stoppingEvent(lease, gateKeptForRestartMessage(h.w.gated, lockclient.BootUntil(lease.FenceDeadline()))))
 			return false, false, nil
 		}
+	case end == EndStepDown:
+		// lock step-down restarted the whole allocation (a Stopping hook
+		// made Nomad's stop a step-down): Nomad kills every task, and its
+		// lifecycle coordinator, reset, starts the gated tasks again only
+		// once this gate's restarted run holds the lock again. The gate
+		// proves them dead itself, and marks the release clean once the
+		// servers show that restart (restartedAll): a restart of the gate
+		// alone would leave their restarts to the warden.
+		if provenDead("a step-down: Nomad restarts the allocation") {
+			if h.wholeRestart == nil {
+				return true, h.restartedAll(lease), nil
+			}
+			return true, <-h.wholeRestart, nil
+		}
+		why = "a step-down, but the gate could not prove its gated tasks dead"
 	default:
 		if provenDead("the gate stopped: " + end.String()) {
 			return true, h.noneRestartable(), nil
@@ -364,6 +388,38 @@ func (h *gateHook) mayRelease(lease *lockclient.Lease, end Ending, at stopArriva
 	h.log.Warn("gate: not releasing the lock", "why", why)
 	h.emit.Emit(stoppingEvent(lease, gateLockKeptMessage(why, h.w.gated, expiry)))
 	return false, false, nil
+}
+
+// restartEvidenceWait bounds restartedAll's wait for the servers.
+const restartEvidenceWait = 10 * time.Second
+
+// restartedAll reports whether the servers show that Nomad restarted the
+// gate's whole allocation since this run began (RestartedWhole). The event
+// reaches the servers with the client's next update, so it waits for it
+// with blocking reads, until the lease's fence deadline or
+// restartEvidenceWait. A failed read says nothing, so no.
+func (h *gateHook) restartedAll(lease *lockclient.Lease) bool {
+	deadline := earliest(time.Now().Add(restartEvidenceWait), time.Now().Add(lockclient.BootUntil(lease.FenceDeadline())))
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	var index uint64
+	start := time.Now()
+	for ctx.Err() == nil {
+		alloc, next, err := h.allocs.Allocation(ctx, h.spec.AllocID, h.spec.Namespace, index)
+		if err != nil {
+			if ctx.Err() == nil {
+				h.log.Warn("gate: cannot read whether Nomad restarts the whole allocation; not marking the release clean", "error", err)
+			}
+			return false
+		}
+		if RestartedWhole(alloc, h.spec.Task, h.began) {
+			h.log.Info("gate: the servers show Nomad restarting the whole allocation", "took", time.Since(start).Round(time.Millisecond))
+			return true
+		}
+		index = max(next, index+1)
+	}
+	h.log.Warn("gate: the servers do not show a restart of the whole allocation; not marking the release clean, so the next gate waits for Nomad to report the gated tasks dead")
+	return false
 }
 
 // noneRestartable reports whether the servers show no gated task of the

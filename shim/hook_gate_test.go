@@ -70,9 +70,11 @@ func TestGateHookPreAcquire(t *testing.T) {
 		before, waiting func(r *gateRig)
 		code            int // 0: the gate holds
 		adopted         bool
-		acquires        bool
-		gatedDirect     string // the holder record's gated_direct
-		says            []string
+		// acquires: an acquire was sent (a standby waits on blocking reads
+		// while it sees the lock held: its deferrals never try it).
+		acquires    bool
+		gatedDirect string // the holder record's gated_direct
+		says        []string
 	}{
 		{name: "a job it can gate, no direct kill on this client: takes the lock", acquires: true,
 			says: []string{"Gate leaves to Nomad (no direct kill on this client): app (docker), db (podman)"}},
@@ -92,13 +94,13 @@ func TestGateHookPreAcquire(t *testing.T) {
 			says: []string{"could not take over its lease"}},
 		{name: "a restarted gate past its lease's fence deadline: ExitLost", before: adopt(false, -time.Second), code: ExitLost,
 			says: []string{"could not take over its lease", "passed its fence deadline"}},
-		{name: "waiting, the allocation being stopped: the wait ends", before: otherHolds, acquires: true,
+		{name: "waiting, the allocation being stopped: the wait ends", before: otherHolds,
 			waiting: func(r *gateRig) { r.setAlloc(gateJob{desired: api.AllocDesiredStatusStop, apps: twoApps}) },
 			code:    128 + int(syscall.SIGTERM), says: []string{"Allocation stopped while waiting for the lock"}},
-		{name: "waiting, the allocation evicted: the wait ends", before: otherHolds, acquires: true,
+		{name: "waiting, the allocation evicted: the wait ends", before: otherHolds,
 			waiting: func(r *gateRig) { r.setAlloc(gateJob{desired: api.AllocDesiredStatusEvict, apps: twoApps}) },
 			code:    128 + int(syscall.SIGTERM), says: []string{"Allocation stopped while waiting for the lock"}},
-		{name: "waiting, the allocation gone: the wait ends", before: otherHolds, acquires: true,
+		{name: "waiting, the allocation gone: the wait ends", before: otherHolds,
 			waiting: func(r *gateRig) { r.srv.RemoveAllocation(gateAlloc) },
 			code:    128 + int(syscall.SIGTERM), says: []string{"Allocation stopped while waiting for the lock"}},
 	} {
@@ -383,7 +385,8 @@ func TestGateHookStopping(t *testing.T) {
 			}
 			end := cmp.Or(tc.end, EndStopRequest)
 			reads := r.srv.Calls(locktest.OpAlloc)
-			if delay := g.Stopping(context.Background(), StoppingRequest{End: end, Budget: time.Minute}); delay != nil {
+			var resp StoppingResponse
+			if g.Stopping(context.Background(), StoppingRequest{End: end, Budget: time.Minute}, &resp); resp.Delay != nil {
 				t.Errorf("the gate held the stop back")
 			}
 			tc.readAtEnd.check(t, "read the allocation as the stop arrived", r.srv.Calls(locktest.OpAlloc) > reads)

@@ -78,22 +78,24 @@ func (h *updateHook) Name() string { return "update" }
 
 // PreAcquire makes the acquire give way (deferTo).
 func (h *updateHook) PreAcquire(_ context.Context, resp *PreAcquireResponse) error {
-	resp.Defer = h.deferTo
+	resp.AddDefer(h.deferTo)
 	return nil
 }
 
 // Stopping keeps the workload serving a while after a stop request of a
 // rolling update (delayStop).
-func (h *updateHook) Stopping(ctx context.Context, req StoppingRequest) <-chan string {
+func (h *updateHook) Stopping(ctx context.Context, req StoppingRequest, resp *StoppingResponse) {
 	if req.End != EndStopRequest || req.Budget <= 0 {
-		return nil
+		return
 	}
-	return h.delayStop(ctx, req.Budget)
+	if c := h.delayStop(ctx, req.Budget); c != nil {
+		resp.Delay = c
+	}
 }
 
 // deferTo is the acquire's Defer: hold while our allocation is being
 // stopped, the grace while a successor of a newer version is on its way.
-func (h *updateHook) deferTo(ctx context.Context) (time.Duration, bool) {
+func (h *updateHook) deferTo(ctx context.Context, _ lockclient.Holder) (time.Duration, bool) {
 	if h.off {
 		return 0, false
 	}

@@ -118,7 +118,7 @@ func TestUpdateHookPreAcquire(t *testing.T) {
 			}
 			for i := range 2 {
 				reads := srv.Calls(locktest.OpAlloc)
-				grace, hold := pre.Defer(context.Background())
+				grace, hold := pre.Defer(context.Background(), lockclient.Holder{})
 				if grace != tc.wantGrace || hold != tc.wantHold {
 					t.Errorf("ask %d: grace %s, hold %v; want %s, %v", i+1, grace, hold, tc.wantGrace, tc.wantHold)
 				}
@@ -227,7 +227,9 @@ func TestUpdateHookStopping(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			began := time.Now()
-			delay := s.h.Stopping(ctx, req)
+			var resp StoppingResponse
+			s.h.Stopping(ctx, req, &resp)
+			delay := resp.Delay
 			if (delay != nil) != tc.delayed {
 				t.Fatalf("the stop held back: %v, want %v", delay != nil, tc.delayed)
 			}

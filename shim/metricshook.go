@@ -84,6 +84,8 @@ func (h *metricsHook) Held(_ context.Context, lease *lockclient.Lease) error {
 		reason = "lease_takeover"
 	case p.IsZero():
 		reason = "first"
+	case p.Handover.From != "":
+		reason = "step_down"
 	case !p.ReleasedAt.IsZero() || p.ReleasedClean:
 		reason = "released"
 	}

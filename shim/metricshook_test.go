@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"errors"
+	"reflect"
 	"syscall"
 	"testing"
 	"time"
@@ -262,7 +263,7 @@ func TestMetricsHookReleased(t *testing.T) {
 			}
 			var resp ReleaseResponse
 			h.Release(context.Background(), ReleaseRequest{Lease: lease, Proven: true}, &resp)
-			if resp != (ReleaseResponse{}) {
+			if !reflect.DeepEqual(resp, ReleaseResponse{}) {
 				t.Errorf("the metrics hook decided the release: %+v", resp)
 			}
 			h.Released(tc.err)

@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"maps"
 	"time"
 
 	"github.com/nomad-driver-singleton/nomad-driver-singleton/lockclient"
@@ -56,11 +57,49 @@ type PreAcquireResponse struct {
 	// AcquireOptions.Items).
 	Items map[string]string
 	// Defer is the acquire's (lockclient.AcquireOptions.Defer): give way
-	// while the lock looks free.
-	Defer func(ctx context.Context) (grace time.Duration, hold bool)
+	// while the lock looks free. Set it with AddDefer, so that every
+	// hook's deferral counts.
+	Defer DeferFunc
 	// AbortWait: the wait for the lock ends once any of them closes (the
 	// allocation is being stopped).
 	AbortWait []<-chan struct{}
+	// AfterWait run, in order, once the wait for the lock ends, whether it
+	// acquired or not, before the run goes on (a standby's record is
+	// withdrawn): one that did not acquire ends the run.
+	AfterWait []func(acquired bool)
+}
+
+// DeferFunc is a hook's deferral of the acquire (lockclient's
+// AcquireOptions.Defer): previous is the holder record as read.
+type DeferFunc func(ctx context.Context, previous lockclient.Holder) (grace time.Duration, hold bool)
+
+// AddDefer adds f to the acquire's deferral: the acquire holds while any
+// hook holds, and otherwise gives way for the longest grace any asks.
+func (r *PreAcquireResponse) AddDefer(f DeferFunc) {
+	prev := r.Defer
+	if prev == nil {
+		r.Defer = f
+		return
+	}
+	r.Defer = func(ctx context.Context, previous lockclient.Holder) (time.Duration, bool) {
+		g1, h1 := prev(ctx, previous)
+		if h1 {
+			return 0, true
+		}
+		g2, h2 := f(ctx, previous)
+		if h2 {
+			return 0, true
+		}
+		return max(g1, g2), false
+	}
+}
+
+// AddItems adds items to those written into the holder's record.
+func (r *PreAcquireResponse) AddItems(items map[string]string) {
+	if r.Items == nil {
+		r.Items = map[string]string{}
+	}
+	maps.Copy(r.Items, items)
 }
 
 // HeldHook runs once the lease is held, before the workload starts. An
@@ -82,31 +121,49 @@ type HoldingHook interface {
 // HookEvent is what a hook tells the hold: an event to publish (State ""
 // keeps the current state; Notice publishes it as a notice), a drain (the
 // PreKill hooks run now, while the hold goes on: a gate whose allocation
-// is being stopped, before Nomad kills its gated tasks), or a failure
-// that stops the workload and ends the run with its code.
+// is being stopped, before Nomad kills its gated tasks), a failure that
+// stops the workload and ends the run with its code, or a step-down: the
+// workload is stopped as a stop request would stop it (the PreKill hooks,
+// kill_signal, kill_timeout, the proof of death), the lock released, and
+// the run waits for the lock again (EndStepDown). Message, if set, is
+// published first.
 type HookEvent struct {
-	State   State
-	Message string
-	Notice  bool
-	Drain   bool
-	Fail    *Failure
+	State    State
+	Message  string
+	Notice   bool
+	Drain    bool
+	Fail     *Failure
+	StepDown bool
 }
 
-// StoppingHook learns, at once, that a stop request or a terminating
-// signal arrived: what was true then may decide the release. A hook may
-// hold a stop request back (delay): the stop goes on once the channel
-// closes; each string sent on it first is a notice. ctx ends with the hold.
+// StoppingHook learns, at once, that a stop request, a terminating signal
+// or a step-down arrived: what was true then may decide the release. ctx
+// ends with the hold.
 type StoppingHook interface {
 	Hook
-	Stopping(ctx context.Context, req StoppingRequest) (delay <-chan string)
+	Stopping(ctx context.Context, req StoppingRequest, resp *StoppingResponse)
 }
 
-// StoppingRequest is a stop: why, and how long a hook may hold it back
+// StoppingRequest is a stop: why, how long a hook may hold it back
 // (Budget: the stop request's kill_timeout less the workload's own grace,
-// lock.kill_timeout; 0 for a signal, or no time to spare).
+// lock.kill_timeout; 0 for a signal, or no time to spare), and the lease.
 type StoppingRequest struct {
 	End    Ending
 	Budget time.Duration
+	Lease  *lockclient.Lease
+}
+
+// StoppingResponse is what a Stopping hook makes of the stop.
+type StoppingResponse struct {
+	// Delay holds a stop request back: the stop goes on once the channel
+	// closes; each string sent on it first is a notice. The first hook's
+	// delay counts.
+	Delay <-chan string
+	// StepDown makes a stop request a step-down (EndStepDown) for the
+	// hooks after this one, the stop and the release: Nomad stops the task
+	// to step it down (a gate's allocation is restarted). The run still
+	// ends once the workload is stopped.
+	StepDown bool
 }
 
 // PreKillHook runs right before the workload is signalled, on every
@@ -164,4 +221,8 @@ type ReleaseResponse struct {
 	MarkClean, NotClean bool
 	// Fail makes the run exit non-zero even if its workload exited 0.
 	Fail bool
+	// Items are written into the holder's record with the clean mark,
+	// just before the release (lockclient's Lease.MarkReleasing): a
+	// step-down's handover.
+	Items map[string]string
 }

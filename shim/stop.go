@@ -162,30 +162,34 @@ func graceEnd(end time.Time, lease *lockclient.Lease) time.Time {
 func (r *heldRun) finish(end Ending) {
 	s, lease := r.s, r.lease
 	req := ReleaseRequest{Lease: lease, End: end, Proven: r.w.KillAll()}
+	r.proven = req.Proven
 	resp := ReleaseResponse{Keep: !req.Proven}
 	for _, h := range hooksOf[ReleaseHook](s) {
 		h.Release(context.Background(), req, &resp)
 	}
 	r.failRun = resp.Fail
+	clean := resp.MarkClean && !resp.NotClean
 	switch {
 	case resp.Keep && resp.Why != nil:
 		s.released(resp.Why)
 		return
 	case resp.Keep:
 		return
-	case resp.MarkClean && !resp.NotClean:
-		s.markReleasedClean(lease)
+	case clean || len(resp.Items) > 0:
+		s.markReleasing(lease, resp.Items, clean)
 	}
 	s.release(lease)
 }
 
-// markReleasedClean tells the next holder that our work is proven dead, so
-// that it need not wait for it (a gate's gated tasks), and that the lock
-// is free (a standby whose token is not shown the lock's state).
-func (s *Supervisor) markReleasedClean(lease *lockclient.Lease) {
+// markReleasing writes the Release hooks' items (a step-down's handover)
+// and, when clean, the clean mark into the holder's record: the clean mark
+// tells the next holder that our work is proven dead, so that it need not
+// wait for it (a gate's gated tasks), and that the lock is free (a standby
+// whose token is not shown the lock's state).
+func (s *Supervisor) markReleasing(lease *lockclient.Lease, items map[string]string, clean bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.Locker.Config().RequestTimeout)
 	defer cancel()
-	if err := lease.MarkReleasedClean(ctx); err != nil {
+	if err := lease.MarkReleasing(ctx, items, clean); err != nil {
 		s.Logger.Warn("cannot mark the release clean: the next holder waits for our work as for one not proven dead (a gate's, for Nomad's report), and a standby whose token is not shown the lock's state does not see it free", "error", err)
 	}
 }

@@ -129,24 +129,33 @@ func (s *Supervisor) Notice(ev Event) {
 // lock); the Held hooks; start the workload under the lease (start) and
 // hold it (hold) until it exits, the lease is lost, a hook fails the run
 // or a stop comes, each of which ends in shutdown: the PreKill hooks, the
-// stop, the proof of death, the release as the Release hooks allow.
+// stop, the proof of death, the release as the Release hooks allow. A
+// hook's step-down ends the hold the same way, and the run, its workload
+// proven dead and the lock released, waits for the lock again, as a
+// standby: the workload starts again only once it holds the lock again.
 func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) int {
 	if s.Logger == nil {
 		s.Logger = hclog.NewNullLogger()
 	}
-	lease, code, done := s.acquire(ctx, sigs)
-	if done {
-		return code
+	for {
+		lease, code, done := s.acquire(ctx, sigs)
+		if done {
+			return code
+		}
+		if err := s.held(ctx, lease); err != nil {
+			s.Emit(Event{State: StateLost, Fence: lease.Fence, Message: lockLostMessage(lease.Err())})
+			return ExitLost
+		}
+		r, code, started := s.start(lease)
+		if !started {
+			return code
+		}
+		code = r.hold(ctx, sigs)
+		if !r.again {
+			return r.exitCode(code)
+		}
+		s.Logger.Info("stepped down: waiting for the lock again")
 	}
-	if err := s.held(ctx, lease); err != nil {
-		s.Emit(Event{State: StateLost, Fence: lease.Fence, Message: lockLostMessage(lease.Err())})
-		return ExitLost
-	}
-	r, code, started := s.start(lease)
-	if !started {
-		return code
-	}
-	return r.exitCode(r.hold(ctx, sigs))
 }
 
 // held runs the Held hooks: an error means the lease ended meanwhile.

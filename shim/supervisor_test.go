@@ -62,13 +62,19 @@ func newRunRig(t *testing.T, script string, killTimeout time.Duration) *runRig {
 	r.sup = &Supervisor{Locker: r.srv.Locker(t, cfg), Observe: r.observe, Stop: r.stop}
 	r.env = Env{Process: Process{Stdout: r.out, Stderr: r.out, Env: []string{"PATH=/usr/bin:/bin"}},
 		Allocs: r.srv.Allocs(t, allocs.Config{Holder: cfg.Holder})}
+	r.watchReleases()
+	return r
+}
+
+// watchReleases records, at each release request to r.srv, whether the
+// workload was alive.
+func (r *runRig) watchReleases() {
 	r.srv.OnRelease(func() {
 		alive := r.workloadAlive()
 		r.mu.Lock()
 		r.releases = append(r.releases, alive)
 		r.mu.Unlock()
 	})
-	return r
 }
 
 func (r *runRig) observe(ev Event) {
@@ -253,9 +259,8 @@ func TestRunStartsWorkloadOnlyOnceAcquired(t *testing.T) {
 				return ev.State.Holds() || ev.State == StateWaiting && ev.Holder.AllocID == locktest.OtherAlloc &&
 					strings.Contains(ev.Message, "held by alloc 0th3r000 on "+locktest.OtherNode)
 			})
-			if out := r.out.String(); first.State.Holds() || out != "" || r.srv.Calls(locktest.OpRefused) == 0 {
-				t.Fatalf("while the lock is held elsewhere: %s event, workload output %q, %d refused acquires",
-					first.State, out, r.srv.Calls(locktest.OpRefused))
+			if out := r.out.String(); first.State.Holds() || out != "" {
+				t.Fatalf("while the lock is held elsewhere: %s event, workload output %q", first.State, out)
 			}
 			freed := time.Now()
 			tc.free(r.srv)

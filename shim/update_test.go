@@ -359,8 +359,8 @@ func TestGateHasTheUpdateRule(t *testing.T) {
 		}
 		return out
 	}
-	if got := names(); !slices.Equal(got, []string{"gate", "update"}) {
-		t.Errorf("a gate's PreAcquire hooks are %v, want the gate's and the update rule's", got)
+	if got := names(); !slices.Equal(got, []string{"step-down", "gate", "update"}) {
+		t.Errorf("a gate's PreAcquire hooks are %v, want the step-down's, the gate's and the update rule's", got)
 	}
 	spec.UpdateGrace = DurationOff
 	if got := names(); slices.Contains(got, "update") {

@@ -80,6 +80,7 @@ const (
 	EndSignal      Ending = "signal"          // SIGTERM or SIGINT to the supervisor
 	EndLost        Ending = "lock lost"       // the lease was lost
 	EndStartFailed Ending = "start failed"    // the workload could not start
+	EndStepDown    Ending = "step-down"       // a hook stepped the run down: it waits for the lock again
 )
 
 func (e Ending) String() string { return string(e) }

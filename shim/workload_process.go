@@ -75,10 +75,15 @@ type processWorkload struct {
 	p     Process
 	log   hclog.Logger
 
+	// spawner is made once: its thread forks every start's processes, and
+	// must outlive them (PDEATHSIG).
 	spawner *spawner
-	g       *group
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed once cmd has been waited for
+	// tree is this start's view of the whole tree: Process.Tree, or the
+	// subreaper's view of this start's command.
+	tree   Tree
+	g      *group
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has been waited for
 }
 
 func newProcessWorkload(cfg Config, p Process, log hclog.Logger) *processWorkload {
@@ -103,8 +108,11 @@ func (w *processWorkload) Start(lease *lockclient.Lease) (Started, error) {
 			w.p.Subreaper = false
 		}
 	}
-	w.spawner = newSpawner()
-	g, err := startGuard(w.spawner, w.p.Tree)
+	if w.spawner == nil {
+		w.spawner = newSpawner()
+	}
+	w.tree = w.p.Tree
+	g, err := startGuard(w.spawner, w.tree)
 	if err != nil && w.p.RequireGuard {
 		log.Error("cannot start the process-group guard; not starting the workload", "error", err)
 		return Started{}, &Failure{Code: ExitInfra, End: EndStartFailed, Err: err}
@@ -122,12 +130,12 @@ func (w *processWorkload) Start(lease *lockclient.Lease) (Started, error) {
 		w.g = &group{pgid: cmd.Process.Pid}
 	}
 	log.Info("workload started", "pid", cmd.Process.Pid, "pgid", w.g.pgid)
-	if w.p.Subreaper && w.p.Tree == nil {
+	if w.p.Subreaper && w.tree == nil {
 		guard := 0
 		if w.g.guard != nil {
 			guard = w.g.guard.Process.Pid
 		}
-		w.p.Tree = guardedTree{newSubreaperTree(cmd.Process.Pid, guard), guard}
+		w.tree = guardedTree{newSubreaperTree(cmd.Process.Pid, guard), guard}
 	}
 	w.cmd, w.exited = cmd, make(chan struct{})
 	go func() { _ = cmd.Wait(); close(w.exited) }()
@@ -218,8 +226,8 @@ func (w *processWorkload) Stop(sig syscall.Signal, _ Ending) (string, bool) {
 	if err := w.g.signal(sig); err != nil {
 		w.log.Warn("signal workload group", "signal", sig, "error", err)
 	}
-	if w.p.Tree != nil {
-		if err := w.p.Tree.Signal(sig); err != nil {
+	if w.tree != nil {
+		if err := w.tree.Signal(sig); err != nil {
 			w.log.Warn("signal the workload's process tree", "signal", sig, "error", err)
 		}
 	}
@@ -235,10 +243,10 @@ func (w *processWorkload) Gone() bool {
 	if left, err := w.g.members(); err != nil || len(left) > 0 {
 		return false
 	}
-	if w.p.Tree == nil {
+	if w.tree == nil {
 		return true
 	}
-	alive, err := w.p.Tree.Alive()
+	alive, err := w.tree.Alive()
 	return err == nil && !alive
 }
 
@@ -256,8 +264,8 @@ func (w *processWorkload) KillAll() bool {
 			return false
 		}
 	}
-	if w.p.Tree != nil {
-		if err := w.p.Tree.KillAll(confirmTimeout); err != nil {
+	if w.tree != nil {
+		if err := w.tree.KillAll(confirmTimeout); err != nil {
 			w.log.Error("not releasing the lock: the workload's process tree could not be proven dead; it expires on its own", "error", err)
 			return false
 		}

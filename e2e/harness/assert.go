@@ -13,7 +13,15 @@ import (
 // intervals.
 func CheckNoOverlap(t testing.TB, recs []Record, sum SampleSummary, known ...KnownEnd) []Interval {
 	t.Helper()
-	ivs := Intervals(recs, sum.GoneByPIDOr(known...))
+	return CheckNoOverlapBy(t, recs, sum, sum.GoneByPIDOr(known...))
+}
+
+// CheckNoOverlapBy is CheckNoOverlap with the ends gone tells (GoneByAlloc
+// for workloads in a PID namespace of their own, whose records' PIDs are
+// not the host's).
+func CheckNoOverlapBy(t testing.TB, recs []Record, sum SampleSummary, gone GoneFunc) []Interval {
+	t.Helper()
+	ivs := Intervals(recs, gone)
 	for _, o := range Overlaps(ivs) {
 		t.Errorf("two workloads overlapped for %s: %+v and %+v", o.For, o.A, o.B)
 	}

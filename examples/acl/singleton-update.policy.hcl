@@ -18,5 +18,15 @@ namespace "default" {
     path "nomad/jobs/web/web/web/lock" {
       capabilities = ["write", "read"]
     }
+    # Step-downs (lock step-down, docs/cli.md): the holder reads the
+    # requests, and a standby records itself while it waits. Without
+    # them the task holds and waits as before, but cannot be stepped down
+    # or named by lock step-down -to.
+    path "nomad/jobs/web/web/web/lock/step-down" {
+      capabilities = ["read"]
+    }
+    path "nomad/jobs/web/web/web/lock/standby/*" {
+      capabilities = ["write", "destroy"]
+    }
   }
 }

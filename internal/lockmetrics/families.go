@@ -62,7 +62,7 @@ var (
 	AcquiredDesc = &Desc{Name: "nomad_singleton_lock_acquired_timestamp_seconds", Kind: KindGauge, Slot: true,
 		Help: "When this task acquired the lock it holds (Unix time); 0 while it does not hold it."}
 	AcquisitionsDesc = &Desc{Name: "nomad_singleton_lock_acquisitions_total", Kind: KindCounter, Labels: []string{"reason"},
-		Help: "Acquisitions of the lock by this task, by how the previous tenure ended: first (no previous holder), released, expiry (no release recorded), lease_takeover; adopted: a restarted gate took over its own lease."}
+		Help: "Acquisitions of the lock by this task, by how the previous tenure ended: first (no previous holder), released, step_down (released by a holder that stepped down: lock step-down), expiry (no release recorded), lease_takeover; adopted: a restarted gate took over its own lease."}
 	LossesDesc = &Desc{Name: "nomad_singleton_lock_losses_total", Kind: KindCounter, Labels: []string{"reason"},
 		Help: "Losses of the lock while held, by cause: conflict, expiry, fence_deadline, lease_takeover, deleted."}
 	RenewDurationDesc = &Desc{Name: "nomad_singleton_lock_renew_duration_seconds", Kind: KindHistogram, Labels: []string{"op"}, Buckets: latencyBuckets,
@@ -101,7 +101,7 @@ var (
 )
 
 // Reasons of an acquisition (AcquisitionsDesc).
-var AcquisitionReasons = []string{"first", "released", "expiry", "lease_takeover", "adopted"}
+var AcquisitionReasons = []string{"first", "released", "step_down", "expiry", "lease_takeover", "adopted"}
 
 // Results the plugin counts, each shown from zero.
 var (

@@ -9,7 +9,9 @@
 //
 // The lock never expires by itself: Expire is the server's expiry, at the
 // moment the test chooses. Every Server serves one variable, whatever path
-// it is asked for.
+// it is asked for, but the paths below its Lockers' lock path (a
+// step-down request, standby records: Vars serves those), which are
+// empty and take writes without keeping them.
 package locktest
 
 import (
@@ -19,6 +21,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -56,6 +59,7 @@ const (
 	OpCreate    = "create"     // a check-and-set create (index 0), done or refused
 	OpAlloc     = "alloc"      // a read of an allocation (Info), blocking or not
 	OpJobAllocs = "job-allocs" // a list of a job's allocations (Allocations)
+	OpDelete    = "delete"
 )
 
 // Server is an in-memory lock API for one variable. It is safe for
@@ -80,6 +84,12 @@ type Server struct {
 	calls      map[string]int
 	allocs     map[string]*api.Allocation // what Info answers, by ID
 	hideLock   bool
+	// below is the paths' prefix that holds no variable (isBelow).
+	below string
+	// hideConflictLock: check-and-set conflicts answer without the lock.
+	hideConflictLock bool
+	// denyReads, denyWrites: reads, writes (updates and deletes) answer 403.
+	denyReads, denyWrites bool
 }
 
 // New returns a Server whose variable does not exist yet.
@@ -95,7 +105,16 @@ func (s *Server) Locker(t testing.TB, cfg lockclient.Config) *lockclient.Locker 
 	if err != nil {
 		t.Fatalf("locktest: %v", err)
 	}
+	s.mu.Lock()
+	s.below = cfg.Path + "/"
+	s.mu.Unlock()
 	return l
+}
+
+// isBelow reports whether path is below the lock path (see the package
+// doc): no variable there. Called with mu held.
+func (s *Server) isBelow(path string) bool {
+	return s.below != "/" && s.below != "" && strings.HasPrefix(path, s.below)
 }
 
 // Allocs builds an allocation reader over s (see allocs.NewWithAPI): it
@@ -201,6 +220,49 @@ func (s *Server) HideLock() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.hideLock = true
+}
+
+// HideConflictLock makes a check-and-set conflict answer without the lock
+// too: a Nomad that no longer shows the lock ID to a token with write on
+// the path (docs/security.md). By default a conflict shows it, HideLock or
+// not, as Nomad v1.11 does.
+func (s *Server) HideConflictLock() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hideConflictLock = true
+}
+
+// errDenied is Nomad's answer to a token without the capability.
+var errDenied = Error(403, "Permission denied")
+
+// DenyReads makes every read answer 403, as to a token without read.
+func (s *Server) DenyReads() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.denyReads = true
+}
+
+// DenyWrites makes every update, check-and-set write and delete answer
+// 403, as to a token without write (or destroy).
+func (s *Server) DenyWrites() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.denyWrites = true
+}
+
+// Delete deletes the variable, as Nomad does (a missing one is no error).
+func (s *Server) Delete(path string, w *api.WriteOptions) (*api.WriteMeta, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[OpDelete]++
+	if s.denyWrites {
+		return nil, errDenied
+	}
+	if s.exists && !s.isBelow(path) {
+		s.exists, s.items, s.lock = false, nil, nil
+		s.bump()
+	}
+	return &api.WriteMeta{}, nil
 }
 
 // Write sets the variable's items as a holder's acquire would, and takes
@@ -326,6 +388,12 @@ func (s *Server) Peek(path string, q *api.QueryOptions) (*api.Variable, *api.Que
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls[OpRead]++
+	if s.denyReads {
+		return nil, nil, errDenied
+	}
+	if s.isBelow(path) {
+		return nil, &api.QueryMeta{LastIndex: s.index}, nil
+	}
 	return s.variable(path), &api.QueryMeta{LastIndex: s.index}, nil
 }
 
@@ -454,6 +522,12 @@ func (s *Server) Update(v *api.Variable, w *api.WriteOptions) (*api.Variable, *a
 	if err := w.Context().Err(); err != nil {
 		return nil, nil, err
 	}
+	if s.denyWrites {
+		return nil, nil, errDenied
+	}
+	if s.isBelow(v.Path) {
+		return v, nil, nil
+	}
 	return s.update(v)
 }
 
@@ -467,9 +541,19 @@ func (s *Server) CheckedUpdate(v *api.Variable, w *api.WriteOptions) (*api.Varia
 	if err := w.Context().Err(); err != nil {
 		return nil, nil, err
 	}
+	if s.denyWrites {
+		return nil, nil, errDenied
+	}
 	if cur := s.variable(v.Path); (cur == nil) != (v.ModifyIndex == 0) || cur != nil && cur.ModifyIndex != v.ModifyIndex {
 		if cur == nil {
 			cur = &api.Variable{Path: v.Path}
+		} else if s.hideConflictLock {
+			cur.Lock = nil
+		} else if s.lock != nil {
+			// Nomad answers a conflict with the stored variable's
+			// metadata, lock included, to any token with write.
+			l := *s.lock
+			cur.Lock = &l
 		}
 		return nil, nil, api.ErrCASConflict{CheckIndex: v.ModifyIndex, Conflict: cur}
 	}

@@ -97,6 +97,11 @@ func (vs *Vars) CheckedUpdate(v *api.Variable, w *api.WriteOptions) (*api.Variab
 	return vs.Server(v.Path).CheckedUpdate(v, w)
 }
 
+// Delete is Server.Delete on path's Server.
+func (vs *Vars) Delete(path string, w *api.WriteOptions) (*api.WriteMeta, error) {
+	return vs.Server(path).Delete(path, w)
+}
+
 // PrefixList lists the variables under prefix that exist, as Nomad's list
 // answers a token that may read them all.
 func (vs *Vars) PrefixList(prefix string, q *api.QueryOptions) ([]*api.VariableMetadata, *api.QueryMeta, error) {

@@ -15,6 +15,7 @@ const (
   lock [flags] <path> <command> [args...]   run command while holding the lock at <path>
   lock status [flags] <path>                show who holds the lock at <path> (lock status -h)
   lock list [flags]                         list every lock under a prefix (lock list -h)
+  lock step-down [flags] <path>             hand the lock over to a waiting standby (lock step-down -h)
   lock lb follow|state [flags] [<path>]     LB sidecar for a task that runs lock (lock lb -h)
   lock version
 
@@ -75,6 +76,23 @@ held to a read-only token: it says unknown then, never held (docs/cli.md).
 
 Lists every lock under -prefix that the token may list, one line each: path,
 mode, state, holder allocation, job, since when, fence (as lock status tells).
+`
+	stepDownHelpHead = `Usage:
+  lock step-down [flags] <path>
+
+Asks the holder of the lock at <path> to hand it over to a waiting standby,
+without ending its allocation: it stops its workload as for a graceful stop (LB
+REMOVE first, kill signal, kill timeout, proof of death), releases the lock, and
+waits as a standby again. A gate's allocation is restarted by Nomad for it (its
+gated tasks are Nomad's). Returns once another holder has the lock, printing it.
+`
+	stepDownHelpTail = `
+Refused, with no effect (exit 1), when the lock is free, when no standby waits,
+when -to names no waiting standby, or when the holder offers no step-down; exit
+77 when the token could not release the lock itself (a management token, or the
+step-down policy: examples/acl/singleton-step-down.policy.hcl). Exit 0 once the
+lock moved as asked; 75 when it did not within the wait (the output says who
+holds it). See docs/cli.md and docs/operations.md.
 `
 	connFlagsTitle = `
 Nomad flags (those of Nomad's CLI, with their NOMAD_* variables; for a Nomad

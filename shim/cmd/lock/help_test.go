@@ -34,7 +34,7 @@ func TestREADMEHelp(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := string(readme)
-	for _, args := range [][]string{{"-h"}, {"status", "-h"}, {"list", "-h"}} {
+	for _, args := range [][]string{{"-h"}, {"status", "-h"}, {"list", "-h"}, {"step-down", "-h"}} {
 		name := "lock " + strings.Join(args, " ")
 		begin := "<!-- BEGIN " + name + " -->\n```text\n"
 		end := "```\n<!-- END " + name + " -->"
@@ -61,7 +61,7 @@ func TestREADMEHelp(t *testing.T) {
 
 	known := map[string]bool{}
 	for _, fs := range []*flag.FlagSet{newRunFlags(io.Discard).fs, newLBFlags("lock lb", &lbCmd{}, io.Discard).fs,
-		newReadFlags(false, io.Discard).fs, newReadFlags(true, io.Discard).fs} {
+		newReadFlags(false, io.Discard).fs, newReadFlags(true, io.Discard).fs, newStepDownFlags(io.Discard).fs} {
 		fs.VisitAll(func(f *flag.Flag) { known[f.Name] = true })
 	}
 	// Every flag the page names is lock's, but in the table of what lock

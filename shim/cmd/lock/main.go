@@ -33,6 +33,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runStatus(args[1:], stdout, stderr)
 		case "list":
 			return runList(args[1:], stdout, stderr)
+		case "step-down":
+			return runStepDown(args[1:], stdout, stderr)
 		case "lb":
 			return runLB(args[1:], stdout, stderr)
 		case "version", "-version", "--version":
