@@ -92,7 +92,14 @@ func (a *Agent) cleanup() {
 			}
 		}
 		for pid, desc := range a.leftovers(true) {
-			a.errorf("cleanup: process %d outlived the agent; killing it: %s", pid, desc)
+			if agentProbe(desc) {
+				// The agent's own driver fingerprint, in flight when it
+				// stopped (a JVM starting on a loaded machine takes
+				// seconds): Nomad's, not a task's, so not a leak of ours.
+				a.log.Info("cleanup: killing the agent's fingerprint probe that outlived it", "pid", pid, "argv", desc)
+			} else {
+				a.errorf("cleanup: process %d outlived the agent; killing it: %s", pid, desc)
+			}
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 				a.errorf("cleanup: kill %d: %v", pid, err)
 			}
@@ -188,6 +195,18 @@ func (a *Agent) allRunning() bool {
 //   - membership in the cgroup of one of its allocations (exec tasks),
 //   - with withCwd, a working directory inside the private dir: that also
 //     matches the plugins of a running client, so use it once it is stopped.
+// agentProbe reports whether argv is a driver fingerprint probe the agent
+// runs itself (Nomad's java and qemu drivers run `java -version` and
+// `qemu-system-x86_64 --version` every fingerprint period).
+func agentProbe(argv string) bool {
+	f := strings.Fields(argv)
+	if len(f) != 2 {
+		return false
+	}
+	name := filepath.Base(f[0])
+	return (name == "java" && f[1] == "-version") || (strings.HasPrefix(name, "qemu") && f[1] == "--version")
+}
+
 func (a *Agent) leftovers(withCwd bool) map[int]string {
 	found := map[int]string{}
 	if a.dir == "" || a.server == nil {
