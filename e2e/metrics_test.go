@@ -165,8 +165,7 @@ func testMetricsLock(t *testing.T, a *harness.Agent, prom *harness.Prometheus) {
 	g.extra = "network {\n      port \"metrics\" {}\n    }"
 	a.RunJobHCL(t, jobHCL(s.job, "service", g))
 	t.Cleanup(func() { _ = a.Purge(s.job) })
-	a.WaitAllocs(t, s.job, 2, api.AllocClientStatusRunning, 60*time.Second)
-	targets := lockTargets(t, a, prom, s.job)
+	targets := lockTargets(t, a, prom, s.job, 2)
 	first := waitMainStart(t, s.record, 60*time.Second, nil)
 	waitOneHolder(t, prom, s.job, first.AllocID, 30*time.Second)
 
@@ -201,8 +200,7 @@ func testMetricsLock(t *testing.T, a *harness.Agent, prom *harness.Prometheus) {
 	second := waitMainStart(t, s.record, 60*time.Second, after(first))
 	waitOneHolder(t, prom, s.job, second.AllocID, 30*time.Second)
 	checkFollows(t, prom, s.job, second.AllocID, second.Wall)
-	a.WaitAllocs(t, s.job, 2, api.AllocClientStatusRunning, 60*time.Second)
-	lockTargets(t, a, prom, s.job) // the replacement allocation's endpoint
+	lockTargets(t, a, prom, s.job, 2) // the replacement allocation's endpoint
 
 	// A crash of lock itself: its workload dies with it, and the lock
 	// expires on the server (2×TTL + delay).
@@ -215,13 +213,31 @@ func testMetricsLock(t *testing.T, a *harness.Agent, prom *harness.Prometheus) {
 	checkFollows(t, prom, s.job, third.AllocID, third.Wall)
 }
 
-// lockTargets points Prometheus's "lock" job at the metrics port of each
-// running allocation of job, and returns them by allocation.
-func lockTargets(t *testing.T, a *harness.Agent, prom *harness.Prometheus, job string) map[string]string {
+// lockTargets waits until n allocations of job run and are meant to (an
+// allocation being stopped reports "running" until its task ends, and
+// would hide its replacement's endpoint), points Prometheus's "lock" job at
+// their metrics ports, and returns them by allocation.
+func lockTargets(t *testing.T, a *harness.Agent, prom *harness.Prometheus, job string, n int) map[string]string {
 	t.Helper()
+	var ids []string
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		allocs, err := a.Allocs(job)
+		ids = ids[:0]
+		for _, al := range allocs {
+			if al.ClientStatus == api.AllocClientStatusRunning && al.DesiredStatus == api.AllocDesiredStatusRun {
+				ids = append(ids, al.ID)
+			}
+		}
+		if err == nil && len(ids) == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s: %d allocations running and meant to, want %d, after 60s (err %v)", job, len(ids), n, err)
+		}
+	}
 	out := map[string]string{}
 	var addrs []string
-	for _, id := range drvRunning(t, a, job) {
+	for _, id := range ids {
 		alloc, _, err := a.API().Allocations().Info(id, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -188,13 +188,6 @@ func (a *Agent) allRunning() bool {
 	return true
 }
 
-// leftovers finds live processes, other than the agent processes themselves,
-// that the agent or its tasks started:
-//   - argv or environment inside the private dir (executors, raw_exec tasks),
-//   - the process group of an agent run, running the nomad binary (logmon),
-//   - membership in the cgroup of one of its allocations (exec tasks),
-//   - with withCwd, a working directory inside the private dir: that also
-//     matches the plugins of a running client, so use it once it is stopped.
 // agentProbe reports whether argv is a driver fingerprint probe the agent
 // runs itself (Nomad's java and qemu drivers run `java -version` and
 // `qemu-system-x86_64 --version` every fingerprint period).
@@ -207,6 +200,13 @@ func agentProbe(argv string) bool {
 	return (name == "java" && f[1] == "-version") || (strings.HasPrefix(name, "qemu") && f[1] == "--version")
 }
 
+// leftovers finds live processes, other than the agent processes themselves,
+// that the agent or its tasks started:
+//   - argv or environment inside the private dir (executors, raw_exec tasks),
+//   - the process group of an agent run, running the nomad binary (logmon),
+//   - membership in the cgroup of one of its allocations (exec tasks),
+//   - with withCwd, a working directory inside the private dir: that also
+//     matches the plugins of a running client, so use it once it is stopped.
 func (a *Agent) leftovers(withCwd bool) map[int]string {
 	found := map[int]string{}
 	if a.dir == "" || a.server == nil {
