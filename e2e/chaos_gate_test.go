@@ -71,8 +71,12 @@ var chaosGateFaults = []chaosGateFault{
 
 // chaosGateCrashTakeover bounds, loosely, the takeover after a SIGKILL of
 // the holder's gate supervisor: the plugin kills the gated app and
-// releases in about a second; the server's expiry would take 2×TTL + delay.
-const chaosGateCrashTakeover = 10 * time.Second
+// releases in about a second (at a load of 20, with the app's kill_timeout
+// of 3 s and a slow engine, 11 s were seen); the server's expiry could
+// free the lock no sooner than 2×TTL + delay after the last renew, which
+// came at most TTL/2 before the fault, so a takeover under this bound was
+// the plugin's release.
+const chaosGateCrashTakeover = 2*drvTTL + drvDelay - drvTTL/2 - time.Second
 
 // chaosGateDecoy starts a container that carries the holder's allocation
 // ID label (as a job's own labels could) but is not one of its tasks', and
