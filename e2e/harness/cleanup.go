@@ -78,8 +78,12 @@ func (a *Agent) cleanup() {
 			a.stopAllJobs()
 			// Allocations report "complete" before their poststop hooks have
 			// run (e.g. the logmon hook stopping its logmon process); stopping
-			// the client too early orphans those processes.
-			deadline := time.Now().Add(15 * time.Second)
+			// the client too early orphans those processes. A task's stop may
+			// itself take long: a holder's LB REMOVE retried against an LB
+			// that is down (10 s), then its kill_timeout, on a loaded
+			// machine; a whole minute is left before anything alive counts
+			// as a leak (the wait ends as soon as nothing is).
+			deadline := time.Now().Add(60 * time.Second)
 			for len(a.leftovers(false)) > 0 && time.Now().Before(deadline) {
 				time.Sleep(100 * time.Millisecond)
 			}
