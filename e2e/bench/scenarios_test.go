@@ -229,19 +229,25 @@ func (b *bench) handoverStandby(t *testing.T, v string, rows handoverRows) {
 	}
 }
 
+// pairJob registers a count = 2 job of variant v, a holder and a standby,
+// and waits for the holder's workload.
+func (b *bench) pairJob(t *testing.T, kind, v string) (*job, harness.Record) {
+	j := b.newJob(kind, v, 2)
+	b.register(t, j)
+	return j, waitStart(t, j.record, 0, 90*time.Second)
+}
+
 // handoverStepDown measures a switchover: one count = 2 group, a holder and
 // a warm standby; `lock step-down <path>` against the agent's HTTP API (the
 // bench agent has no ACLs: no token) hands the lock to the standby, and the
 // former holder's allocation waits as the next run's standby ((d): after
 // Nomad's restart of its allocation, which the command asks for).
 func (b *bench) handoverStepDown(t *testing.T, v string, rows handoverRows) {
-	j := b.newJob("stepdown", v, 2)
-	b.register(t, j)
+	j, holder := b.pairJob(t, "stepdown", v)
 	defer b.stopJob(t, j, 0)
-	holder := waitStart(t, j.record, 0, 90*time.Second)
 	for run := 1; run <= b.cfg.Runs; run++ {
-		b.waitStandbys(t, j, holder.AllocID, 1, 1500*time.Millisecond, 90*time.Second)
-		standby := b.a.WaitStandbyRecords(t, j.path, holder.AllocID, 1, 90*time.Second)
+		// As the graceful handover's standby: it has waited 1.5 s.
+		standby := b.a.WaitStandbyRecords(t, j.path, holder.AllocID, 1, 1500*time.Millisecond, 90*time.Second)
 		var cmd *harness.Process
 		next, g, call := b.handoverOnce(t, j, holder, func() {
 			c := exec.Command(b.lockBin, "step-down", j.path)
@@ -260,10 +266,8 @@ func (b *bench) handoverStepDown(t *testing.T, v string, rows handoverRows) {
 }
 
 func (b *bench) handoverReplacement(t *testing.T, v string, gap, won *Row) {
-	j := b.newJob("handover-repl", v, 2)
-	b.register(t, j)
+	j, holder := b.pairJob(t, "handover-repl", v)
 	defer b.stopJob(t, j, 0)
-	holder := waitStart(t, j.record, 0, 90*time.Second)
 	for run := 1; run <= b.cfg.Runs; run++ {
 		b.waitStandbys(t, j, holder.AllocID, 1, 1500*time.Millisecond, 90*time.Second)
 		if v == VariantAnchor {

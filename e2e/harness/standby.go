@@ -8,10 +8,10 @@ import (
 )
 
 // WaitStandbyRecords waits until at least n allocations other than holder
-// have a standby record under the lock's path (<path>/standby/<alloc_id>,
-// written while a supervisor waits: what `lock step-down` lists), and
-// returns them, sorted.
-func (a *Agent) WaitStandbyRecords(t testing.TB, lockPath, holder string, n int, timeout time.Duration) []string {
+// have had a standby record under the lock's path for at least settle
+// (<path>/standby/<alloc_id>, written as a supervisor begins to wait: what
+// `lock step-down` lists), and returns them, sorted.
+func (a *Agent) WaitStandbyRecords(t testing.TB, lockPath, holder string, n int, settle, timeout time.Duration) []string {
 	t.Helper()
 	prefix := lockPath + "/standby/"
 	deadline := time.Now().Add(timeout)
@@ -19,7 +19,7 @@ func (a *Agent) WaitStandbyRecords(t testing.TB, lockPath, holder string, n int,
 		var ids []string
 		metas, _, err := a.API().Variables().PrefixList(prefix, nil)
 		for _, m := range metas {
-			if id := strings.TrimPrefix(m.Path, prefix); id != holder {
+			if id := strings.TrimPrefix(m.Path, prefix); id != holder && time.Since(time.Unix(0, m.ModifyTime)) >= settle {
 				ids = append(ids, id)
 			}
 		}
