@@ -11,7 +11,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -97,7 +96,7 @@ func TestStepDown(t *testing.T) {
 func stepDownTrial(t *testing.T, a *harness.Agent, s singletonJob, gate bool) {
 	first := waitMainStart(t, s.record, 120*time.Second, nil)
 	holder := first.AllocID
-	stepDownWaitStandbys(t, a, s.lockPath, holder, stepDownCount-1, 120*time.Second)
+	a.WaitStandbyRecords(t, s.lockPath, holder, stepDownCount-1, 0, 120*time.Second)
 	smp := harness.StartSampler(t, harness.SamplerOptions{Marker: s.marker, Filter: harness.Proc.IsMainWorkload})
 	smp.WaitSeen(t, 30*time.Second, mainProcOf(t, s.marker, holder).PID) // a container's app: its PID on the host
 
@@ -112,7 +111,7 @@ func stepDownTrial(t *testing.T, a *harness.Agent, s singletonJob, gate bool) {
 
 	// With -to: the named standby, each time another, whichever waits.
 	for i := range stepDownToTrials {
-		standbys := stepDownWaitStandbys(t, a, s.lockPath, holder, stepDownCount-1, 120*time.Second)
+		standbys := a.WaitStandbyRecords(t, s.lockPath, holder, stepDownCount-1, 0, 120*time.Second)
 		target := standbys[rand.IntN(len(standbys))]
 		out := stepDown(t, a, a.Token(), 0, s.lockPath, "-to", drvShort(target), "-wait", "30s")
 		if out.Outcome != "landed" || out.Holder == nil || out.Holder.Alloc_ID != target || out.To == nil || *out.To != target {
@@ -125,7 +124,7 @@ func stepDownTrial(t *testing.T, a *harness.Agent, s singletonJob, gate bool) {
 	}
 
 	// A graceful handover of the same job, to compare with.
-	stepDownWaitStandbys(t, a, s.lockPath, holder, stepDownCount-1, 120*time.Second)
+	a.WaitStandbyRecords(t, s.lockPath, holder, stepDownCount-1, 0, 120*time.Second)
 	if err := a.StopAlloc(holder); err != nil {
 		t.Fatal(err)
 	}
@@ -201,31 +200,6 @@ func gapsOf(hs []harness.Handover) []time.Duration {
 		out = append(out, h.Gap.Round(time.Millisecond))
 	}
 	return out
-}
-
-// stepDownWaitStandbys waits until at least n allocations other than
-// holder have a standby record under the lock's path, and returns them.
-func stepDownWaitStandbys(t *testing.T, a *harness.Agent, lockPath, holder string, n int, timeout time.Duration) []string {
-	t.Helper()
-	prefix := lockPath + "/standby/"
-	deadline := time.Now().Add(timeout)
-	for {
-		var ids []string
-		metas, _, err := a.API().Variables().PrefixList(prefix, nil)
-		for _, m := range metas {
-			if id := strings.TrimPrefix(m.Path, prefix); id != holder {
-				ids = append(ids, id)
-			}
-		}
-		if err == nil && len(ids) >= n {
-			slices.Sort(ids)
-			return ids
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d standby records under %s within %s (%v), want %d besides holder %s", len(ids), prefix, timeout, err, n, drvShort(holder))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 // stepDownCheckStandby: the former holder's allocation runs on and waits
@@ -338,7 +312,7 @@ func TestStepDownRefusals(t *testing.T) {
 
 	refused("no standby", operator, 1, "no standby waits for "+s.path)
 	a.Nomad(t, "job", "scale", "-detach", s.job, "g", "2")
-	standbys := stepDownWaitStandbys(t, a, s.path, first.AllocID, 1, 90*time.Second)
+	standbys := a.WaitStandbyRecords(t, s.path, first.AllocID, 1, 0, 90*time.Second)
 	refused("-to not a standby", operator, 1, "is not a waiting standby", "-to", "5d0c3a1e-0000-4000-8000-000000000000")
 	refused("-to the holder", operator, 1, "names the holder itself", "-to", drvShort(first.AllocID))
 	refused("read-only token", readOnly, 77, "singleton-step-down.policy.hcl")

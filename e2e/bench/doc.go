@@ -16,7 +16,8 @@
 // and, in the semaphore scenario, (b) and (c) beside the same supervisors
 // holding one slot of a semaphore of 2 (`lock -n 2`, lock { holders = 2 }):
 // a slot's handover and crash takeover against the single lock's, in the
-// same run,
+// same run; in the handover scenario, (b), (c) and (d) also hand over by a
+// switchover (`lock step-down`), beside their graceful handover;
 //
 // several times, and this package turns what they measured into a report: a
 // table of median, min and max with the ratio to the anchor and the goals met

@@ -91,7 +91,14 @@ holds, and the next run adds a new standby job. (a)'s standby polls every
 1.1×TTL before the stop, to sample that phase fairly. "Alloc stop in a count =
 2 group" is the other common case: ` + "`nomad alloc stop`" + ` on the holder of a
 two-allocation group; Nomad starts a replacement allocation at once, which
-competes for the freed lock with the waiting standby. Variants run one after
+competes for the freed lock with the waiting standby. "Lock step-down" is a
+switchover: a count = 2 group of (b), (c) or (d); once its standby's record
+(written as it begins to wait) is 1.5 s old, ` + "`lock step-down <path>`" + ` against
+the agent's address; the former holder's allocation runs on and is the next
+run's standby ((d): Nomad restarts its allocation, which the command asks
+for, and the gate's clean release waits until the servers show that
+restart). "Command start" is when the bench started the command. (a) has no
+step-down. Variants run one after
 another, so that sub-second gaps are not disturbed by another variant's work
 on the 2 cores. (d) is a gate (a ` + "`singleton`" + ` task with ` + "`config { gate = true }`" + `,
 a prestart sidecar) holding the lock for a docker task of its group, which

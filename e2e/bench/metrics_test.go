@@ -133,13 +133,8 @@ func (b *bench) metricsHandover(t *testing.T) int64 {
 	holder := waitStart(t, holderJob.record, 0, 90*time.Second)
 	b.register(t, standbyJob)
 	b.waitStandbys(t, standbyJob, "", 1, 1500*time.Millisecond, 90*time.Second)
-	exited := b.watchWorkloadExit(t, holderJob, holder)
-	stopAt := harness.MonoNow()
-	if _, _, err := b.a.API().Jobs().Deregister(holderJob.id, false, nil); err != nil {
-		t.Fatalf("stop job %s: %v", holderJob.id, err)
-	}
-	next := waitStart(t, holderJob.record, stopAt, 60*time.Second)
-	return next.Mono - waitExit(t, exited, holder, 30*time.Second)
+	_, g, _ := b.handoverOnce(t, holderJob, holder, b.stopCall(t, holderJob.id))
+	return g
 }
 
 // metricsFootprint runs metricsFootprintTasks allocations on one lock on

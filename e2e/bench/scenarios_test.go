@@ -24,6 +24,10 @@ var lockVariants = []string{VariantAnchor, VariantLock, VariantDriver}
 // variants and (d), a gate holding the lock for a docker task.
 var failoverVariants = append(slices.Clone(lockVariants), VariantGate)
 
+// stepDownVariants are those of the handover scenario's switchover: the
+// failover variants but (a), which has no step-down.
+var stepDownVariants = slices.DeleteFunc(slices.Clone(failoverVariants), IsAnchor)
+
 // crashVariants are those of the crash scenario: failoverVariants and (e),
 // a gate holding the lock for a raw_exec task.
 var crashVariants = append(slices.Clone(failoverVariants), VariantGateRaw)
@@ -60,25 +64,35 @@ var (
 		return Zero("the supervisor's death takes the workload's process group with it (PDEATHSIG and a group guard), " +
 			"long before the server can expire the lock.")
 	}
+	stepDownOverlapGoal = func() *Goal {
+		return Zero("a step-down is the holder's graceful stop: every process of its workload is proven dead " +
+			"before it releases, and the standby starts its workload only once it holds the lock.")
+	}
 	rssGoal = func() *Goal {
 		return AtMost(12, MiB, "the Go runtime plus the nomad/api client; no nomad/structs linked.")
 	}
 )
 
 // handover measures a graceful handover (section TitleHandover), in two
-// forms.
+// forms, and a switchover beside them.
 //
 // Standby: the holder is the only allocation of its job and a standby waits
 // in a second job on the same lock; stopping the holder's job stops its
 // allocation and nothing replaces it, so the standby is the one to take
 // over. This is the measurement the goal is about.
 //
+// Step-down ((b), (c), (d)): `lock step-down` moves the lock of a count = 2
+// group to its standby (handoverStepDown).
+//
 // Replacement (not in quick mode): holder and standby are one count = 2
 // group and the holder's allocation is stopped with `nomad alloc stop`; the
 // scheduler starts a replacement allocation at once, which competes for the
 // free lock too (and, for (a), wins it long before the polling standby).
 func (b *bench) handover(t *testing.T) {
-	type rows struct{ gap, call, over, repl, won *Row }
+	type rows struct {
+		stop, stepDown handoverRows
+		repl, won      *Row
+	}
 	rs := map[string]*rows{}
 	for _, v := range failoverVariants {
 		rs[v] = &rows{}
@@ -88,14 +102,29 @@ func (b *bench) handover(t *testing.T) {
 		if v != VariantAnchor && v != VariantGate {
 			g = handoverGoal()
 		}
-		rs[v].gap = b.row(TitleHandover, "holder stopped: old workload exit → standby's workload start", v, Seconds, AggStats, g)
-		rs[v].gap.Chart = "handover\n(holder stopped)"
+		rs[v].stop.gap = b.row(TitleHandover, "holder stopped: old workload exit → standby's workload start", v, Seconds, AggStats, g)
+		rs[v].stop.gap.Chart = "handover\n(holder stopped)"
 	}
 	for _, v := range failoverVariants {
-		rs[v].call = b.row(TitleHandover, "holder stopped: stop call → standby's workload start", v, Seconds, AggStats, nil)
+		rs[v].stop.call = b.row(TitleHandover, "holder stopped: stop call → standby's workload start", v, Seconds, AggStats, nil)
 	}
 	for _, v := range failoverVariants {
-		rs[v].over = b.row(TitleHandover, "holder stopped: runs where old and new workload overlapped", v, Count, AggSum, nil)
+		rs[v].stop.over = b.row(TitleHandover, "holder stopped: runs where old and new workload overlapped", v, Count, AggSum, nil)
+	}
+	const stepDownGap = "lock step-down: old workload exit → standby's workload start"
+	b.rep.Add(&Row{Scenario: TitleHandover, Metric: stepDownGap, Variant: VariantAnchor, Status: "n/a: nomad var lock has no step-down"})
+	for _, v := range stepDownVariants {
+		var g *Goal
+		if v != VariantGate {
+			g = handoverGoal()
+		}
+		rs[v].stepDown.gap = b.row(TitleHandover, stepDownGap, v, Seconds, AggStats, g)
+	}
+	for _, v := range stepDownVariants {
+		rs[v].stepDown.call = b.row(TitleHandover, "lock step-down: command start → standby's workload start", v, Seconds, AggStats, nil)
+	}
+	for _, v := range stepDownVariants {
+		rs[v].stepDown.over = b.row(TitleHandover, "lock step-down: runs where old and new workload overlapped", v, Count, AggSum, stepDownOverlapGoal())
 	}
 	if !b.cfg.Quick {
 		for _, v := range failoverVariants {
@@ -110,11 +139,52 @@ func (b *bench) handover(t *testing.T) {
 	// One variant at a time: these are sub-second gaps on 2 cores.
 	for _, v := range failoverVariants {
 		t.Run(slug(v), func(t *testing.T) {
-			b.handoverStandby(t, v, rs[v].gap, rs[v].call, rs[v].over)
+			b.handoverStandby(t, v, rs[v].stop)
+			if rs[v].stepDown.gap != nil {
+				b.handoverStepDown(t, v, rs[v].stepDown)
+			}
 			if rs[v].repl != nil {
 				b.handoverReplacement(t, v, rs[v].repl, rs[v].won)
 			}
 		})
+	}
+}
+
+// handoverRows are the rows of one form of handover: the gap (old workload
+// exit → new workload start), the call that asked for it → new workload
+// start, and the runs where the two workloads overlapped (a negative gap).
+type handoverRows struct{ gap, call, over *Row }
+
+func (r handoverRows) add(gap, call int64) {
+	add(r.gap, secondsOf(gap))
+	add(r.call, secondsOf(call))
+	overlap := 0.0
+	if gap < 0 {
+		overlap = 1
+	}
+	add(r.over, overlap)
+}
+
+// handoverOnce watches the holder's workload, then calls ask (a stop, a
+// step-down) and waits for the next workload start in j's record file. It
+// returns that start, the gap from the old workload's exit to it, and the
+// time from ask's call to it.
+func (b *bench) handoverOnce(t *testing.T, j *job, holder harness.Record, ask func()) (next harness.Record, gap, call int64) {
+	t.Helper()
+	exited := b.watchWorkloadExit(t, j, holder)
+	askAt := harness.MonoNow()
+	ask()
+	next = waitStart(t, j.record, askAt, 60*time.Second)
+	return next, next.Mono - waitExit(t, exited, holder, 30*time.Second), next.Mono - askAt
+}
+
+// stopCall is a handoverOnce ask: stop the job (not purge it), which stops
+// its allocations gracefully.
+func (b *bench) stopCall(t *testing.T, jobID string) func() {
+	return func() {
+		if _, _, err := b.a.API().Jobs().Deregister(jobID, false, nil); err != nil {
+			t.Fatalf("stop job %s: %v", jobID, err)
+		}
 	}
 }
 
@@ -126,7 +196,7 @@ func (b *bench) sibling(j *job, kind string, count int) *job {
 	return &s
 }
 
-func (b *bench) handoverStandby(t *testing.T, v string, gap, call, over *Row) {
+func (b *bench) handoverStandby(t *testing.T, v string, rows handoverRows) {
 	holderJob := b.newJob("handover", v, 1)
 	holderJob.failFast = true
 	b.register(t, holderJob)
@@ -148,22 +218,10 @@ func (b *bench) handoverStandby(t *testing.T, v string, gap, call, over *Row) {
 			// same phase.
 			time.Sleep(randomPhase(TTL * 11 / 10))
 		}
-		exited := b.watchWorkloadExit(t, holderJob, holder)
-		stopAt := harness.MonoNow()
-		if _, _, err := b.a.API().Jobs().Deregister(holderJob.id, false, nil); err != nil {
-			t.Fatalf("stop job %s: %v", holderJob.id, err)
-		}
-		next := waitStart(t, holderJob.record, stopAt, 60*time.Second)
-		g := next.Mono - waitExit(t, exited, holder, 30*time.Second)
-		add(gap, secondsOf(g))
-		add(call, secondsOf(next.Mono-stopAt))
-		overlap := 0.0
-		if g < 0 {
-			overlap = 1
-		}
-		add(over, overlap)
+		next, g, call := b.handoverOnce(t, holderJob, holder, b.stopCall(t, holderJob.id))
+		rows.add(g, call)
 		b.progress("handover %s run %d/%d: holder's job stopped: old exit → standby's start %s (stop call → start %s)",
-			v, run, b.cfg.Runs, fmtS(g), fmtS(next.Mono-stopAt))
+			v, run, b.cfg.Runs, fmtS(g), fmtS(call))
 		if allocs, err := b.a.Allocs(standbyJob.id); err != nil || len(allocs) != 1 || allocs[0].ID != next.AllocID {
 			t.Errorf("the new holder is alloc %s, want the standby job's allocation", next.AllocID)
 		}
@@ -171,24 +229,56 @@ func (b *bench) handoverStandby(t *testing.T, v string, gap, call, over *Row) {
 	}
 }
 
-func (b *bench) handoverReplacement(t *testing.T, v string, gap, won *Row) {
-	j := b.newJob("handover-repl", v, 2)
+// pairJob registers a count = 2 job of variant v, a holder and a standby,
+// and waits for the holder's workload.
+func (b *bench) pairJob(t *testing.T, kind, v string) (*job, harness.Record) {
+	j := b.newJob(kind, v, 2)
 	b.register(t, j)
+	return j, waitStart(t, j.record, 0, 90*time.Second)
+}
+
+// handoverStepDown measures a switchover: one count = 2 group, a holder and
+// a warm standby; `lock step-down <path>` against the agent's HTTP API (the
+// bench agent has no ACLs: no token) hands the lock to the standby, and the
+// former holder's allocation waits as the next run's standby ((d): after
+// Nomad's restart of its allocation, which the command asks for).
+func (b *bench) handoverStepDown(t *testing.T, v string, rows handoverRows) {
+	j, holder := b.pairJob(t, "stepdown", v)
 	defer b.stopJob(t, j, 0)
-	holder := waitStart(t, j.record, 0, 90*time.Second)
+	for run := 1; run <= b.cfg.Runs; run++ {
+		// As the graceful handover's standby: it has waited 1.5 s.
+		standby := b.a.WaitStandbyRecords(t, j.path, holder.AllocID, 1, 1500*time.Millisecond, 90*time.Second)
+		var cmd *harness.Process
+		next, g, call := b.handoverOnce(t, j, holder, func() {
+			c := exec.Command(b.lockBin, "step-down", j.path)
+			c.Env = append(harness.WithoutNomadEnv(os.Environ()), "NOMAD_ADDR="+b.a.Addr())
+			cmd = harness.StartProcess(t, c)
+		})
+		if code := cmd.Wait(60 * time.Second); code != 0 || next.AllocID != standby[0] {
+			t.Fatalf("lock step-down %s: exit %d, new holder %s, want 0 and the standby %s\n%s%s",
+				j.path, code, short(next.AllocID), short(standby[0]), cmd.Stdout(), cmd.Stderr())
+		}
+		rows.add(g, call)
+		b.progress("handover %s run %d/%d: lock step-down: old exit → standby's start %s (command start → start %s)",
+			v, run, b.cfg.Runs, fmtS(g), fmtS(call))
+		holder = next
+	}
+}
+
+func (b *bench) handoverReplacement(t *testing.T, v string, gap, won *Row) {
+	j, holder := b.pairJob(t, "handover-repl", v)
+	defer b.stopJob(t, j, 0)
 	for run := 1; run <= b.cfg.Runs; run++ {
 		b.waitStandbys(t, j, holder.AllocID, 1, 1500*time.Millisecond, 90*time.Second)
 		if v == VariantAnchor {
 			time.Sleep(randomPhase(TTL * 11 / 10))
 		}
 		standbys := b.waitStandbys(t, j, holder.AllocID, 1, 0, 10*time.Second)
-		exited := b.watchWorkloadExit(t, j, holder)
-		stopAt := harness.MonoNow()
-		if err := b.a.StopAlloc(holder.AllocID); err != nil {
-			t.Fatalf("stop alloc %s: %v", holder.AllocID, err)
-		}
-		next := waitStart(t, j.record, stopAt, 60*time.Second)
-		g := next.Mono - waitExit(t, exited, holder, 30*time.Second)
+		next, g, _ := b.handoverOnce(t, j, holder, func() {
+			if err := b.a.StopAlloc(holder.AllocID); err != nil {
+				t.Fatalf("stop alloc %s: %v", holder.AllocID, err)
+			}
+		})
 		add(gap, secondsOf(g))
 		who := "the replacement"
 		if slices.Contains(standbys, next.AllocID) {

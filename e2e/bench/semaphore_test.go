@@ -55,10 +55,11 @@ func (b *bench) semaphore(t *testing.T) {
 	// One variant at a time: these are sub-second gaps on 2 cores.
 	for _, v := range semaphoreVariants {
 		t.Run("handover/"+slug(v), func(t *testing.T) {
+			rows := handoverRows{gap[v], call[v], over[v]}
 			if isSlot(v) {
-				b.slotHandover(t, v, gap[v], call[v], over[v])
+				b.slotHandover(t, v, rows)
 			} else {
-				b.handoverStandby(t, v, gap[v], call[v], over[v])
+				b.handoverStandby(t, v, rows)
 			}
 		})
 	}
@@ -87,7 +88,7 @@ func slotPath(j *job, i int) string { return j.path + "/slot-" + strconv.Itoa(i)
 // finds both slots held and waits on both), stops one holder's job (the
 // slots in turn), and measures until the standby's workload starts on the
 // freed slot; the standby's job is that slot's holder in later runs.
-func (b *bench) slotHandover(t *testing.T, v string, gap, call, over *Row) {
+func (b *bench) slotHandover(t *testing.T, v string, rows handoverRows) {
 	type holder struct {
 		j *job
 		r harness.Record
@@ -119,22 +120,10 @@ func (b *bench) slotHandover(t *testing.T, v string, gap, call, over *Row) {
 		b.waitStandbys(t, standbyJob, "", 1, 1500*time.Millisecond, 90*time.Second)
 		i := (run - 1) % len(holders)
 		h := holders[i]
-		exited := b.watchWorkloadExit(t, h.j, h.r)
-		stopAt := harness.MonoNow()
-		if _, _, err := b.a.API().Jobs().Deregister(h.j.id, false, nil); err != nil {
-			t.Fatalf("stop job %s: %v", h.j.id, err)
-		}
-		next := waitStart(t, first.record, stopAt, 60*time.Second)
-		g := next.Mono - waitExit(t, exited, h.r, 30*time.Second)
-		add(gap, secondsOf(g))
-		add(call, secondsOf(next.Mono-stopAt))
-		overlap := 0.0
-		if g < 0 {
-			overlap = 1
-		}
-		add(over, overlap)
+		next, g, call := b.handoverOnce(t, h.j, h.r, b.stopCall(t, h.j.id))
+		rows.add(g, call)
 		b.progress("semaphore handover %s run %d/%d: %s's holder's job stopped: old exit → standby's start %s (stop call → start %s)",
-			v, run, b.cfg.Runs, h.r.LockPath, fmtS(g), fmtS(next.Mono-stopAt))
+			v, run, b.cfg.Runs, h.r.LockPath, fmtS(g), fmtS(call))
 		if next.LockPath != h.r.LockPath {
 			t.Errorf("the standby started on %s, want the freed slot %s", next.LockPath, h.r.LockPath)
 		}
