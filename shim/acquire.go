@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"sync"
 	"syscall"
 	"time"
 
@@ -156,27 +155,4 @@ func failureCode(err error) int {
 		return f.Code
 	}
 	return ExitInfra
-}
-
-// anyClosed returns a channel closed once any of chs is (nil for none),
-// until ctx ends.
-func anyClosed(ctx context.Context, chs ...<-chan struct{}) <-chan struct{} {
-	switch len(chs) {
-	case 0:
-		return nil
-	case 1:
-		return chs[0]
-	}
-	out := make(chan struct{})
-	var once sync.Once
-	for _, c := range chs {
-		go func() {
-			select {
-			case <-c:
-				once.Do(func() { close(out) })
-			case <-ctx.Done():
-			}
-		}()
-	}
-	return out
 }

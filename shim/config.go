@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -324,4 +326,22 @@ var signalsByName = map[string]syscall.Signal{
 	"SIGURG": syscall.SIGURG, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2,
 	"SIGVTALRM": syscall.SIGVTALRM, "SIGWINCH": syscall.SIGWINCH, "SIGXCPU": syscall.SIGXCPU,
 	"SIGXFSZ": syscall.SIGXFSZ,
+}
+
+// signalCode is the exit code of a run ended by sig (128 + its number).
+func signalCode(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return 1
+}
+
+// signalName names sig as kill_signal would.
+func signalName(sig syscall.Signal) string {
+	for name, s := range signalsByName {
+		if s == sig {
+			return name
+		}
+	}
+	return "signal " + strconv.Itoa(int(sig))
 }

@@ -3,7 +3,6 @@ package shim
 import (
 	"context"
 	"os"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -177,27 +176,4 @@ func hooksOf[T Hook](s *Supervisor) []T {
 		}
 	}
 	return out
-}
-
-func signalCode(sig os.Signal) int {
-	if s, ok := sig.(syscall.Signal); ok {
-		return 128 + int(s)
-	}
-	return 1
-}
-
-func signalName(sig syscall.Signal) string {
-	for name, s := range signalsByName {
-		if s == sig {
-			return name
-		}
-	}
-	return "signal " + strconv.Itoa(int(sig))
-}
-
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }
