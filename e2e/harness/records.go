@@ -1,7 +1,7 @@
 package harness
 
 import (
-	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,29 +49,30 @@ type Record struct {
 
 // ReadRecords parses a record file. A file that does not exist yet holds no
 // records (nil, nil), so callers can poll it; a malformed line is an error.
+// A last line without its newline is a record being written (the workload
+// writes each line, newline last, in one write, which a concurrent read may
+// see half done): it is left for the next read.
 func ReadRecords(path string) ([]Record, error) {
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	b = b[:bytes.LastIndexByte(b, '\n')+1]
 	var out []Record
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
-	for n := 1; sc.Scan(); n++ {
-		if len(sc.Bytes()) == 0 {
+	for n, line := range bytes.Split(b, []byte("\n")) {
+		if len(line) == 0 {
 			continue
 		}
 		var r Record
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+		if err := json.Unmarshal(line, &r); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, n+1, err)
 		}
 		out = append(out, r)
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // WaitRecord polls the record file until a record satisfies match, and returns

@@ -210,6 +210,14 @@ func TestReadRecords(t *testing.T) {
 	if _, err := ReadRecords(bad); err == nil {
 		t.Fatal("malformed line: want an error")
 	}
+	// A record half written when the file is read: the lines before it.
+	writing := filepath.Join(dir, "writing")
+	if err := os.WriteFile(writing, []byte(content+`{"event":"start","mono":12,"pid"`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if recs, err := ReadRecords(writing); err != nil || len(recs) != 2 {
+		t.Fatalf("a record being written: got %d records, %v; want the 2 before it", len(recs), err)
+	}
 }
 
 func TestUnescapeMountinfo(t *testing.T) {
