@@ -221,6 +221,12 @@ const leaseElections = 6
 func leaseElectionTrial(t *testing.T, a *harness.Agent, lockBlock, name string, tr *chaosTrial) {
 	j := newDrvJob(t, name, 2)
 	j.lockBlock = lockBlock
+	// Every election may fence the holder (an aggressive lease's fence is
+	// 2 s, and an election here takes up to 3.5 s), and each fence is a
+	// task restart: Nomad's default policy (2 attempts in 30 min, then the
+	// allocation fails and its replacement waits for the reschedule delay)
+	// ran out by the third election. Enough attempts for one a fence.
+	j.groupExtra = fmt.Sprintf("restart {\n      attempts = %d\n      interval = \"30m\"\n      delay    = \"1s\"\n      mode     = \"fail\"\n    }", 2*leaseElections)
 	j.run(t, a)
 	s := &chaosSubject{variant: "driver", a: a, drv: j}
 	defer s.purge(t)
