@@ -113,7 +113,6 @@ func TestWatchStepDown(t *testing.T) {
 	lease := holdFor(t, vars, "alloc-holder")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	watch := lease.WatchStepDown(ctx)
 
 	r := requester(t, vars)
 	target, err := r.StepDownTarget(ctx)
@@ -131,6 +130,9 @@ func TestWatchStepDown(t *testing.T) {
 	if _, ok := lease.StepDownRequested(ctx); ok {
 		t.Fatal("a withdrawn request was acted on")
 	}
+	// The watch starts once the request is withdrawn: one running already
+	// may have seen it in the instant it existed, as a holder may.
+	watch := lease.WatchStepDown(ctx)
 	// One for another holder's key, proved with our lock ID, is not ours.
 	other := target
 	other.Holder.AllocID = "alloc-other"
